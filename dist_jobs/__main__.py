@@ -1,0 +1,5 @@
+import sys
+
+from dist_jobs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""The one backend interface.
+
+`prepare()` is pure and IS the dry run: it returns the exact bytes `submit()` hands to the
+scheduler (torchx's `submit = schedule(dryrun(...))`). The I/O verbs go through an object given
+to the backend's constructor (a command runner, an API client), so tests inject fakes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+from dist_jobs.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Prepared:
+    backend: str
+    spec: JobSpec
+    payload: str  # the exact script or manifest submitted
+    filename: str  # what to call it in a job directory
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: str
+    name: str
+    state: str  # the scheduler's own word: PENDING, RUNNING, Succeeded, ...
+    detail: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.state.upper() in FINAL_STATES
+
+
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE", "SUCCEEDED", "DELETED",
+})
+
+
+class Backend(Protocol):
+    name: str
+
+    def prepare(self, spec: JobSpec) -> Prepared: ...
+
+    def submit(self, prepared: Prepared) -> str: ...
+
+    def status(self, job_id: str) -> JobStatus: ...
+
+    def list(self) -> list[JobStatus]: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]: ...
+
+
+def get_backend(name: str, **options: object) -> Backend:
+    """Backends are imported on demand: `render` must not pay for kubernetes or submitit."""
+    from dist_jobs.errors import UsageError
+
+    if name == "slurm":
+        from dist_jobs.backends.slurm import SlurmBackend
+
+        return SlurmBackend(**options)  # type: ignore[arg-type]
+    if name == "k8s":
+        from dist_jobs.backends.k8s import K8sBackend
+
+        return K8sBackend(**options)  # type: ignore[arg-type]
+    if name == "local":
+        from dist_jobs.backends.local import LocalBackend
+
+        return LocalBackend(**options)  # type: ignore[arg-type]
+    raise UsageError(f"unknown backend {name!r}", "use --backend slurm, k8s or local")

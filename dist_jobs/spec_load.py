@@ -1,0 +1,212 @@
+"""Loading a job spec: YAML file + overrides -> JobSpec, or one SpecError with every problem.
+
+Overrides are dotted paths (`slurm.partition`) so CLI flags and the Python API share one path.
+Pydantic's messages are rewritten to name the field, the given value and the fix; unknown keys
+get a "did you mean" from the fields that exist at that place.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.spec import JobSpec, run_id
+
+_HINTS = {
+    "int_parsing": "give a whole number",
+    "int_type": "give a whole number",
+    "bool_parsing": "use true or false",
+    "literal_error": "use one of the listed values",
+    "greater_than_equal": "raise it to the minimum",
+    "less_than_equal": "lower it to the maximum",
+    "string_pattern_mismatch": "follow the pattern shown",
+    "missing": "add this key",
+    "list_type": "give a YAML list",
+    "dict_type": "give a YAML mapping",
+}
+
+
+_VALUE_HINTS = {
+    "contains a NUL character": "remove the NUL character",
+    "contains a control character": "put the value on one line without control characters",
+    "is not a valid environment variable name": "rename it, e.g. MY_VAR",
+}
+
+
+def load_spec(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
+              data: Mapping[str, Any] | None = None) -> JobSpec:
+    """Read `path` (or take `data`), apply dotted `overrides`, validate everything at once."""
+    source = str(path) if path else "job spec"
+    raw: dict[str, Any] = dict(data or {})
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError([_problem(err) for err in exc.errors()], source) from None
+    problems = cross_checks(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([Problem(str(path), MISSING, f"cannot read the file: {exc.strerror}",
+                                 "check the path, or omit it to use flags only")], str(path)) from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        raise SpecError([Problem(str(path), MISSING, f"is not valid YAML ({where}): {getattr(exc, 'problem', exc)}",
+                                 "fix the YAML syntax there")], str(path)) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SpecError([Problem("(top level)", loaded, "must be a mapping of spec keys",
+                                 "start the file with keys such as `name:` and `nodes:`")], str(path))
+    return loaded
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for key in parents:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[leaf] = value
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":  # pydantic's marker for a dict key that failed validation
+            out += " (the key)"
+        else:
+            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: Any = JobSpec
+    for part in loc:
+        if isinstance(part, int) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+            model = getattr(model, "__args__", (None,))[0] if isinstance(part, int) else None
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _unwrap(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+        if getattr(arg, "__args__", None):
+            return annotation  # list[Model]: resolved per index in _model_at
+    return annotation
+
+
+def _problem(err: Mapping[str, Any]) -> Problem:
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    value = err.get("input", MISSING) if kind != "missing" else MISSING
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        known = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean `{close[0]}`?" if close else f"known keys here: {', '.join(known)}"
+        return Problem(_field_path(loc), MISSING, "unknown key", hint)
+    message = str(err.get("msg", "is invalid"))
+    hint = _HINTS.get(kind, "")
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        hint = _VALUE_HINTS.get(message.split(" (")[0].split(",")[0], "")
+    ctx = err.get("ctx") or {}
+    if kind == "literal_error":
+        hint = f"use one of: {ctx.get('expected', '')}"
+    elif kind == "string_pattern_mismatch":
+        hint = f"match {ctx.get('pattern', '')} (e.g. 64G for memory, 8Gi for Kubernetes quantities)"
+    return Problem(_field_path(loc), value, message, hint)
+
+
+def cross_checks(spec: JobSpec) -> list[Problem]:
+    """Rules that involve several fields; all returned together."""
+    problems: list[Problem] = []
+    if spec.gpus_per_node == 0 and spec.procs_per_node is None:
+        problems.append(Problem("procs_per_node", MISSING, "is required for a CPU-only job (gpus_per_node is 0)",
+                                "set procs_per_node: N (processes per node), e.g. --procs-per-node 2"))
+    gpus, procs, share = spec.gpus_per_node, spec.procs, spec.train.procs_per_device
+    if gpus and procs > gpus * share:
+        problems.append(Problem("procs_per_node", procs,
+                                f"exceeds gpus_per_node x train.procs_per_device = {gpus} x {share}",
+                                f"lower procs_per_node to {gpus * share} or set train.procs_per_device: "
+                                f"{-(-procs // gpus)} to share GPUs"))
+    if not run_id(spec.name):
+        problems.append(Problem("name", spec.name, "has no letter or digit to build a run name from",
+                                "use letters, digits, '.', '_' or '-'"))
+    if spec.command is not None and not spec.command:
+        problems.append(Problem("command", [], "is empty", "give the program and its arguments, or drop the key"))
+    if spec.time is not None and parse_time(spec.time) is None:
+        problems.append(Problem("time", spec.time, "is not a SLURM time limit",
+                                "use minutes (90), HH:MM:SS (04:00:00) or D-HH:MM:SS (1-00:00:00)"))
+    problems += _k8s_checks(spec)
+    return problems
+
+
+def _k8s_checks(spec: JobSpec) -> list[Problem]:
+    k8s = spec.k8s
+    problems: list[Problem] = []
+    if (k8s.min_nodes is None) != (k8s.max_nodes is None):
+        problems.append(Problem("k8s.min_nodes/max_nodes", (k8s.min_nodes, k8s.max_nodes),
+                                "must be given together", "set both, e.g. min_nodes: 2, max_nodes: 4"))
+    elif k8s.min_nodes is not None and k8s.max_nodes is not None:
+        if k8s.min_nodes > k8s.max_nodes:
+            problems.append(Problem("k8s.min_nodes", k8s.min_nodes, f"is above k8s.max_nodes ({k8s.max_nodes})",
+                                    "swap them"))
+        if not k8s.min_nodes <= spec.nodes <= k8s.max_nodes:
+            problems.append(Problem("nodes", spec.nodes, f"is outside k8s.min_nodes..max_nodes "
+                                    f"({k8s.min_nodes}..{k8s.max_nodes})", "pick nodes inside that range"))
+    return problems
+
+
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_time(value: str) -> int | None:
+    """SLURM time limit -> seconds; None when it is not one of SLURM's forms."""
+    match = _TIME.match(value.strip())
+    if not match:
+        return None
+    days, a, b, c = match.groups()
+    if days is None:
+        if b is None:  # minutes
+            return int(a) * 60
+        if c is None:  # MM:SS
+            return int(a) * 60 + int(b)
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
+    return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def format_time(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}" if days else f"{hours:02d}:{minutes:02d}:{secs:02d}"
