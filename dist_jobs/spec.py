@@ -121,7 +121,7 @@ class K8sSpec(_Section):
 
 
 class JobSpec(_Section):
-    name: Text = Field(description="job name; run folder and scheduler names are derived from it")
+    name: Text = Field("dist-job", description="job name; run folder and scheduler names are derived from it")
     command: list[Text] | None = Field(
         None, description="argv to run; default: python3 -m dist_jobs.train with the `train` section")
     train: TrainConfig = Field(default_factory=TrainConfig)

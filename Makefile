@@ -1,0 +1,44 @@
+# The two set-up commands of the README: `make demo` and `make test`. Everything they need is
+# installed here, from the project's own files (no hand-installed tools).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Users bring their own CUDA build (pyproject declares ranges); these are the tested pins.
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+export PIP_DISABLE_PIP_VERSION_CHECK = 1
+
+.PHONY: demo test test-fast cluster-up cluster-down apiserver-up apiserver-down examples bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_PINS)
+	$(PY) -m pip install -q -e '.[train,dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m dist_jobs.demo
+
+# The whole suite: system tools, the real SLURM cluster and the real kube-apiserver tier, then pytest.
+test: $(VENV)/.installed
+	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck)
+	bash slurm/cluster/up.sh
+	bash k8s/apiserver/up.sh
+	$(PY) -m pytest -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+# Without the cluster tiers (their tests skip with the reason).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m 'not slurm and not apiserver'; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+cluster-up:
+	bash slurm/cluster/up.sh
+cluster-down:
+	bash slurm/cluster/down.sh
+apiserver-up:
+	bash k8s/apiserver/up.sh
+apiserver-down:
+	bash k8s/apiserver/down.sh
+
+examples: $(VENV)/.installed
+	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/test_examples.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

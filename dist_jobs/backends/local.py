@@ -1,0 +1,148 @@
+"""`dist-jobs run --backend local`: the job as N x P local processes, with the cluster's environment.
+
+srun mode gives every process the variables a SLURM task gets (SLURM_PROCID, SLURM_LOCALID,
+SLURM_NODEID, step counts and nodelists); torchrun mode starts one torchrun per "node" with the
+same c10d rendezvous the sbatch script uses. All "nodes" share this host, so the master is
+loopback, which the self-check accepts only because DIST_JOBS_BACKEND=local says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from dist_jobs.backends.base import Prepared
+from dist_jobs.backends.local_procs import ProcessGroup
+from dist_jobs.quoting import sh_argv
+from dist_jobs.render import torchrun_tail
+from dist_jobs.spec import JobSpec
+
+MASTER = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LocalProc:
+    label: str  # printed before each line of its output
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+
+
+def visible_gpus(environ: dict[str, str] | None = None) -> int:
+    """GPUs this machine offers, without importing torch (render-side module)."""
+    env = os.environ if environ is None else environ
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None:
+        return len([d for d in mask.split(",") if d.strip() and d.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((MASTER, 0))
+        return int(s.getsockname()[1])
+
+
+def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict[str, str]:
+    ckpt = Path(spec.checkpoint_dir)
+    env = {
+        "DIST_JOBS_BACKEND": "local",
+        "DIST_JOBS_RUN": spec.run_id,
+        "DIST_JOBS_CHECKPOINT_DIR": str(ckpt if ckpt.is_absolute() else workdir / ckpt),
+        "DIST_JOBS_NNODES": str(spec.nodes),
+        "DIST_JOBS_NPROC_PER_NODE": str(spec.procs),
+        "MASTER_ADDR": MASTER,
+        "MASTER_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if not use_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, even where a smaller GPU count exists
+    nccl = spec.nccl
+    for key, value in (("NCCL_SOCKET_IFNAME", nccl.socket_ifname), ("NCCL_DEBUG", nccl.debug),
+                       ("NCCL_IB_DISABLE", None if nccl.ib_disable is None else str(int(nccl.ib_disable)))):
+        if value is not None:
+            env[key] = value
+    return {**env, **spec.env}
+
+
+def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per_node: int) -> dict[str, str]:
+    nodes = spec.nodes
+    nodelist = f"node[0-{nodes - 1}]" if nodes > 1 else "node0"
+    layout = f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node)
+    return {
+        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": spec.run_id,
+        "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
+        "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes),
+        "SLURM_NTASKS": str(nodes * tasks_per_node), "SLURM_STEP_NUM_TASKS": str(nodes * tasks_per_node),
+        "SLURM_NTASKS_PER_NODE": str(tasks_per_node), "SLURM_TASKS_PER_NODE": layout,
+        "SLURM_STEP_TASKS_PER_NODE": layout, "SLURM_PROCID": str(node * tasks_per_node + local),
+        "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"node{node}",
+        "SLURM_CPUS_PER_TASK": str(spec.cpus_per_task), "SLURM_RESTART_COUNT": "0",
+    }
+
+
+def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -> list[LocalProc]:
+    """The processes of the job, pure: the same spec and arguments give the same plan."""
+    common = _common_env(spec, workdir, port, use_gpus)
+    procs: list[LocalProc] = []
+    if spec.launcher == "srun":
+        for node in range(spec.nodes):
+            for local in range(spec.procs):
+                env = {**common, **_slurm_task_env(spec, node, local, job_id, spec.procs)}
+                procs.append(LocalProc(f"rank {node * spec.procs + local}", spec.argv, env))
+        return procs
+    for node in range(spec.nodes):
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+                f"--nproc-per-node={spec.procs}", "--rdzv-backend=c10d", f"--rdzv-endpoint={MASTER}:{port}",
+                f"--rdzv-id={job_id}", "--tee=3", *torchrun_tail(spec.argv)]
+        env = {**common, **_slurm_task_env(spec, node, 0, job_id, 1)}
+        procs.append(LocalProc(f"node {node}", argv, env))
+    return procs
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
+        self.out = out or sys.stdout
+        self.workdir = workdir or Path.cwd()
+
+    def _shape(self, spec: JobSpec) -> tuple[JobSpec, bool, str]:
+        gpus = visible_gpus()
+        if spec.gpus_per_node and gpus >= spec.gpus_per_node:
+            return spec, True, ""
+        note = ""
+        if spec.gpus_per_node:
+            note = (f"dist-jobs: the job asks for {spec.gpus_per_node} GPUs per node and this machine has {gpus}: "
+                    f"running {spec.procs} CPU processes per node with gloo instead")
+        return spec, False, note
+
+    def prepare(self, spec: JobSpec) -> Prepared:
+        _, use_gpus, _ = self._shape(spec)
+        lines = [f"# {p.label}: {sh_argv(p.argv)}\n#   env: " +
+                 " ".join(f"{k}={v}" for k, v in sorted(p.env.items()) if k not in spec.env) + "\n"
+                 for p in plan(spec, self.workdir, 29500, "local", use_gpus)]
+        return Prepared("local", spec, "".join(lines), "local-plan.txt")
+
+    def run(self, spec: JobSpec) -> int:
+        """Run to completion; the first failing process's exit code, 0, or 130 on Ctrl-C."""
+        spec, use_gpus, note = self._shape(spec)
+        if note:
+            print(note, file=self.out, flush=True)
+        job_id = str(os.getpid())
+        procs = plan(spec, self.workdir, free_port(), job_id, use_gpus)
+        (self.workdir / spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        group = ProcessGroup(self.out)
+        return group.run([(p.label, p.argv, {**os.environ, **p.env}) for p in procs], cwd=self.workdir)

@@ -1,0 +1,50 @@
+"""`dist-jobs render` stays fast: the render side imports no torch, kubernetes or submitit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import PYTHON, REPO
+
+HEAVY = ("torch", "torchvision", "kubernetes", "submitit", "jsonschema", "numpy")
+
+PROBE = """
+import json, sys, io, contextlib
+from dist_jobs.cli import main
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    rc = main(["render", "--backend", BACKEND, EXAMPLE])
+print(json.dumps({"rc": rc, "mods": sorted(m.split(".")[0] for m in sys.modules), "out": len(buf.getvalue())}))
+"""
+
+
+def _probe(backend: str, example: str) -> dict:
+    code = PROBE.replace("BACKEND", repr(backend)).replace("EXAMPLE", repr(str(REPO / example)))
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_render_slurm_imports_nothing_heavy() -> None:
+    got = _probe("slurm", "slurm/examples/resnet-2x4.yaml")
+    assert got["rc"] == 0 and got["out"] > 0
+    assert not set(HEAVY) & set(got["mods"]), set(HEAVY) & set(got["mods"])
+
+
+def test_render_k8s_imports_nothing_heavy() -> None:
+    got = _probe("k8s", "k8s/examples/resnet-2x4.yaml")
+    assert got["rc"] == 0 and got["out"] > 0
+    assert not set(HEAVY) & set(got["mods"]), set(HEAVY) & set(got["mods"])
+
+
+def test_every_render_side_module_imports_light() -> None:
+    modules = ["dist_jobs", "dist_jobs.cli", "dist_jobs.spec", "dist_jobs.spec_load", "dist_jobs.render",
+               "dist_jobs.render_slurm", "dist_jobs.render_k8s", "dist_jobs.quoting", "dist_jobs.nodelist",
+               "dist_jobs.ports", "dist_jobs.ranks", "dist_jobs.ranks.selfcheck", "dist_jobs.backends.base",
+               "dist_jobs.backends.local", "dist_jobs.backends.slurm", "dist_jobs.backends.k8s",
+               "dist_jobs.k8s_validate", "dist_jobs.train.config"]
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
+    mods = json.loads(subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert not set(HEAVY) & set(mods), set(HEAVY) & set(mods)
