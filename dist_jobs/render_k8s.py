@@ -154,6 +154,9 @@ def k8s_context(spec: JobSpec) -> dict[str, Any]:
     header = header_lines(spec, "Apply with: kubectl apply -f THIS_FILE  (or: dist-jobs submit --backend k8s job.yaml)")
     if not k8s.pvc:
         header.append("WARNING: no k8s.pvc: checkpoints stay inside the pod and are lost when it restarts.")
+    elif k8s.api == "trainjob":
+        header.append(f"NOTE: TrainJob pods get volumes from the runtime {k8s.runtime!r}: mount PVC "
+                      f"{k8s.pvc!r} at {k8s.mount_path!r} there.")
     return {
         "header": header, "name": k8s_name(spec), "namespace": k8s.namespace, "labels": labels,
         "annotations": dict(k8s.annotations), "nproc": str(spec.procs), "elastic": _elastic(spec),
@@ -161,5 +164,6 @@ def k8s_context(spec: JobSpec) -> dict[str, Any]:
         "pod": pod, "image": spec.image, "pull_policy": k8s.image_pull_policy,
         "command": container_command(spec), "workdir": spec.workdir, "env": _env(spec),
         "port": spec.master_port or DEFAULT_PORT, "resources": _resources(spec), "mounts": mounts,
-        "nodes": spec.nodes,
+        "nodes": spec.nodes, "procs": spec.procs, "runtime": k8s.runtime,
+        "active_deadline": k8s.active_deadline_seconds,
     }

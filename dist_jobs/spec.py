@@ -92,6 +92,7 @@ class Toleration(_Section):
 
 class K8sSpec(_Section):
     api: Literal["pytorchjob", "trainjob"] = Field("pytorchjob", description="PyTorchJob (kubeflow.org/v1) or TrainJob (Trainer v2)")
+    runtime: Line = Field("torch-distributed", description="TrainJob: the ClusterTrainingRuntime to use")
     launch: Literal["torchrun", "direct"] = Field(
         "torchrun", description="torchrun per pod, or the command directly (one process per pod only)")
     namespace: Line = "default"

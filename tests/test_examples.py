@@ -16,8 +16,10 @@ from dist_jobs.render import render
 from dist_jobs.spec_load import load_spec
 
 CASES = [(spec, "slurm", spec.with_suffix(".sbatch")) for spec in sorted((REPO / "slurm" / "examples").glob("*.yaml"))]
-CASES += [(spec, "k8s", spec.with_name(spec.stem + ".pytorchjob.yaml"))
-          for spec in sorted((REPO / "k8s" / "examples").glob("*.yaml")) if not spec.name.endswith((".pytorchjob.yaml", ".trainjob.yaml"))]
+K8S_SPECS = [s for s in sorted((REPO / "k8s" / "examples").glob("*.yaml"))
+             if not s.name.endswith((".pytorchjob.yaml", ".trainjob.yaml"))]
+CASES += [(spec, "k8s", spec.with_name(spec.stem + (".trainjob.yaml" if "api: trainjob" in spec.read_text()
+                                                     else ".pytorchjob.yaml"))) for spec in K8S_SPECS]
 REFRESH = "DIST_JOBS_REFRESH_EXAMPLES=1 python -m pytest tests/test_examples.py (or: make examples)"
 
 
