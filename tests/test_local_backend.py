@@ -52,9 +52,8 @@ def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.Complet
 def _records(stdout: str) -> list[dict]:
     out = []
     for line in stdout.splitlines():
-        _, _, rest = line.partition("] ")
-        if rest.startswith("{"):
-            out.append(json.loads(rest))
+        if line.startswith("[") and "{" in line:  # "[rank 3] {...}" or "[node 1] [default0]:{...}"
+            out.append(json.loads(line[line.index("{"):]))
     return out
 
 
