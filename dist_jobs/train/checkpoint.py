@@ -1,0 +1,323 @@
+"""Crash-safe checkpoints for DDP training: `<dir>/step-<N>/` counts only once `COMPLETE` is in it.
+
+Write protocol (each file: temporary name, flush, fsync, rename; directories fsynced after renames):
+every rank writes `rank-<r>.pt` into `.step-<N>.partial/`, rank 0 also `shared.pt`; rank 0 polls
+until every rank's file exists (no collective, so it also works from a background thread), writes
+`COMPLETE` (sizes + CRC32 of every file) last, renames the folder to `step-<N>`, replaces the
+`latest` pointer, and only then prunes old checkpoints and stale partial folders. A crash at any
+point leaves the previous complete checkpoint as the newest one that counts.
+
+Loading uses `torch.load(weights_only=True)` only (unpickling arbitrary objects runs code), so
+save() refuses anything else up front instead of failing at resume time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dist_jobs import __version__
+from dist_jobs.train import ckpt_async as disk
+from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
+
+__all__ = ["COMPLETE", "CheckpointError", "Checkpointer", "Loaded", "rng_state", "set_rng_state"]
+
+log = logging.getLogger(__name__)
+
+COMPLETE = "COMPLETE"
+LATEST = "latest"
+SHARED = "shared.pt"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+_PARTIAL_RE = re.compile(r"^\.step-(\d+)\.(partial|corrupt-\d+)$")
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What latest() found. rank_state is None for a rank the saving world did not have."""
+
+    step: int
+    path: Path
+    shared: dict
+    rank_state: dict | None
+    world_size: int
+
+
+def rng_state() -> dict[str, Any]:
+    """Capture python, numpy, torch CPU and (current device) CUDA RNG state as plain types.
+
+    A resumed run must draw the same numbers (augmentation, dropout, shuffling) an uninterrupted
+    one would. weights_only loading rejects numpy arrays and arbitrary tuples of objects, so numpy's
+    key array becomes an int64 tensor and the rest plain ints/floats/strings.
+    """
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional for torch; nothing to capture then
+        np = None
+    if np is not None:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)),
+                          "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(cached)}
+    state["torch"] = torch.get_rng_state()
+    # Current device only: each DDP rank owns one device, and the device count may differ at resume.
+    state["cuda"] = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what rng_state() captured; parts absent here (numpy, CUDA) are skipped."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "numpy" in state:
+        import numpy as np
+
+        npst = state["numpy"]
+        keys = npst["keys"].numpy().astype(np.uint32)
+        np.random.set_state((npst["name"], keys, npst["pos"], npst["has_gauss"], npst["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    """One per rank. Construct it on every rank before training starts: rank 0's constructor
+    removes partial folders left by an earlier (crashed) incarnation, which must happen before
+    any rank of this incarnation writes into them (the first all-reduce orders that).
+
+    A committed step is immutable: saving it again is a no-op, unless latest() on this rank
+    found it damaged, in which case it is rewritten (so call latest() on every rank or none).
+    """
+
+    def __init__(self, directory: Path, *, rank: int, world_size: int, keep: int = 3,
+                 async_write: bool = False, finalize_timeout: float = 600.0) -> None:
+        if not 0 <= rank < world_size:
+            raise CheckpointError(f"rank {rank} is outside world size {world_size}",
+                                  hint="pass the global rank and world size of this process")
+        if keep < 2:
+            raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept",
+                                  hint="the previous checkpoint is the fallback if the newest is bad")
+        self.directory, self.rank, self.world_size = Path(directory), rank, world_size
+        self.keep, self.async_write, self.finalize_timeout = keep, async_write, finalize_timeout
+        self._writer = BackgroundWriter(f"checkpoint-writer-rank{rank}")
+        self._buffers = {"shared": TensorBuffers(), "rank": TensorBuffers()}
+        self._bad: set[int] = set()  # committed steps latest() found unusable: save() replaces them
+        self._closed = False
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create checkpoint folder {self.directory}: {exc.strerror}",
+                                  hint="check the path and its permissions") from exc
+        if rank == 0:
+            for stale in self._leftovers(below=None):
+                log.info("removing %s left by an interrupted checkpoint", stale)
+                disk.remove(stale)
+
+    # -- public API -----------------------------------------------------------------------
+    def save(self, step: int, shared: Mapping[str, Any] | None, rank_state: Mapping[str, Any]) -> None:
+        """Write this rank's part of checkpoint `step` (rank 0: also `shared`, then commit).
+
+        Async: returns once the tensors are copied into reused CPU buffers; the write finishes on
+        a thread (wait() to be sure). Raises at once if the state is not weights_only-safe or
+        its tensors alone exceed the free space.
+        """
+        if self._closed:
+            raise CheckpointError("save() after close()", hint="create a new Checkpointer")
+        if type(step) is not int or step < 0:
+            raise CheckpointError(f"checkpoint step {step!r} is not an int >= 0",
+                                  hint="pass the optimizer step count")
+        self.wait()  # at most one write in flight; surfaces the previous one's error
+        if self.rank == 0 and shared is None:
+            raise CheckpointError(f"rank 0 must pass the shared state for step {step}",
+                                  hint="pass model/optimizer/... state as `shared` on rank 0")
+        if self._already_saved(step):
+            log.info("checkpoint step-%d is already saved; not writing it again", step)
+            return
+        snap_shared, needed = self._snapshot("shared", shared) if self.rank == 0 else (None, 0)
+        snap_rank, rank_bytes = self._snapshot("rank", rank_state)
+        needed += rank_bytes  # a lower bound (tensor bytes only): failing early on it is safe
+        free = disk.free_bytes(self.directory)
+        if needed > free:
+            raise self._disk_full(step, needed, free)
+        job = lambda: self._write(step, snap_shared, snap_rank, needed)  # noqa: E731
+        if self.async_write:
+            self._writer.submit(job)
+        else:
+            job()
+
+    def wait(self) -> None:
+        """Block until the in-flight write (if any) is durable; raise its error."""
+        try:
+            self._writer.wait()
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"background checkpoint write in {self.directory} failed: {exc!r}",
+                                  hint="see the traceback above; the previous checkpoint is intact") from exc
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.wait()
+
+    def latest(self) -> Loaded | None:
+        """Newest complete checkpoint that verifies and loads; bad newer ones are logged, skipped."""
+        for step in sorted(self._committed(), reverse=True):
+            folder = self._folder(step)
+            try:
+                return self._load(step, folder)
+            except Exception as exc:  # any failure makes it unusable; the next older one may do
+                log.warning("checkpoint %s is unusable, falling back to an older one: %s", folder, exc)
+                self._bad.add(step)
+        return None
+
+    # -- layout ---------------------------------------------------------------------------
+    def _folder(self, step: int) -> Path:
+        return self.directory / f"step-{step}"
+
+    def _partial(self, step: int) -> Path:
+        return self.directory / f".step-{step}.partial"
+
+    def _committed(self) -> list[int]:
+        names = os.listdir(self.directory) if self.directory.is_dir() else []
+        steps = [int(m.group(1)) for m in map(_STEP_RE.match, names) if m]
+        return [s for s in steps if (self._folder(s) / COMPLETE).is_file()]
+
+    def _leftovers(self, below: int | None) -> list[Path]:
+        found = [(int(m.group(1)), m.group(0)) for m in map(_PARTIAL_RE.match, os.listdir(self.directory)) if m]
+        return [self.directory / name for step, name in found if below is None or step < below]
+
+    def _already_saved(self, step: int) -> bool:
+        # Partial first: rank 0 may move it to step-N between the two checks, never the reverse.
+        mine = self._partial(step) / f"rank-{self.rank}.pt"
+        if self.rank != 0 and mine.exists():
+            return True
+        return (self._folder(step) / COMPLETE).is_file() and step not in self._bad
+
+    # -- writing --------------------------------------------------------------------------
+    def _snapshot(self, which: str, state: Mapping[str, Any] | None) -> tuple[Any, int]:
+        """Async: copy tensors into the reused buffers. Sync: validate; torch.save reads the live ones."""
+        nbytes = 0
+        buffers = self._buffers[which]
+
+        def visit(path: str, tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal nbytes
+            nbytes += tensor.numel() * tensor.element_size()
+            return buffers.copy(path, tensor) if self.async_write else tensor
+
+        buffers.begin()
+        snap = prepare_state(state, which, visit)
+        buffers.end()
+        return snap, nbytes
+
+    def _write(self, step: int, shared: Any, rank_state: Any, needed: int) -> None:
+        partial, files = self._partial(step), {}
+        try:
+            partial.mkdir(parents=True, exist_ok=True)
+            # Opened first: once our file is in, rank 0 may rename the folder before we fsync it.
+            with disk.open_dir(partial) as handle:
+                if self.rank == 0:
+                    files[SHARED] = disk.write_atomic(partial / SHARED, lambda f: torch.save(shared, f))
+                name = f"rank-{self.rank}.pt"
+                files[name] = disk.write_atomic(partial / name, lambda f: torch.save(rank_state, f))
+                os.fsync(handle)
+            if self.rank == 0:
+                self._commit(step, files)
+        except CheckpointError:
+            raise  # a rank missed the deadline: keep the folder, it may still be writing into it
+        except Exception as exc:
+            if self.rank == 0 and partial.exists():
+                disk.remove(partial)  # nothing of a failed step may remain to confuse anyone
+            if getattr(exc, "errno", None) in _FULL:
+                raise self._disk_full(step, needed, disk.free_bytes(self.directory)) from exc
+            raise CheckpointError(f"writing checkpoint {self._folder(step)} failed: {exc}",
+                                  hint="check the volume; the previous checkpoint is intact") from exc
+
+    def _commit(self, step: int, files: dict[str, dict[str, Any]]) -> None:
+        partial = self._partial(step)
+        self._await_ranks(step)
+        for rank in range(1, self.world_size):
+            files[f"rank-{rank}.pt"] = disk.digest(partial / f"rank-{rank}.pt")
+        marker = {"step": step, "world_size": self.world_size, "version": __version__,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+        payload = json.dumps(marker, indent=1).encode()
+        disk.write_atomic(partial / COMPLETE, lambda f: f.write(payload))  # last file: it makes it count
+        disk.fsync_dir(partial)
+        final = self._folder(step)
+        if final.exists():  # a copy that does not count (no COMPLETE, or latest() rejected it)
+            aside = self.directory / f".step-{step}.corrupt-{time.time_ns()}"
+            os.rename(final, aside)
+        os.rename(partial, final)
+        disk.fsync_dir(self.directory)
+        self._bad.discard(step)
+        self._after_commit(step)
+
+    def _await_ranks(self, step: int) -> None:
+        """Poll for every rank's file: no collective, so this works from the writer thread too."""
+        partial = self._partial(step)
+        expected = {r: partial / f"rank-{r}.pt" for r in range(1, self.world_size)}
+        late = disk.wait_for(list(expected.values()), self.finalize_timeout)
+        if late:
+            missing = [r for r, path in expected.items() if path in late]
+            raise CheckpointError(
+                f"checkpoint {self._folder(step)}: rank(s) {missing} wrote no file into {partial} "
+                f"within {self.finalize_timeout:g}s",
+                hint="every rank must call save() for the same step; check those ranks' logs "
+                "(crash, full disk, slow storage) or raise finalize_timeout")
+
+    def _after_commit(self, step: int) -> None:
+        """Pointer and pruning: the checkpoint already counts, so failures here only warn."""
+        try:
+            payload = f"step-{step}\n".encode()
+            disk.write_atomic(self.directory / LATEST, lambda f: f.write(payload))
+            disk.fsync_dir(self.directory)
+            older = sorted((s for s in self._committed() if s < step), reverse=True)
+            doomed = [self._folder(s) for s in older[self.keep - 1:]] + self._leftovers(below=step + 1)
+            for folder in doomed:
+                disk.remove(folder)
+        except OSError as exc:
+            log.warning("checkpoint step-%d is committed, but updating %s or pruning failed: %s",
+                        step, LATEST, exc)
+
+    def _disk_full(self, step: int, needed: int, free: int) -> CheckpointError:
+        return CheckpointError(
+            f"disk full: checkpoint {self._folder(step)} needs at least {needed} bytes "
+            f"({needed / 2**20:.1f} MiB) on this rank, {free} bytes are free",
+            hint="free space on that volume, lower keep_checkpoints, or point "
+            "DIST_JOBS_CHECKPOINT_DIR at a larger volume; the previous checkpoint is intact")
+
+    # -- reading --------------------------------------------------------------------------
+    def _load(self, step: int, folder: Path) -> Loaded:
+        marker = json.loads((folder / COMPLETE).read_text())
+        world_size, files = int(marker["world_size"]), marker["files"]
+        if int(marker["step"]) != step:
+            raise ValueError(f"{COMPLETE} says step {marker['step']}")
+        # Checksum on a second thread while torch.load runs (zlib releases the GIL): verifying
+        # then costs little more than loading. A checksum error wins over a load error: clearer.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            verified = pool.submit(disk.verify, folder, files)
+            try:
+                shared = torch.load(folder / SHARED, weights_only=True, map_location="cpu")
+                mine = f"rank-{self.rank}.pt"
+                rank_state = None
+                if self.rank < world_size and mine in files:
+                    rank_state = torch.load(folder / mine, weights_only=True, map_location="cpu")
+            except Exception:
+                verified.result()
+                raise
+            verified.result()
+        return Loaded(step=step, path=folder, shared=shared, rank_state=rank_state, world_size=world_size)
+

@@ -1,0 +1,273 @@
+"""The writer's machinery: state validation, durable file writes, reusable CPU snapshot buffers
+and the one writer thread. `dist_jobs.train.checkpoint` is the API; it re-exports CheckpointError.
+
+Training may only be blocked for as long as it takes to copy its tensors somewhere the optimizer
+will not touch; serializing, checksumming and fsyncing then happen on a background thread. The
+copy targets are allocated once per state-dict path and reused, because allocating (and, for
+CUDA, pinning) hundreds of MB per checkpoint costs more than the copy itself: page faults on
+fresh memory made the first snapshot of a 200 MB state ~10x slower than later ones here.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from dist_jobs.errors import DistJobsError
+
+# Leaf types torch.load(weights_only=True) accepts. Exact types: numpy scalars subclass float
+# but pickle as numpy objects, which weights_only refuses.
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _is_leaf(obj: Any) -> bool:
+    return type(obj) in _PLAIN or type(obj) in (torch.dtype, torch.device, torch.Size)
+
+
+class CheckpointError(DistJobsError):
+    """A checkpoint could not be written or read; the message names the folder."""
+
+
+def prepare_state(obj: Any, path: str, on_tensor: Callable[[str, torch.Tensor], torch.Tensor]) -> Any:
+    """Rebuild `obj` with on_tensor applied to each tensor; refuse what weights_only cannot load."""
+    if isinstance(obj, torch.Tensor):
+        return on_tensor(path, obj)
+    if _is_leaf(obj):
+        return obj
+    if isinstance(obj, Mapping):
+        out: dict = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            if not _is_leaf(key):
+                raise _unsafe(f"{path} key {key!r}", key)
+            # repr() keeps paths unique ("a.b" vs "a"/"b"): they key the reused snapshot buffers.
+            out[key] = prepare_state(value, f"{path}[{key!r}]", on_tensor)
+        if getattr(obj, "_metadata", None) is not None:  # nn.Module state_dict versions
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(prepare_state(v, f"{path}[{i}]", on_tensor) for i, v in enumerate(obj))
+    if type(obj) in (set, frozenset) and all(_is_leaf(v) for v in obj):
+        return obj
+    raise _unsafe(path, obj)
+
+
+def _unsafe(path: str, obj: Any) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint state {path}: a {type(obj).__name__} cannot be loaded with "
+        "torch.load(weights_only=True)",
+        hint="store only tensors, numbers, strings, None, lists, tuples and dicts "
+        "(numpy array: torch.from_numpy(a); dataclass: dataclasses.asdict(x))")
+
+
+class HashingFile:
+    """File wrapper for torch.save that checksums bytes on their way to disk (no second read).
+
+    CRC32, not sha256: it guards against torn and bit-rotted files, not against an attacker
+    (weights_only loading is the defence there), and it is ~2.5x faster here (200 MB: 0.06 s vs
+    0.13 s), which is most of what verifying costs when latest() runs at every resume.
+
+    It also keeps the OSError of a failed write: torch.save turns it into a RuntimeError
+    ("unexpected pos ..."), which would hide that the disk is full.
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw, self.size, self.crc = raw, 0, 0
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            written = self.raw.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += memoryview(data).nbytes  # torch may hand over non-byte memoryviews
+        return written
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+@contextmanager
+def open_dir(path: Path) -> Iterator[int]:
+    """A directory handle: it follows the folder through renames (rank 0 may rename it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    with open_dir(path) as fd:
+        os.fsync(fd)
+
+
+def write_atomic(final: Path, write: Callable[[IO[bytes]], None]) -> dict[str, Any]:
+    """Write via `.<name>.tmp`, fsync, rename: `final` is either absent or whole, never torn."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    out: HashingFile | None = None
+    try:
+        with open(tmp, "wb") as raw:
+            out = HashingFile(raw)
+            write(out)  # type: ignore[arg-type]
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, final)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if out is not None and out.error is not None and exc is not out.error:
+            raise out.error from exc
+        raise
+    return {"size": out.size, "crc32": f"{out.crc:08x}"}
+
+
+def digest(path: Path) -> dict[str, Any]:
+    """Size and CRC32 of a file, as write_atomic reports them.
+
+    Through mmap: no copy into Python bytes (25% faster than read() on 200 MB), and zlib
+    releases the GIL, so latest() runs this beside torch.load.
+    """
+    crc, step = 0, 1 << 26
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                view = memoryview(mapped)
+                try:
+                    for start in range(0, size, step):
+                        crc = zlib.crc32(view[start:start + step], crc)
+                finally:
+                    view.release()
+    return {"size": size, "crc32": f"{crc:08x}"}
+
+
+def verify(folder: Path, files: Mapping[str, Mapping[str, Any]]) -> None:
+    """Check size and CRC32 of every file, not just this rank's: all ranks must agree."""
+    for name, want in files.items():
+        got = digest(folder / name)
+        if got != {"size": want["size"], "crc32": want["crc32"]}:
+            raise ValueError(f"{name} is damaged: {got['size']} bytes with crc32 {got['crc32']}, "
+                             f"COMPLETE says {want['size']} bytes with crc32 {want['crc32']}")
+
+
+def remove(folder: Path) -> None:
+    """Delete a folder so that a crash half-way cannot leave something that still counts."""
+    (folder / "COMPLETE").unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_for(paths: list[Path], timeout: float) -> list[Path]:
+    """Poll until every path exists; return those still missing when `timeout` runs out."""
+    deadline, delay = time.monotonic() + timeout, 0.002
+    while paths := [p for p in paths if not p.exists()]:
+        if time.monotonic() > deadline:
+            return paths
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)  # quick for threads in one process, gentle on shared storage
+    return []
+
+
+def free_bytes(directory: Path) -> int:
+    return shutil.disk_usage(directory).free
+
+
+class TensorBuffers:
+    """CPU copy targets keyed by state-dict path ("shared.model.fc.weight"), reused across saves.
+
+    A buffer is reallocated only when the tensor at that path changes shape or dtype (for example
+    the optimizer's momentum appearing after its first step); paths that disappear are released.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._seen: set[str] = set()
+        self._pending_cuda = False
+
+    def begin(self) -> None:
+        self._seen = set()
+        self._pending_cuda = False
+
+    def copy(self, path: str, tensor: torch.Tensor) -> torch.Tensor:
+        source = tensor.detach()
+        if source.layout != torch.strided:
+            # Sparse/quantized tensors are rare in DDP state; a fresh copy is correct if not free.
+            return source.to("cpu", copy=True)
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            pin = source.is_cuda  # pinned memory lets the device-to-host copy run asynchronously
+            buffer = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=pin)
+            self._buffers[path] = buffer
+        buffer.copy_(source, non_blocking=source.is_cuda)
+        self._pending_cuda = self._pending_cuda or source.is_cuda
+        self._seen.add(path)
+        return buffer
+
+    def end(self) -> None:
+        """Finish the snapshot: wait for device copies, drop buffers of vanished paths."""
+        if self._pending_cuda:
+            torch.cuda.synchronize()
+        for path in [p for p in self._buffers if p not in self._seen]:
+            del self._buffers[path]
+
+    def buffer(self, path: str) -> torch.Tensor | None:
+        return self._buffers.get(path)
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+
+class BackgroundWriter:
+    """Runs one job at a time on a thread and keeps its exception for the next caller.
+
+    A thread per job (instead of a long-lived worker and a queue) keeps "at most one write in
+    flight" trivially true: submit() joins the previous thread first. Threads are non-daemon so
+    a checkpoint that has started is finished even if the interpreter exits without close().
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+        thread = threading.Thread(target=self._run, args=(job,), name=self._name, daemon=False)
+        with self._lock:
+            self._thread = thread
+        thread.start()
+
+    def _run(self, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread, not lost
+            with self._lock:
+                self._error = exc
+
+    def busy(self) -> bool:
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Join the in-flight job, then raise its exception (once) if it failed."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            self._thread = None
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
