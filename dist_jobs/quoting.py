@@ -24,6 +24,15 @@ def sh_argv(argv: list[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+def sbatch_value(value: object) -> str:
+    """A value on an `#SBATCH` line. sbatch's own parser treats a backslash as an escape even
+    inside single quotes (checked on 22.05), so backslashes are doubled before shell quoting."""
+    text = str(value)
+    if text and all(c.isalnum() or c in "@%+=:,./-_" for c in text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "'\"'\"'") + "'"
+
+
 def slurm_filename(path: str) -> str:
     """SLURM expands %-patterns in --output paths; a literal % must be written %%."""
     return path.replace("%", "%%")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_jobs.quoting import sh, slurm_filename
+from dist_jobs.quoting import sbatch_value, slurm_filename
 from dist_jobs.render import header_lines, torchrun_tail
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec_load import format_time, parse_time
@@ -49,7 +49,7 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
         key, value = (("gpus-per-node", spec.gpus_per_node) if slurm.gpus_flag == "gpus-per-node"
                       else ("gres", f"gpu:{spec.gpus_per_node}"))
         flags[key] = value
-    lines = [f"--{k}" if v is True else f"--{k}={sh(v)}" for k, v in flags.items() if v is not None]
+    lines = [f"--{k}" if v is True else f"--{k}={sbatch_value(v)}" for k, v in flags.items() if v is not None]
     return sorted(lines + list(slurm.extra_sbatch))
 
 

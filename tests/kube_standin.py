@@ -4,19 +4,22 @@ Calibrated to answer like a real apiserver (codes, Status bodies and messages ve
 the real one) for what the k8s backend does: create, get, list, delete custom objects, list
 pods by label and read their logs. Validation is dist_jobs.k8s_validate, i.e. the CRD schema
 with the apiserver's pruning and defaulting; `webhooks=True` adds the training-operator's
-PyTorchJob admission webhook. Not implemented (405): PUT, PATCH, watch, subresources.
+PyTorchJob admission webhook. Pod logs can stream (follow=true, chunked) from a Queue. Not
+implemented (405): PUT, PATCH, watch, subresources.
 
     with FakeKubeAPI([crd_path("PyTorchJob")]) as api:
         cfg = kubernetes.client.Configuration(); cfg.host = api.url
         ...
         api.store[("pytorchjobs", "default", "job")]["status"] = {...}   # play the operator
         api.pods[("default", "job-master-0")] = {...}; api.pod_logs[("default", "job-master-0")] = "..."
+        api.pod_logs[...] = queue.Queue()   # a running container: follow=true streams what is put, until None
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import queue
 import random
 import threading
 import uuid
@@ -43,6 +46,7 @@ class Request:
     body: Any
     status: int = 0
     warnings: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
 
 
 class Reply(Exception):
@@ -105,7 +109,9 @@ class FakeKubeAPI:
         self.requests: list[Request] = []
         self.store: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, namespace, name)
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
-        self.pod_logs: dict[tuple[str, str], str | dict[str, str]] = {}  # text, or per container
+        # text, per-container texts, or a Queue of chunks (None ends the stream) for a running container
+        self.pod_logs: dict[tuple[str, str], str | dict[str, str] | queue.Queue[str | None]] = {}
+        self.follow_timeout = 10.0  # a followed log with nothing new for this long ends, as if the pod stopped
         self.lock = threading.RLock()
         self._rv = 100
         self._server: ThreadingHTTPServer | None = None
@@ -329,7 +335,12 @@ class FakeKubeAPI:
         if len(rest) == 1:
             return Reply(200, _pod(pod, ns or "", rest[0]))
         if rest[1:] == ["log"]:
-            return Reply(200, _log_text(rest[0], logs, query))
+            if isinstance(logs, queue.Queue):
+                follow = query.get("follow", [""])[0] in ("true", "1")
+                return Reply(200, logs if follow else _drain(logs))
+            text = _log_text(rest[0], logs, query)
+            # an empty log is 204 with no body and no Content-Type (v1.20.2, pod not yet on a node)
+            return Reply(200, text) if text else Reply(204, None)
         return _not_allowed()
 
 
@@ -364,6 +375,20 @@ def _pod(obj: dict[str, Any], ns: str, name: str) -> dict[str, Any]:
     pod = {"kind": "Pod", "apiVersion": "v1", **copy.deepcopy(obj)}
     pod["metadata"] = {"name": name, "namespace": ns, **pod.get("metadata", {})}
     return pod
+
+
+def _drain(chunks: queue.Queue[str | None]) -> str:
+    """Without follow=true the apiserver answers with what the container has written so far."""
+    out = []
+    while True:
+        try:
+            chunk = chunks.get_nowait()
+        except queue.Empty:
+            return "".join(out)
+        if chunk is None:
+            chunks.put(None)  # the stream stays ended for the next reader
+            return "".join(out)
+        out.append(chunk)
 
 
 def _log_text(name: str, logs: str | dict[str, str], query: dict[str, list[str]]) -> str:
@@ -412,7 +437,8 @@ class _Handler(BaseHTTPRequestHandler):
             body: Any = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", "replace")
-        record = Request(self.command, url.path, query, self.headers.get("Content-Type"), body)
+        record = Request(self.command, url.path, query, self.headers.get("Content-Type"), body,
+                         headers={k.lower(): v for k, v in self.headers.items()})  # names are case-insensitive
         with self.owner.lock:
             self.owner.requests.append(record)
         try:
@@ -426,6 +452,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(reply)
 
     def _send(self, reply: Reply) -> None:
+        if isinstance(reply.body, queue.Queue):
+            self._stream(reply.body)
+            return
+        if reply.body is None:
+            self.send_response(reply.code)
+            self.end_headers()
+            return
         if isinstance(reply.body, str):
             data, ctype = reply.body.encode(), "text/plain; charset=utf-8"
         else:
@@ -437,6 +470,29 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
+
+    def _stream(self, chunks: queue.Queue[str | None]) -> None:
+        """A followed log: chunked transfer, each chunk sent as soon as it is queued."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            while True:
+                try:
+                    chunk = chunks.get(timeout=self.owner.follow_timeout)
+                except queue.Empty:
+                    chunk = None
+                if chunk is None:
+                    break
+                if chunk:  # an empty chunk would read as the end of the stream
+                    data = chunk.encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped following
+            pass
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
 

@@ -1,7 +1,8 @@
 """Turn the apiserver's answers into messages a person can act on.
 
-The Status body is JSON except for a CRD that is not installed: then the apiserver answers a
-plain-text `404 page not found` (KUBERNETES_NOTES section 4), which must not be parsed as JSON.
+The Status body is JSON except for a resource type the apiserver does not serve (the CRD is not
+installed, or not at this version): then it answers a plain-text `404 page not found`
+(KUBERNETES_NOTES section 4), which must not be parsed as JSON.
 """
 
 from __future__ import annotations
@@ -10,6 +11,15 @@ import json
 from typing import Any
 
 from dist_jobs.errors import BackendError
+
+# What installs each kind's CRD; the vendored copies ship in the wheel as dist_jobs/crds/.
+_INSTALL = {
+    "PyTorchJob": ("pytorchjobs.kubeflow.org/v1", "install the Kubeflow training operator v1 (its manifests "
+                   "include the CRD); a test cluster can take the vendored CRD: "
+                   "kubectl apply -f kubeflow.org_pytorchjobs.yaml from dist_jobs/crds/ (k8s/crds/ in a checkout)"),
+    "TrainJob": ("trainjobs.trainer.kubeflow.org/v1alpha1", "install Kubeflow Trainer v2 (its manifests include the "
+                 "CRD and the torch-distributed runtime), or render a PyTorchJob instead (k8s.api: pytorchjob)"),
+}
 
 
 def _status_body(body: Any) -> dict[str, Any] | None:
@@ -22,40 +32,65 @@ def _status_body(body: Any) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) and parsed.get("kind") == "Status" else None
 
 
-def api_error(exc: Any, what: str) -> BackendError:
-    """A BackendError for an ApiException raised while doing `what`."""
+def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
+    """A BackendError for an ApiException raised while doing `what` to a `kind` object."""
     code = int(getattr(exc, "status", 0) or 0)
     status = _status_body(getattr(exc, "body", None))
     if status is None:
-        if code == 404:
-            return BackendError(f"{what}: the apiserver has no such resource type (404 page not found)",
-                                "install the Kubeflow training operator's CRD: kubectl apply -f k8s/crds/"
-                                "kubeflow.org_pytorchjobs.yaml (or the operator's manifests)")
-        return BackendError(f"{what}: HTTP {code} {getattr(exc, 'reason', '')}".rstrip(),
-                            "check the apiserver address and your credentials (kubectl auth can-i create pytorchjobs)")
-    message = status.get("message", "")
-    reason = status.get("reason", "")
+        return _plain_error(code, str(getattr(exc, "reason", "") or ""), what, kind)
+    message = str(status.get("message", ""))
+    reason = str(status.get("reason", ""))
     if code == 409:
         return BackendError(f"{what}: {message} (409 AlreadyExists)",
                             "pick another --name, or delete the old job: dist-jobs cancel --backend k8s NAME")
     if code == 422:
         causes = (status.get("details") or {}).get("causes") or []
-        lines = [f"  - {c.get('field', '?')}: {c.get('message', '')}" for c in causes] or [f"  - {message}"]
+        lines = [f"  - {c.get('field') or '?'}: {c.get('message', '')}" for c in causes] or [f"  - {message}"]
         return BackendError(f"{what}: the apiserver rejected the manifest (422 Invalid):\n" + "\n".join(lines),
                             "fix those fields in job.yaml; `dist-jobs render --backend k8s` shows the manifest")
     if code == 403:
-        hint = ("the training operator's admission webhook refused it; fix what it names"
-                if "admission webhook" in message else "your account lacks the permission (kubectl auth can-i)")
+        hint = ("the training operator's admission webhook refused it; fix what it names in job.yaml"
+                if "admission webhook" in message else
+                "your account lacks the permission: ask for it, or check with `kubectl auth can-i`")
         return BackendError(f"{what}: {message} (403 {reason or 'Forbidden'})", hint)
     if code == 404:
         return BackendError(f"{what}: {message} (404 NotFound)",
-                            "check the name and --namespace: dist-jobs list --backend k8s")
+                            "check the name and --namespace/--context: dist-jobs list --backend k8s")
     if code == 400:
-        return BackendError(f"{what}: {message} (400 {reason or 'BadRequest'})",
-                            "an unknown or misspelled field is refused under fieldValidation=Strict: fix the spec")
+        return BackendError(f"{what}: {message} (400 {reason or 'BadRequest'})", _bad_request_hint(message))
+    if code == 401:
+        return BackendError(f"{what}: {message or 'Unauthorized'} (401)",
+                            "the credentials in the kubeconfig are missing or expired: log in again")
     return BackendError(f"{what}: {message or reason} (HTTP {code})", "see the apiserver's message above")
 
 
+def _plain_error(code: int, reason: str, what: str, kind: str) -> BackendError:
+    if code == 404:
+        resource, install = _INSTALL.get(kind, (kind, "install the CRD that serves it"))
+        return BackendError(f"{what}: the apiserver does not serve {resource} (404 page not found): "
+                            f"the {kind} CRD is not installed in this cluster", install)
+    return BackendError(f"{what}: HTTP {code} {reason}".rstrip(),
+                        "check the apiserver address in the kubeconfig and your credentials (kubectl auth can-i)")
+
+
+def _bad_request_hint(message: str) -> str:
+    if "strict decoding error" in message or "unknown field" in message:
+        return "fieldValidation=Strict refuses unknown or misspelled fields: fix them in job.yaml"
+    if "waiting to start" in message or "ContainerCreating" in message or "PodInitializing" in message:
+        return "the container has not started yet: retry in a moment (dist-jobs status --backend k8s NAME)"
+    return "the apiserver refused the request as malformed: see its message"
+
+
 def unreachable(host: str, exc: BaseException) -> BackendError:
-    return BackendError(f"cannot reach the Kubernetes apiserver at {host}: {type(exc).__name__}: {exc}",
+    """The apiserver did not answer at all (refused, DNS, TLS, timeout)."""
+    cause: BaseException = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError wraps the real one
+    return BackendError(f"cannot reach the Kubernetes apiserver at {host}: {type(cause).__name__}: {cause}",
                         "is the cluster up and the kubeconfig current? try `kubectl cluster-info`")
+
+
+def no_config(kubeconfig: str | None, context: str | None, exc: BaseException | None) -> BackendError:
+    if exc is None:
+        return BackendError("no Kubernetes configuration: no kubeconfig ($KUBECONFIG, ~/.kube/config) and not "
+                            "running in a pod", "set KUBECONFIG or pass --kubeconfig FILE (and --context NAME)")
+    return BackendError(f"cannot load kubeconfig {kubeconfig or '(default)'}, context {context or '(current)'}: "
+                        f"{exc}", "check --kubeconfig/--context: `kubectl config get-contexts`")
