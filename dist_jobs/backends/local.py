@@ -93,6 +93,12 @@ def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per
     }
 
 
+def _local_argv(argv: list[str]) -> list[str]:
+    # `python3` on a cluster is the job's activated environment; here it is the interpreter that
+    # runs dist-jobs, whatever PATH says.
+    return [sys.executable, *argv[1:]] if argv[0] in ("python", "python3") else argv
+
+
 def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -> list[LocalProc]:
     """The processes of the job, pure: the same spec and arguments give the same plan."""
     common = _common_env(spec, workdir, port, use_gpus)
@@ -101,7 +107,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
         for node in range(spec.nodes):
             for local in range(spec.procs):
                 env = {**common, **_slurm_task_env(spec, node, local, job_id, spec.procs)}
-                procs.append(LocalProc(f"rank {node * spec.procs + local}", spec.argv, env))
+                procs.append(LocalProc(f"rank {node * spec.procs + local}", _local_argv(spec.argv), env))
         return procs
     for node in range(spec.nodes):
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
