@@ -32,10 +32,24 @@ def template_dir() -> Path:
                         "reinstall dist-jobs (`pip install .` ships templates/ inside the wheel)")
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept between runs: `render` is a start-up-bound command. The cache is
+    keyed by template source and checksum, so it never changes what is rendered."""
+    import os
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-jobs" / f"jinja-{__version__}"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(base)) if os.access(base, os.W_OK) else None
+
+
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
