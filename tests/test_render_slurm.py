@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import require_tool
+from conftest import REPO, require_tool
 from dist_jobs.render import render
 from dist_jobs.spec_load import load_spec
 from render_helpers import make_stubs, run_script
@@ -109,3 +109,12 @@ def test_preempted_marker_maps_to_requeue(tmp_path) -> None:
     proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs)
     assert proc.returncode == 200, proc.stdout + proc.stderr
     assert [c["argv"] for c in calls if c["prog"] == "scontrol"] == [["requeue", "4242"]]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "slurm" / "examples").glob("*.sbatch")))
+def test_checked_in_examples_pass_shellcheck(example: str) -> None:
+    path = REPO / "slurm" / "examples" / example
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    proc = subprocess.run([require_tool("shellcheck"), "-s", "bash", "-S", "warning", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
