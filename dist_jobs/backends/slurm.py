@@ -10,7 +10,9 @@ from __future__ import annotations
 import getpass
 import json
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,8 +20,8 @@ from typing import Callable, Iterator
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.slurm_output import (SACCT_FIELDS, SQUEUE_FORMAT, parse_sacct, parse_sbatch_job_id,
-                                             parse_squeue, sacct_job_state, sbatch_error)
+from dist_jobs.backends.slurm_output import (SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG, SlurmJob, parse_sacct,
+                                             parse_sbatch_job_id, parse_squeue, sacct_job_state, sbatch_error)
 from dist_jobs.errors import BackendError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
@@ -53,32 +55,45 @@ class SlurmBackend:
 
     def submit(self, prepared: Prepared) -> str:
         spec = prepared.spec
-        staging = self.jobs_dir / f".{spec.run_id}.submitting"
-        staging.mkdir(parents=True, exist_ok=True)
-        script = staging / prepared.filename
-        script.write_text(prepared.payload)
-        (staging / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-        proc = self.run(["sbatch", "--parsable", str(script)])
-        if proc.returncode != 0:
-            raise sbatch_error(proc.stderr, proc.returncode)
-        job_id = parse_sbatch_job_id(proc.stdout)
-        workdir = Path(spec.workdir) if spec.workdir else self.cwd
+        workdir = self._workdir(spec)
         log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
-        (staging / "job.json").write_text(json.dumps({
-            "job_id": job_id, "run": spec.run_id, "log_dir": str(log_dir), "submitted_from": str(self.cwd),
-            "launcher": spec.launcher, "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2))
-        final = self.jobs_dir / f"{spec.run_id}-{job_id}"
-        staging.rename(final)
+        # slurmd opens --output before the script runs: a missing folder fails the job at once
+        # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        # A private staging folder: two submissions of one run name must not share it.
+        staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", suffix=".submitting", dir=self.jobs_dir))
+        try:
+            script = staging / prepared.filename
+            script.write_text(prepared.payload)
+            (staging / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+            # Without a workdir in the spec, the job runs where sbatch runs: make that self.cwd,
+            # which relative log and checkpoint folders were resolved against above.
+            chdir = [] if spec.workdir else [f"--chdir={self.cwd}"]
+            proc = self.run(["sbatch", "--parsable", *chdir, str(script)])
+            if proc.returncode != 0:
+                raise sbatch_error(proc.stderr, proc.returncode)
+            job_id = parse_sbatch_job_id(proc.stdout)
+            (staging / "job.json").write_text(json.dumps({
+                "job_id": job_id, "run": spec.run_id, "log_dir": str(log_dir), "submitted_from": str(self.cwd),
+                "launcher": spec.launcher, "nodes": spec.nodes, "procs_per_node": spec.procs,
+                "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2))
+            staging.rename(self.jobs_dir / f"{spec.run_id}-{job_id}")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         return job_id
 
+    def _workdir(self, spec: JobSpec) -> Path:
+        if not spec.workdir:
+            return self.cwd
+        return Path(spec.workdir) if Path(spec.workdir).is_absolute() else self.cwd / spec.workdir
+
     def status(self, job_id: str) -> JobStatus:
-        proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--format", SQUEUE_FORMAT])
-        if proc.returncode == 0:
-            jobs = [j for j in parse_squeue(proc.stdout) if j.job_id.split("_")[0] == job_id.split("_")[0]]
-            if jobs:
-                job = jobs[0]
-                return JobStatus(job.job_id, job.name, job.state, job.reason,
-                                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)})
+        job = self._squeue_job(job_id)
+        if job is not None:
+            return JobStatus(job.job_id, job.name, job.state, job.reason,
+                             {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)})
         acct = self.run(["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id,
                          "--format", SACCT_FIELDS])
         rows = parse_sacct(acct.stdout) if acct.returncode == 0 else []
@@ -89,6 +104,17 @@ class SlurmBackend:
         return JobStatus(state.job_id, state.name, state.state, f"exit {state.exit_code}",
                          {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)})
 
+    def _squeue_job(self, job_id: str) -> SlurmJob | None:
+        """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
+        # --Format (long): only it has the restart count, which says a requeued job came back.
+        proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])
+        if proc.returncode != 0:
+            return None
+        # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
+        jobs = [j for j in parse_squeue(proc.stdout, SQUEUE_FORMAT_LONG)
+                if j.job_id.split("_")[0] == job_id.split("_")[0]]
+        return jobs[0] if jobs else None
+
     def list(self) -> list[JobStatus]:
         proc = self.run(["squeue", "--noheader", "--user", getpass.getuser(), "--format", SQUEUE_FORMAT])
         if proc.returncode != 0:
@@ -96,31 +122,44 @@ class SlurmBackend:
         return [JobStatus(j.job_id, j.name, j.state, j.reason, {"nodes": j.nodelist}) for j in parse_squeue(proc.stdout)]
 
     def cancel(self, job_id: str) -> None:
-        proc = self.run(["scancel", job_id])
-        if proc.returncode != 0 or "Invalid job id" in proc.stderr:
-            raise BackendError(f"scancel {job_id} failed: {proc.stderr.strip() or proc.returncode}",
+        # Without --verbose, 22.05's scancel says nothing and exits 0 for an unknown or ended job.
+        proc = self.run(["scancel", "--verbose", job_id])
+        said = proc.stderr.strip()
+        if "Invalid job id" in said:
+            raise BackendError(f"SLURM knows no job {job_id} (or it ended a while ago): nothing to cancel",
+                               "check the id with `dist-jobs list --backend slurm` or `sacct -X`")
+        if "already completing or completed" in said:
+            raise BackendError(f"job {job_id} has already ended: nothing to cancel",
+                               f"see how it ended with `dist-jobs status --backend slurm {job_id}`")
+        if proc.returncode != 0:
+            raise BackendError(f"scancel {job_id} failed (exit {proc.returncode}): {said or 'no message'}",
                                "check the job id with `dist-jobs list --backend slurm`")
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
-        log_dir, run = self._log_location(job_id)
-        files = _attempt_files(log_dir, run, job_id, rank or 0)
+        """Rank `rank`'s output, attempt after attempt. In torchrun mode SLURM runs one task per
+        node and its file holds all that node's ranks: rank R is in node R // procs_per_node's."""
+        log_dir, run, procs = self._log_location(job_id)
+        task = (rank or 0) // procs if procs else (rank or 0)
+        files = _attempt_files(log_dir, run, job_id, task)
         if not files and not follow:
             raise BackendError(f"no logs for job {job_id} rank {rank or 0} in {log_dir}",
                                "the job may not have started yet (`dist-jobs status`), or use --follow")
-        yield from _stitch(files, lambda: _attempt_files(log_dir, run, job_id, rank or 0),
+        yield from _stitch(files, lambda: _attempt_files(log_dir, run, job_id, task),
                            (lambda: not self.status(job_id).finished) if follow else (lambda: False))
 
-    def _log_location(self, job_id: str) -> tuple[Path, str]:
+    def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
+        """(log folder, run name, processes per torchrun task or None for srun mode)."""
         for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
             data = json.loads(meta.read_text())
-            return Path(data["log_dir"]), data["run"]
+            procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None
+            return Path(data["log_dir"]), data["run"], procs
         proc = self.run(["scontrol", "show", "job", job_id])
         out = re.search(r"StdOut=(\S+)", proc.stdout) if proc.returncode == 0 else None
         name = re.search(r"JobName=(\S+)", proc.stdout) if proc.returncode == 0 else None
         if not out or not name:
             raise BackendError(f"cannot find the log folder of job {job_id}",
                                f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id")
-        return Path(out.group(1)).parent, name.group(1)
+        return Path(out.group(1)).parent, name.group(1), None
 
 
 def _attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]:

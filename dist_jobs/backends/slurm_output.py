@@ -273,6 +273,10 @@ _SBATCH_ERRORS: tuple[tuple[str, str, str], ...] = (
      "SLURM rejected the job: {detail}",
      "run `sinfo -N -o '%N %c %m'` to see each node's CPUs and memory (MB); "
      "ask for less (`memory`, `cpus_per_task`)"),
+    (r"Invalid generic resource \(gres\) specification",
+     "SLURM rejected the GPU request: this cluster (or partition) has no such generic resource (gres)",
+     "run `sinfo -o '%P %G'` to see each partition's GPUs; set `gpus_per_node` to what is there (0 without "
+     "GPUs, with `procs_per_node`), or `slurm.gpus_flag: gres` where the site wants --gres=gpu:N"),
     (r"Requested node configuration is not available",
      "SLURM has no nodes matching the request (node count, CPUs, memory, GPUs or features){nodes_note}",
      "run `sinfo -N -o '%N %c %m %G %f'` to see what the nodes offer, then ask for at most that "

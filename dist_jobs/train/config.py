@@ -27,6 +27,7 @@ class TrainConfig(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
     batch_size: int = Field(32, ge=1, description="per-process batch size")
     grad_accum: int = Field(1, ge=1)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
     lr: float = Field(0.1, gt=0)
     scale_lr: bool = Field(False, description="scale lr by global batch / 256")
     momentum: float = Field(0.9, ge=0)
@@ -43,6 +44,7 @@ class TrainConfig(BaseModel):
     progress: bool = True
     tensorboard: bool = False
     procs_per_device: int = Field(1, ge=1, description="processes sharing one GPU")
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: cuda if available")
     checkpoint_dir: str | None = Field(None, description="default: $DIST_JOBS_CHECKPOINT_DIR")
     run_name: str | None = Field(None, description="default: $DIST_JOBS_RUN")
     checkpoint_every_steps: int | None = Field(None, ge=1)

@@ -1,0 +1,62 @@
+"""`python -m dist_jobs.train [flags]`: the training entrypoint every rendered job runs.
+
+Exit codes: 0 done; dist_jobs.REQUEUE_EXIT_CODE (200) after a preemption checkpoint, to be
+requeued; 3 for an inconsistent launch (RankError); 2 for bad flags; 1 for other failures.
+Errors of dist-jobs print their message and hint, without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from pydantic import ValidationError
+
+from dist_jobs import REQUEUE_EXIT_CODE
+from dist_jobs.errors import DistJobsError
+from dist_jobs.train.config import TrainConfig
+
+BAD_FLAGS_EXIT_CODE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = TrainConfig.from_argv(sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                             for e in exc.errors())
+        print(f"error: invalid training flags: {problems}\n  hint: see python -m dist_jobs.train "
+              "--help", file=sys.stderr)
+        return BAD_FLAGS_EXIT_CODE
+    try:
+        rank = preflight()
+        # Rank 0 tells the story; the others speak up only about problems.
+        logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+                            stream=sys.stderr)
+        from dist_jobs.train.loop import fit  # torch loads here: seconds
+
+        fit(config)
+    except DistJobsError as exc:  # other failures are bugs: their traceback is worth having
+        preempted = exc.exit_code == REQUEUE_EXIT_CODE
+        print(str(exc) if preempted else f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+def preflight() -> int:
+    """Resolve and self-check this rank before torch is imported: a bad launch fails at once.
+
+    Returns the rank. fit() checks again with the GPU count, which needs torch.
+    """
+    from dist_jobs.ranks import resolve
+    from dist_jobs.ranks.selfcheck import check
+
+    info = resolve()
+    check(info, allow_loopback=os.environ.get("DIST_JOBS_BACKEND", "").strip() == "local")
+    return info.rank
+
+
+if __name__ == "__main__":
+    sys.exit(main())

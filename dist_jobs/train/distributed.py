@@ -1,0 +1,141 @@
+"""Process group set-up: who am I, which device, which backend, and agreeing without stalling.
+
+Rank resolution and the self-check run before torch.distributed is touched, so a bad launch
+fails in milliseconds with a RankError instead of waiting in rendezvous. Every collective has
+a bounded timeout (DIST_JOBS_RDZV_TIMEOUT, default 300 s): a rank whose peer died raises
+instead of hanging, and the launcher (torchrun, srun, the PyTorchJob controller) tears down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dist_jobs.errors import UsageError
+from dist_jobs.ranks import RankInfo, resolve
+from dist_jobs.ranks.selfcheck import check, device_index, rendezvous_timeout
+from dist_jobs.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job and the groups it talks through."""
+
+    info: RankInfo
+    device: torch.device
+    backend: str
+    # A gloo group for small CPU-side decisions (preemption, time-based checkpoints): with
+    # NCCL, reading a flag that lives on the GPU would synchronize the stream every step.
+    control: Any
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.info.rank == 0
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control)
+
+
+def simulated_nodes(environ: Mapping[str, str]) -> bool:
+    """`dist-jobs run --backend local` plays several nodes on one host, all on loopback."""
+    return environ.get("DIST_JOBS_BACKEND", "").strip() == "local"
+
+
+def pick_device(config: TrainConfig, info: RankInfo, environ: Mapping[str, str]) -> torch.device:
+    """cuda:<index from the self-check's mapping> when asked for or available, else cpu."""
+    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError("device: 'cuda' was asked for, but this process sees no CUDA GPU",
+                         hint="request GPUs from the scheduler, or set device: auto (or cpu)")
+    return torch.device("cuda", device_index(info, environ, config.procs_per_device))
+
+
+def backend_for(device: torch.device, procs_per_device: int) -> str:
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so shared GPUs use gloo.
+    return "nccl" if device.type == "cuda" and procs_per_device == 1 else "gloo"
+
+
+@contextmanager
+def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> Iterator[Dist]:
+    """Resolve, self-check, init the process group; destroy it on the way out, error or not."""
+    env = os.environ if environ is None else environ
+    info = resolve(env)
+    device = pick_device(config, info, env)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else None
+    check(info, environ=env, device_count=gpus, procs_per_device=config.procs_per_device,
+          allow_loopback=simulated_nodes(env))
+    backend = backend_for(device, config.procs_per_device)
+    timeout = timedelta(seconds=rendezvous_timeout(env))
+    if device.type == "cuda":
+        if config.deterministic:  # cuBLAS reads it when the context is created
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.cuda.set_device(device)
+    _init_process_group(info, backend, device, timeout)
+    try:
+        control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+        yield Dist(info=info, device=device, backend=backend, control=control)
+    finally:
+        dist.destroy_process_group()
+
+
+def _init_process_group(info: RankInfo, backend: str, device: torch.device,
+                        timeout: timedelta) -> None:
+    extra = {"device_id": device} if backend == "nccl" else {}
+    if info.world_size == 1:
+        # No peer to meet: an in-process store needs no free port and no network.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout, **extra)
+        return
+    info.export()  # env:// reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    dist.init_process_group(backend, init_method="env://", rank=info.rank,
+                            world_size=info.world_size, timeout=timeout, **extra)
+
+
+class FlagPoll:
+    """All ranks agree on a few booleans (any rank's True wins) without stalling a step.
+
+    `launch(flags)` starts an asynchronous all_reduce(MAX) and returns at once; `result()`, called
+    at the next step boundary, collects it. A whole step has passed by then, so the wait is
+    free, and every rank reads the same values at the same boundary. The price is one step of
+    latency: a signal that lands during step k is acted on after step k+1, so a preempted job
+    loses no work at all (it checkpoints), it only runs one step longer before stopping.
+    """
+
+    def __init__(self, group: Any, size: int) -> None:
+        self._group = group
+        self._size = size
+        self._buffer = torch.zeros(size, dtype=torch.int32)
+        self._work: Any = None
+
+    def launch(self, flags: Sequence[bool]) -> None:
+        # A fresh tensor: the one in flight belongs to the collective until it completes.
+        self._buffer = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+        self._work = dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group,
+                                     async_op=True)
+
+    def result(self) -> list[bool]:
+        if self._work is None:
+            return [False] * self._size
+        self._work.wait()
+        self._work = None
+        return [bool(v) for v in self._buffer.tolist()]
+
+    def drain(self) -> None:
+        """Complete the collective in flight: required before the group is destroyed."""
+        self.result()

@@ -1,0 +1,155 @@
+"""Metrics summed where they are computed, reduced across ranks only when someone reads them.
+
+`Meter.add` never calls .item(): on a GPU that would wait for the step to finish and stall
+the pipeline every step. `Meter.reduce` (at log intervals and epoch ends, on every rank: it is
+a collective) does one all_reduce and returns the same numbers on every rank.
+Only rank 0 reports: log lines, a tqdm bar, TensorBoard scalars.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger("dist_jobs.train")
+
+
+class Meter:
+    """Running loss, accuracy and throughput of one phase (an epoch, an evaluation)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, correct
+        self._count = 0
+        self._start = time.perf_counter()
+
+    @torch.no_grad()
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
+        n = target.shape[0]
+        self._sums[0] += loss.detach() * n
+        self._sums[1] += (logits.argmax(dim=1) == target).sum()
+        self._count += n
+
+    def reduce(self) -> dict[str, float]:
+        """Totals over all ranks; a collective, so every rank must call it at the same point."""
+        elapsed = time.perf_counter() - self._start
+        extra = torch.tensor([self._count, elapsed], dtype=torch.float64, device=self._sums.device)
+        packed = torch.cat((self._sums, extra))
+        dist.all_reduce(packed)
+        loss_sum, correct, count, elapsed_sum = packed.tolist()
+        mean_elapsed = elapsed_sum / dist.get_world_size()
+        return {
+            "loss": loss_sum / max(count, 1.0),
+            "accuracy": correct / max(count, 1.0),
+            "samples": count,
+            "samples_per_s": count / mean_elapsed if mean_elapsed > 0 else 0.0,
+        }
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Any, device: torch.device,
+             autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, float]:
+    """Loss and accuracy over the held-out set, reduced over ranks (a collective).
+
+    Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank to
+    run the same number of batches, which an unpadded evaluation split does not promise.
+    """
+    model.eval()
+    meter = Meter(device)
+    for images, target in loader:
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        with autocast():
+            logits = model(images)
+            meter.add(F.cross_entropy(logits, target), logits, target)
+    model.train()
+    result = meter.reduce()
+    return {"eval_loss": result["loss"], "eval_accuracy": result["accuracy"]}
+
+
+class Reporter:
+    """Rank 0's voice. On other ranks every method does nothing (cheaply)."""
+
+    def __init__(self, *, enabled: bool, progress: bool, tensorboard_dir: Path | None,
+                 total_steps: int) -> None:
+        self.enabled = enabled
+        self._progress = progress
+        self._tensorboard_dir = tensorboard_dir
+        self._total = total_steps
+        self._bar: Any = None
+        self._writer: Any = None
+        self._stack = contextlib.ExitStack()
+
+    def start(self, step: int) -> Reporter:
+        """Open the bar (at `step`, where a resumed run begins) and TensorBoard: use with `with`."""
+        if self.enabled:
+            self._bar = _progress_bar(self._progress, self._total, step)
+            self._writer = _tensorboard(self._tensorboard_dir) if self._tensorboard_dir else None
+        return self
+
+    def __enter__(self) -> Reporter:
+        if self._bar is not None:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            # Log lines go through tqdm.write, so the bar does not garble them.
+            self._stack.enter_context(logging_redirect_tqdm())
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stack.close()
+        if self._bar is not None:
+            self._bar.close()
+        if self._writer is not None:
+            self._writer.close()
+        self._bar = self._writer = None
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.update()
+
+    def report(self, step: int, section: str, values: dict[str, float], title: str) -> None:
+        """One log line ('step 40/100 epoch 1 train: loss 2.3 ...'); scalars under `section/`."""
+        if not self.enabled:
+            return
+        log.info("%s: %s", title, " ".join(f"{k} {v:.6g}" for k, v in values.items()))
+        if self._bar is not None and "loss" in values:
+            self._bar.set_postfix(loss=f"{values['loss']:.4g}", refresh=False)
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(f"{section}/{key}", value, step)
+
+
+def _progress_bar(wanted: bool, total: int, start: int) -> Any:
+    tty = sys.stderr.isatty()
+    if not (wanted or tty):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    # Redirected to a job log, a bar redrawn ten times a second would flood it.
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True,
+                mininterval=0.1 if tty else 30.0, file=sys.stderr)
+
+
+def _tensorboard(directory: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.warning("tensorboard: the tensorboard package is not installed, so no event files "
+                    "are written (pip install tensorboard)")
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    return SummaryWriter(log_dir=str(directory))
