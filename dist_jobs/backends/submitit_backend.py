@@ -83,6 +83,10 @@ class TrainTask:
         import submitit
 
         env = submitit.JobEnvironment()
+        # The job inherits the submitter's environment: a MASTER_ADDR or RANK left there by another
+        # launcher would make submitit refuse to export its own (it never overwrites).
+        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            os.environ.pop(key, None)
         dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         ckpt = Path(self.spec.checkpoint_dir)
         os.environ.update({
