@@ -125,18 +125,20 @@ class LocalBackend:
         self.out = out or sys.stdout
         self.workdir = workdir or Path.cwd()
 
-    def _shape(self, spec: JobSpec) -> tuple[JobSpec, bool, str]:
+    @staticmethod
+    def _gpu_mode(spec: JobSpec) -> tuple[bool, str]:
+        """Whether the ranks get GPUs, and the notice to print when the machine has too few."""
         gpus = visible_gpus()
         if spec.gpus_per_node and gpus >= spec.gpus_per_node:
-            return spec, True, ""
+            return True, ""
         note = ""
         if spec.gpus_per_node:
             note = (f"dist-jobs: the job asks for {spec.gpus_per_node} GPUs per node and this machine has {gpus}: "
                     f"running {spec.procs} CPU processes per node with gloo instead")
-        return spec, False, note
+        return False, note
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        _, use_gpus, _ = self._shape(spec)
+        use_gpus, _ = self._gpu_mode(spec)
         lines = [f"# {p.label}: {sh_argv(p.argv)}\n#   env: " +
                  " ".join(f"{k}={v}" for k, v in sorted(p.env.items()) if k not in spec.env) + "\n"
                  for p in plan(spec, self.workdir, 29500, "local", use_gpus)]
@@ -144,7 +146,7 @@ class LocalBackend:
 
     def run(self, spec: JobSpec) -> int:
         """Run to completion; the first failing process's exit code, 0, or 130 on Ctrl-C."""
-        spec, use_gpus, note = self._shape(spec)
+        use_gpus, note = self._gpu_mode(spec)
         if note:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
