@@ -8,7 +8,10 @@ instead of hanging, and the launcher (torchrun, srun, the PyTorchJob controller)
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,6 +90,8 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.cuda.set_device(device)
     _init_process_group(info, backend, device, timeout)
+    atexit.unregister(_let_gloo_workers_finish)  # once per process, however many sessions
+    atexit.register(_let_gloo_workers_finish)
     try:
         control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
         yield Dist(info=info, device=device, backend=backend, control=control)
@@ -105,6 +110,29 @@ def _init_process_group(info: RankInfo, backend: str, device: torch.device,
     info.export()  # env:// reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     dist.init_process_group(backend, init_method="env://", rank=info.rank,
                             world_size=info.world_size, timeout=timeout, **extra)
+
+
+# gloo's worker thread drops its reference to a collective's tensors just after the caller's
+# wait() returns. If that reference is the last one, freeing the Python tensor object needs the
+# GIL; a worker still waiting for it when the interpreter shuts down is killed mid-destructor,
+# and the process aborts ("terminate called without an active exception", SIGABRT) instead of
+# exiting 0. DDP keeps the process group (and so the workers) alive until exit whatever
+# destroy_process_group does. Two defences: tensors we reduce stay referenced from Python, so
+# the worker's drop is not the last; and at exit, before the interpreter starts finalizing, the
+# GIL is released for a moment so a worker freeing DDP's own tensors can finish.
+_RECENT: deque[torch.Tensor] = deque(maxlen=16)
+_EXIT_GRACE_S = 0.05
+
+
+def _let_gloo_workers_finish() -> None:
+    time.sleep(_EXIT_GRACE_S)
+
+
+def all_reduce(tensor: torch.Tensor, *, op: Any = dist.ReduceOp.SUM, group: Any = None,
+               async_op: bool = False) -> Any:
+    """dist.all_reduce that keeps `tensor` alive past the worker thread's use of it."""
+    _RECENT.append(tensor)
+    return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
 class FlagPoll:
@@ -126,8 +154,8 @@ class FlagPoll:
     def launch(self, flags: Sequence[bool]) -> None:
         # A fresh tensor: the one in flight belongs to the collective until it completes.
         self._buffer = torch.tensor([int(f) for f in flags], dtype=torch.int32)
-        self._work = dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group,
-                                     async_op=True)
+        self._work = all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group,
+                                async_op=True)
 
     def result(self) -> list[bool]:
         if self._work is None:

@@ -23,6 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dist_jobs.train.distributed import all_reduce
+
 log = logging.getLogger("dist_jobs.train")
 
 
@@ -46,7 +48,7 @@ class Meter:
         elapsed = time.perf_counter() - self._start
         extra = torch.tensor([self._count, elapsed], dtype=torch.float64, device=self._sums.device)
         packed = torch.cat((self._sums, extra))
-        dist.all_reduce(packed)
+        all_reduce(packed)
         loss_sum, correct, count, elapsed_sum = packed.tolist()
         mean_elapsed = elapsed_sum / dist.get_world_size()
         return {
