@@ -150,6 +150,8 @@ def k8s_context(spec: JobSpec) -> dict[str, Any]:
         "tolerations": [t.model_dump(exclude_none=True) for t in k8s.tolerations] or None,
         "imagePullSecrets": [{"name": s} for s in k8s.image_pull_secrets] or None,
         "volumes": volumes or None,
+        # An eviction sends SIGTERM, then SIGKILL after this: time to commit the checkpoint.
+        "terminationGracePeriodSeconds": spec.preemption.grace_seconds,
     }.items() if v is not None}
     header = header_lines(spec, "Apply with: kubectl apply -f THIS_FILE  (or: dist-jobs submit --backend k8s job.yaml)")
     if not k8s.pvc:

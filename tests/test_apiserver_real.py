@@ -59,6 +59,18 @@ def test_kubectl_apply_rendered_example(kubeconfig: Path, example: Path, tmp_pat
     subprocess.run([*kc, "delete", "pytorchjob", name], capture_output=True, timeout=60, check=True)
 
 
+def test_pvc_example_is_a_valid_readwritemany_claim(kubeconfig: Path, tmp_path: Path) -> None:
+    """k8s/pvc-example.yaml through the real apiserver's own validation of core objects."""
+    manifest = _namespaced(REPO / "k8s" / "pvc-example.yaml", tmp_path)
+    kc = [kubectl(), "--kubeconfig", str(kubeconfig)]
+    applied = subprocess.run([*kc, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
+    got = subprocess.run([*kc, "get", "pvc", name, "-o", "yaml"], capture_output=True, text=True, timeout=60)
+    assert yaml.safe_load(got.stdout)["spec"]["accessModes"] == ["ReadWriteMany"]
+    subprocess.run([*kc, "delete", "pvc", name, "--wait=false"], capture_output=True, timeout=60, check=True)
+
+
 def dj(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PYTHON, "-m", "dist_jobs", *args, "--kubeconfig", str(kubeconfig)],
                           capture_output=True, text=True, timeout=120)

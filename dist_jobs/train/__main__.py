@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 from pydantic import ValidationError
@@ -55,6 +56,11 @@ def preflight() -> int:
 
     info = resolve()
     check(info, allow_loopback=os.environ.get("DIST_JOBS_BACKEND", "").strip() == "local")
+    # One line per rank: when a launch maps ranks wrongly, this is the first thing to read.
+    print(f"dist-jobs: rank {info.rank}/{info.world_size} node {info.node_rank}/{info.num_nodes} "
+          f"local {info.local_rank}/{info.local_world_size} master {info.master_addr}:"
+          f"{info.master_port} ({info.source}, host {socket.gethostname()})", file=sys.stderr,
+          flush=True)
     return info.rank
 
 
