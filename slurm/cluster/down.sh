@@ -7,6 +7,8 @@
 set -eu
 
 STATE=/run/dist-jobs-slurm
+# shellcheck source=slurm/cluster/lock.sh
+. "$(dirname "$0")/lock.sh"
 T0=$(date +%s%N)
 
 log() {
@@ -118,17 +120,10 @@ our_nodes() {
   echo "$nodes"
 }
 
-# One up.sh/down.sh at a time: test sessions may call them concurrently.
-lock() {
-  mkdir -p /run/lock
-  exec 9>/run/lock/dist-jobs-slurm.lock
-  flock -w 600 9 || { echo "[slurm-down] ERROR: another up.sh/down.sh held the lock for 600 s" >&2; exit 1; }
-}
-
 main() {
   local f name nodes busy
   [ "$(id -u)" = 0 ] || { echo "[slurm-down] ERROR: must run as root" >&2; exit 1; }
-  lock
+  lock slurm-down
   if [ ! -d "$STATE" ]; then
     log "nothing to tear down ($STATE does not exist)"
     return 0

@@ -26,6 +26,8 @@ WAIT_S=${DIST_JOBS_SLURM_WAIT_S:-60}
 CRED_EXPIRE=${DIST_JOBS_SLURM_CRED_EXPIRE:-10}
 CLUSTER=distjobs
 STATE=/run/dist-jobs-slurm
+# shellcheck source=slurm/cluster/lock.sh
+. "$(dirname "$0")/lock.sh"
 BRIDGE=slrmbr0
 NET=10.77.0
 CTL_ADDR=$NET.1
@@ -409,17 +411,10 @@ wait_nodes() {
   done
 }
 
-# One up.sh/down.sh at a time: test sessions may call them concurrently.
-lock() {
-  mkdir -p /run/lock
-  exec 9>/run/lock/dist-jobs-slurm.lock
-  flock -w 600 9 || { echo "[slurm-up] ERROR: another up.sh/down.sh held the lock for 600 s" >&2; exit 1; }
-}
-
 main() {
   local ch_slurm ch_cg ch_dbd i
   check_args
-  lock
+  lock slurm-up
   install_packages
   mkdir -p "$STATE/pids"
   prepare_dirs
