@@ -69,23 +69,7 @@ def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
     p.add_argument("--jobs-dir", dest="jobs_dir", help="SLURM: where job directories go (default: ./dist-jobs-runs)")
 
 
-def _import_spec_quietly() -> None:
-    """Import the spec models with pydantic's plugin discovery off. It scans every installed
-    distribution's entry points when the first model class is built (tens of ms beside torch),
-    and this CLI uses no pydantic plugin. Only this process's setting, restored at once."""
-    previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
-    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-    try:
-        import dist_jobs.spec  # noqa: F401
-    finally:
-        if previous is None:
-            del os.environ["PYDANTIC_DISABLE_PLUGINS"]
-        else:
-            os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
-
-
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
-    _import_spec_quietly()
     from dist_jobs.spec_load import load_spec
 
     return load_spec(args.spec, overrides_from(args, command))
@@ -181,12 +165,9 @@ def cmd_env(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, _: Any) -> int:
-    from dist_jobs.spec import JobSpec
+    from dist_jobs.spec import json_schema
 
-    schema = JobSpec.model_json_schema()
-    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
-    schema["title"] = "dist-jobs job spec"
-    print(json.dumps(schema, indent=2, sort_keys=True))
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
     return 0
 
 

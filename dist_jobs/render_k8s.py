@@ -10,6 +10,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+import msgspec
+
 from dist_jobs import REQUEUE_EXIT_CODE
 from dist_jobs.errors import MISSING, Problem, SpecError
 from dist_jobs.quoting import dns1035
@@ -147,7 +149,7 @@ def k8s_context(spec: JobSpec) -> dict[str, Any]:
         "serviceAccountName": k8s.service_account,
         "priorityClassName": k8s.priority_class,
         "nodeSelector": dict(k8s.node_selector) or None,
-        "tolerations": [t.model_dump(exclude_none=True) for t in k8s.tolerations] or None,
+        "tolerations": [{k: v for k, v in msgspec.structs.asdict(t).items() if v is not None} for t in k8s.tolerations] or None,
         "imagePullSecrets": [{"name": s} for s in k8s.image_pull_secrets] or None,
         "volumes": volumes or None,
         # An eviction sends SIGTERM, then SIGKILL after this: time to commit the checkpoint.

@@ -1,63 +1,57 @@
 """The job spec: one typed object that every backend renders from.
 
-Field names are the YAML keys of `job.yaml`. Pydantic checks types and ranges; rules that
-involve several fields live in `dist_jobs.spec_load.cross_checks` so all problems are reported
-together. No torch, no kubernetes here: this module is on `dist-jobs render`'s fast path.
+Field names are the YAML keys of `job.yaml`. msgspec checks types and ranges (through
+`dist_jobs.validate`, which reports every problem at once); rules that involve several fields
+live in `dist_jobs.spec_load.cross_checks`. Build specs with `dist_jobs.spec_load.load_spec`:
+constructing a class here directly checks nothing. No torch, no kubernetes here: this module
+is on `dist-jobs render`'s fast path.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from msgspec import Meta, Struct, field
 
 from dist_jobs.train.config import TrainConfig
+from dist_jobs.validate import END, checked
 
-
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("contains a NUL character, which no shell or YAML value can carry")
-    return value
-
-
-def _one_line(value: str) -> str:
-    _no_nul(value)
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("contains a control character (newline, tab, ...); it lands on an #SBATCH line")
-    return value
-
-
-def _env_name(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-        raise ValueError("is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_no_nul)]
-Line = Annotated[str, AfterValidator(_one_line)]
-EnvName = Annotated[str, AfterValidator(_env_name)]
+Text = Annotated[str, checked(
+    r"^[^\x00]*" + END, "contains a NUL character, which no shell or YAML value can carry",
+    "remove the NUL character")]
+Line = Annotated[str, checked(
+    r"^[^\x00-\x1f\x7f]*" + END, "contains a control character (newline, tab, ...); it lands on an #SBATCH line",
+    "put the value on one line without control characters")]
+EnvName = Annotated[str, checked(
+    r"^[A-Za-z_][A-Za-z0-9_]*" + END, "is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+    "rename it, e.g. MY_VAR")]
 # sbatch and Kubernetes both understand these suffixes; Kubernetes gets the binary form.
-Memory = Annotated[str, Field(pattern=r"^[0-9]+[KMGT]?$")]
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")]
+Memory = Annotated[str, checked(r"^[0-9]+[KMGT]?" + END, "is not a memory size", "write it like 64G or 512M")]
+Quantity = Annotated[str, checked(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?" + END,
+                                  "is not a Kubernetes quantity", "write it like 8Gi, 500m or 4")]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def doc(text: str) -> Meta:
+    return Meta(description=text)
+
+
+class _Section(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
 
 
 class NcclSpec(_Section):
-    socket_ifname: Line | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. ib0 or ^lo,docker")
-    ib_disable: bool | None = Field(None, description="NCCL_IB_DISABLE=1 when true")
-    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(None, description="NCCL_DEBUG")
+    socket_ifname: Annotated[Line | None, doc("NCCL_SOCKET_IFNAME, e.g. ib0 or ^lo,docker")] = None
+    ib_disable: Annotated[bool | None, doc("NCCL_IB_DISABLE=1 when true")] = None
+    debug: Annotated[Literal["VERSION", "WARN", "INFO", "TRACE"] | None, doc("NCCL_DEBUG")] = None
 
 
 class PreemptionSpec(_Section):
-    signal: Literal["USR1", "USR2", "TERM"] = Field(
-        "USR1", description="signal the training gets before the time limit or a preemption")
-    grace_seconds: int = Field(
-        120, ge=30, le=3600, description="seconds before the time limit the signal is sent (SLURM checks every ~30 s)")
-    max_requeues: int = Field(3, ge=0, le=100, description="requeues the job may do after a preemption")
+    signal: Annotated[Literal["USR1", "USR2", "TERM"],
+                      doc("signal the training gets before the time limit or a preemption")] = "USR1"
+    grace_seconds: Annotated[int, Meta(ge=30, le=3600, description=(
+        "seconds before the time limit the signal is sent (SLURM checks every ~30 s)"))] = 120
+    max_requeues: Annotated[int, Meta(ge=0, le=100, description="requeues the job may do after a preemption")] = 3
 
 
 class SlurmSpec(_Section):
@@ -71,15 +65,15 @@ class SlurmSpec(_Section):
     reservation: Line | None = None
     dependency: Line | None = None
     mail_user: Line | None = None
-    mail_type: Line | None = Field(None, description="e.g. END,FAIL")
-    array: Line | None = Field(None, description="e.g. 0-9%2")
-    gpus_flag: Literal["gpus-per-node", "gres"] = Field(
-        "gpus-per-node", description="how GPUs are requested: --gpus-per-node=G or --gres=gpu:G")
-    container: Literal["none", "pyxis", "apptainer"] = Field(
-        "none", description="run the command in `image` through pyxis (srun --container-image) or apptainer exec")
-    container_mounts: list[Line] = Field(default_factory=list, description="src:dst mounts for the container")
-    extra_sbatch: list[Line] = Field(
-        default_factory=list, description="raw #SBATCH flags, e.g. '--gres-flags=enforce-binding' (not quoted)")
+    mail_type: Annotated[Line | None, doc("e.g. END,FAIL")] = None
+    array: Annotated[Line | None, doc("e.g. 0-9%2")] = None
+    gpus_flag: Annotated[Literal["gpus-per-node", "gres"],
+                         doc("how GPUs are requested: --gpus-per-node=G or --gres=gpu:G")] = "gpus-per-node"
+    container: Annotated[Literal["none", "pyxis", "apptainer"], doc(
+        "run the command in `image` through pyxis (srun --container-image) or apptainer exec")] = "none"
+    container_mounts: Annotated[list[Line], doc("src:dst mounts for the container")] = field(default_factory=list)
+    extra_sbatch: Annotated[list[Line], doc(
+        "raw #SBATCH flags, e.g. '--gres-flags=enforce-binding' (not quoted)")] = field(default_factory=list)
 
 
 class Toleration(_Section):
@@ -90,61 +84,69 @@ class Toleration(_Section):
     tolerationSeconds: int | None = None
 
 
+NonNegative = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
 class K8sSpec(_Section):
-    api: Literal["pytorchjob", "trainjob"] = Field("pytorchjob", description="PyTorchJob (kubeflow.org/v1) or TrainJob (Trainer v2)")
-    runtime: Line = Field("torch-distributed", description="TrainJob: the ClusterTrainingRuntime to use")
-    launch: Literal["torchrun", "direct"] = Field(
-        "torchrun", description="torchrun per pod, or the command directly (one process per pod only)")
+    api: Annotated[Literal["pytorchjob", "trainjob"],
+                   doc("PyTorchJob (kubeflow.org/v1) or TrainJob (Trainer v2)")] = "pytorchjob"
+    runtime: Annotated[Line, doc("TrainJob: the ClusterTrainingRuntime to use")] = "torch-distributed"
+    launch: Annotated[Literal["torchrun", "direct"],
+                      doc("torchrun per pod, or the command directly (one process per pod only)")] = "torchrun"
     namespace: Line = "default"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    image_pull_secrets: list[Line] = Field(default_factory=list)
+    image_pull_secrets: list[Line] = field(default_factory=list)
     service_account: Line | None = None
-    pvc: Line | None = Field(None, description="ReadWriteMany PVC that holds the shared checkpoint directory")
-    mount_path: Line = Field("/shared", description="where the PVC is mounted; a relative checkpoint_dir lands below it")
-    shm_size: Quantity | None = Field("8Gi", description="/dev/shm emptyDir (medium Memory) size; null turns it off")
-    node_selector: dict[Line, Line] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    pvc: Annotated[Line | None, doc("ReadWriteMany PVC that holds the shared checkpoint directory")] = None
+    mount_path: Annotated[Line, doc("where the PVC is mounted; a relative checkpoint_dir lands below it")] = "/shared"
+    shm_size: Annotated[Quantity | None, doc("/dev/shm emptyDir (medium Memory) size; null turns it off")] = "8Gi"
+    node_selector: dict[Line, Line] = field(default_factory=dict)
+    tolerations: list[Toleration] = field(default_factory=list)
     priority_class: Line | None = None
-    labels: dict[Line, Line] = Field(default_factory=dict)
-    annotations: dict[Line, Text] = Field(default_factory=dict)
-    restart_policy: Literal["ExitCode", "OnFailure", "Never", "Always"] = Field(
-        "ExitCode", description="ExitCode retries only exit codes 128-255 (preemption), not bugs")
-    backoff_limit: int | None = Field(None, ge=0, description="default: preemption.max_requeues")
-    ttl_seconds_after_finished: int | None = Field(None, ge=0)
-    active_deadline_seconds: int | None = Field(None, ge=1)
+    labels: dict[Line, Line] = field(default_factory=dict)
+    annotations: dict[Line, Text] = field(default_factory=dict)
+    restart_policy: Annotated[Literal["ExitCode", "OnFailure", "Never", "Always"],
+                              doc("ExitCode retries only exit codes 128-255 (preemption), not bugs")] = "ExitCode"
+    backoff_limit: Annotated[NonNegative | None, doc("default: preemption.max_requeues")] = None
+    ttl_seconds_after_finished: NonNegative | None = None
+    active_deadline_seconds: Positive | None = None
     gpu_resource: Line = "nvidia.com/gpu"
-    cpu_request: Quantity | None = Field(None, description="default: cpus_per_task x procs_per_node")
-    memory_request: Quantity | None = Field(None, description="default: memory")
-    min_nodes: int | None = Field(None, ge=1, description="elastic: fewest nodes (elasticPolicy when < max_nodes)")
-    max_nodes: int | None = Field(None, ge=1, description="elastic: most nodes")
-    max_restarts: int | None = Field(None, ge=0, description="elasticPolicy.maxRestarts (gang restarts)")
-    queue: Line | None = Field(None, description="runPolicy.schedulingPolicy.queue (Volcano/Kueue)")
+    cpu_request: Annotated[Quantity | None, doc("default: cpus_per_task x procs_per_node")] = None
+    memory_request: Annotated[Quantity | None, doc("default: memory")] = None
+    min_nodes: Annotated[Positive | None, doc("elastic: fewest nodes (elasticPolicy when < max_nodes)")] = None
+    max_nodes: Annotated[Positive | None, doc("elastic: most nodes")] = None
+    max_restarts: Annotated[NonNegative | None, doc("elasticPolicy.maxRestarts (gang restarts)")] = None
+    queue: Annotated[Line | None, doc("runPolicy.schedulingPolicy.queue (Volcano/Kueue)")] = None
 
 
 class JobSpec(_Section):
-    name: Text = Field("dist-job", description="job name; run folder and scheduler names are derived from it")
-    command: list[Text] | None = Field(
-        None, description="argv to run; default: python3 -m dist_jobs.train with the `train` section")
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    nodes: int = Field(1, ge=1, le=4096)
-    gpus_per_node: int = Field(0, ge=0, le=64)
-    procs_per_node: int | None = Field(None, ge=1, le=256, description="default: gpus_per_node; required without GPUs")
-    cpus_per_task: int = Field(1, ge=1, le=1024)
-    memory: Memory | None = Field(None, description="memory per node, e.g. 64G")
-    time: Line | None = Field(None, description="time limit: minutes, HH:MM:SS or D-HH:MM:SS")
-    env: dict[EnvName, Text] = Field(default_factory=dict)
-    setup: list[Text] = Field(default_factory=list, description="raw shell lines run before launch (module load, venv activate)")
-    workdir: Line | None = Field(None, description="working directory of the job")
-    checkpoint_dir: Text = Field("checkpoints", description="shared checkpoint root (relative: to workdir / the PVC mount)")
-    log_dir: Line = Field("logs", description="log folder (relative: to workdir)")
-    launcher: Literal["srun", "torchrun"] = Field(
-        "srun", description="srun: one task per process; torchrun: one task per node running torchrun")
-    master_port: int | None = Field(None, ge=1024, le=65535, description="default: derived from the job id")
-    nccl: NcclSpec = Field(default_factory=NcclSpec)
-    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
-    image: Line | None = Field(None, description="container image (Kubernetes; SLURM with slurm.container)")
-    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
-    k8s: K8sSpec = Field(default_factory=K8sSpec)
+    name: Annotated[Text, doc("job name; run folder and scheduler names are derived from it")] = "dist-job"
+    command: Annotated[list[Text] | None, doc(
+        "argv to run; default: python3 -m dist_jobs.train with the `train` section")] = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+    nodes: Annotated[int, Meta(ge=1, le=4096)] = 1
+    gpus_per_node: Annotated[int, Meta(ge=0, le=64)] = 0
+    procs_per_node: Annotated[Annotated[int, Meta(ge=1, le=256)] | None,
+                              doc("default: gpus_per_node; required without GPUs")] = None
+    cpus_per_task: Annotated[int, Meta(ge=1, le=1024)] = 1
+    memory: Annotated[Memory | None, doc("memory per node, e.g. 64G")] = None
+    time: Annotated[Line | None, doc("time limit: minutes, HH:MM:SS or D-HH:MM:SS")] = None
+    env: dict[EnvName, Text] = field(default_factory=dict)
+    setup: Annotated[list[Text], doc("raw shell lines run before launch (module load, venv activate)")] = field(
+        default_factory=list)
+    workdir: Annotated[Line | None, doc("working directory of the job")] = None
+    checkpoint_dir: Annotated[Text, doc("shared checkpoint root (relative: to workdir / the PVC mount)")] = "checkpoints"
+    log_dir: Annotated[Line, doc("log folder (relative: to workdir)")] = "logs"
+    launcher: Annotated[Literal["srun", "torchrun"], doc(
+        "srun: one task per process; torchrun: one task per node running torchrun")] = "srun"
+    master_port: Annotated[Annotated[int, Meta(ge=1024, le=65535)] | None,
+                           doc("default: derived from the job id")] = None
+    nccl: NcclSpec = field(default_factory=NcclSpec)
+    preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
+    image: Annotated[Line | None, doc("container image (Kubernetes; SLURM with slurm.container)")] = None
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    k8s: K8sSpec = field(default_factory=K8sSpec)
 
     @property
     def procs(self) -> int:
@@ -174,3 +176,15 @@ def run_id(name: str) -> str:
     """
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
     return safe[:128]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of job.yaml (2020-12), JobSpec at the top so editors complete its keys."""
+    import msgspec.json
+
+    generated = msgspec.json.schema(JobSpec)
+    defs = generated["$defs"]
+    schema: dict[str, Any] = defs.pop("JobSpec")
+    schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema", "$defs": defs,
+                   "title": "dist-jobs job spec"})
+    return schema

@@ -1,42 +1,21 @@
 """Loading a job spec: YAML file + overrides -> JobSpec, or one SpecError with every problem.
 
 Overrides are dotted paths (`slurm.partition`) so CLI flags and the Python API share one path.
-Pydantic's messages are rewritten to name the field, the given value and the fix; unknown keys
-get a "did you mean" from the fields that exist at that place.
+`dist_jobs.validate` reports every type problem with the field, the given value and the fix, and
+unknown keys get a "did you mean" from the fields that exist at that place.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import BaseModel, ValidationError
 
 from dist_jobs.errors import MISSING, Problem, SpecError
 from dist_jobs.spec import JobSpec, run_id
-
-_HINTS = {
-    "int_parsing": "give a whole number",
-    "int_type": "give a whole number",
-    "bool_parsing": "use true or false",
-    "literal_error": "use one of the listed values",
-    "greater_than_equal": "raise it to the minimum",
-    "less_than_equal": "lower it to the maximum",
-    "string_pattern_mismatch": "follow the pattern shown",
-    "missing": "add this key",
-    "list_type": "give a YAML list",
-    "dict_type": "give a YAML mapping",
-}
-
-
-_VALUE_HINTS = {
-    "contains a NUL character": "remove the NUL character",
-    "contains a control character": "put the value on one line without control characters",
-    "is not a valid environment variable name": "rename it, e.g. MY_VAR",
-}
+from dist_jobs.validate import convert
 
 
 def load_spec(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
@@ -48,10 +27,7 @@ def load_spec(path: str | Path | None = None, overrides: Mapping[str, Any] | Non
         raw = _read_yaml(Path(path))
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
-    try:
-        spec = JobSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError([_problem(err) for err in exc.errors()], source) from None
+    spec = convert(JobSpec, raw, source)
     problems = cross_checks(spec)
     if problems:
         raise SpecError(problems, source)
@@ -89,61 +65,6 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
             node[key] = child
         node = child
     node[leaf] = value
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if part == "[key]":  # pydantic's marker for a dict key that failed validation
-            out += " (the key)"
-        else:
-            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: Any = JobSpec
-    for part in loc:
-        if isinstance(part, int) or not (isinstance(model, type) and issubclass(model, BaseModel)):
-            model = getattr(model, "__args__", (None,))[0] if isinstance(part, int) else None
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        model = _unwrap(field.annotation)
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _unwrap(annotation: Any) -> Any:
-    for arg in getattr(annotation, "__args__", ()) or ():
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-        if getattr(arg, "__args__", None):
-            return annotation  # list[Model]: resolved per index in _model_at
-    return annotation
-
-
-def _problem(err: Mapping[str, Any]) -> Problem:
-    loc = tuple(err.get("loc", ()))
-    kind = err.get("type", "")
-    value = err.get("input", MISSING) if kind != "missing" else MISSING
-    if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        known = sorted(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        hint = f"did you mean `{close[0]}`?" if close else f"known keys here: {', '.join(known)}"
-        return Problem(_field_path(loc), MISSING, "unknown key", hint)
-    message = str(err.get("msg", "is invalid"))
-    hint = _HINTS.get(kind, "")
-    if kind == "value_error":
-        message = message.removeprefix("Value error, ")
-        hint = _VALUE_HINTS.get(message.split(" (")[0].split(",")[0], "")
-    ctx = err.get("ctx") or {}
-    if kind == "literal_error":
-        hint = f"use one of: {ctx.get('expected', '')}"
-    elif kind == "string_pattern_mismatch":
-        hint = f"match {ctx.get('pattern', '')} (e.g. 64G for memory, 8Gi for Kubernetes quantities)"
-    return Problem(_field_path(loc), value, message, hint)
 
 
 def cross_checks(spec: JobSpec) -> list[Problem]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import PYTHON, REPO
@@ -23,6 +24,21 @@ def test_schema_is_json_schema_with_fields() -> None:
     schema = json.loads(dj("schema").stdout)
     assert {"name", "nodes", "gpus_per_node", "slurm", "k8s", "train"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False
+
+
+def test_schema_accepts_every_example_and_rejects_what_load_spec_rejects() -> None:
+    """What an editor checks against `dist-jobs schema` agrees with what dist-jobs accepts."""
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(json.loads(dj("schema").stdout))
+    examples = sorted((REPO / "slurm/examples").glob("*.yaml")) + [
+        p for p in sorted((REPO / "k8s/examples").glob("*.yaml")) if p.name.count(".") == 1]
+    assert len(examples) >= 6
+    for path in examples:
+        assert list(validator.iter_errors(yaml.safe_load(path.read_text()))) == [], path
+    bad = {"nodes": 0, "memory": "64G\n", "slurm": {"partiton": "x"}, "env": {"1BAD": "v"},
+           "k8s": {"shm_size": "lots"}, "train": {"amp": "fp32"}}
+    paths = sorted("/".join(map(str, e.absolute_path)) or e.message for e in validator.iter_errors(bad))
+    assert len(paths) == 6, paths
 
 
 def test_command_after_double_dash_replaces_default(tmp_path) -> None:

@@ -7,7 +7,7 @@ import subprocess
 
 from conftest import PYTHON, REPO
 
-HEAVY = ("torch", "torchvision", "kubernetes", "submitit", "jsonschema", "numpy")
+HEAVY = ("torch", "torchvision", "kubernetes", "submitit", "jsonschema", "numpy", "pydantic")
 
 PROBE = """
 import json, sys, io, contextlib

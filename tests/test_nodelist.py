@@ -140,7 +140,7 @@ def test_main_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_module_runs_as_script_without_heavy_imports() -> None:
-    heavy = "torch pydantic jinja2 yaml kubernetes numpy submitit jsonschema".split()
+    heavy = "torch msgspec jinja2 yaml kubernetes numpy submitit jsonschema".split()
     code = (
         "import runpy, sys; sys.argv = ['x', '--head', 'n[4-5]'];"
         "runpy.run_module('dist_jobs.nodelist', run_name='__main__')"

@@ -379,7 +379,7 @@ def test_report_table_and_json() -> None:
 def test_ranks_import_no_torch() -> None:
     probe = ("import sys, dist_jobs.ranks, dist_jobs.ranks.selfcheck, dist_jobs.ranks.report;"
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('torch', 'pydantic', 'numpy', 'kubernetes', 'jinja2', 'yaml')))")
+             "('torch', 'msgspec', 'numpy', 'kubernetes', 'jinja2', 'yaml')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
     assert out == "[]"

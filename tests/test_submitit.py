@@ -55,8 +55,14 @@ def test_memory_in_whole_gigabytes_at_least_one(memory: str, gigabytes: int) -> 
     assert executor_parameters(load_spec(data={**SPEC, "memory": memory}), "local")["mem_gb"] == gigabytes
 
 
-def test_slurm_executor_writes_what_the_spec_asks(tmp_path: Path) -> None:
+def test_slurm_executor_writes_what_the_spec_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sbatch file submitit would submit (built, not submitted: no cluster needed)."""
+    # submitit's SlurmExecutor refuses to exist without an `srun` on PATH; nothing runs it here.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text("#!/bin/sh\nexit 99\n")
+    (fake_bin / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
     executor = make_executor(load_spec(data=SPEC), tmp_path / "%j", cluster="slurm")
     inner = executor._executor
     assert inner.max_num_timeout == 5  # an argument of the executor, not a job parameter

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -116,7 +117,7 @@ def test_checkpoint_holds_every_listed_item(one_process: None, tmp_path: Path) -
     assert (shared["epoch"], shared["step"], shared["batches_in_epoch"]) == (0, 5, 5)  # 8 per epoch
     assert shared["samples_in_epoch"] == 40 and shared["samples_seen"] == 40
     assert shared["sampler_seed"] == 11 and shared["world_size"] == 1
-    assert shared["config"] == config.model_dump() and shared["version"] == __version__
+    assert shared["config"] == msgspec.to_builtins(config) and shared["version"] == __version__
     assert shared["metrics"]["train_samples"] == 40 and "eval_loss" in shared["metrics"]
     assert loaded.rank_state is not None and loaded.rank_state["rank"] == 0
     assert torch.is_tensor(loaded.rank_state["rng"]["torch"])

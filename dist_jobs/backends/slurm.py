@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+import msgspec
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
@@ -66,7 +67,7 @@ class SlurmBackend:
         try:
             script = staging / prepared.filename
             script.write_text(prepared.payload)
-            (staging / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+            (staging / "spec.yaml").write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
             # Without a workdir in the spec, the job runs where sbatch runs: make that self.cwd,
             # which relative log and checkpoint folders were resolved against above.
             chdir = [] if spec.workdir else [f"--chdir={self.cwd}"]

@@ -19,6 +19,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from dist_jobs.quoting import sh
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec_load import parse_time
@@ -104,7 +106,7 @@ class TrainTask:
 
         self._export_env()
         signals = tuple(dict.fromkeys((*self.spec.train.preempt_signals, SUBMITIT_SIGNAL)))
-        config = self.spec.train.model_copy(update={"preempt_signals": signals})
+        config = msgspec.structs.replace(self.spec.train, preempt_signals=signals)
         try:
             return fit(config)
         except Preempted:

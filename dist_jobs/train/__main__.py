@@ -7,15 +7,14 @@ Errors of dist-jobs print their message and hint, without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import sys
 
-from pydantic import ValidationError
-
 from dist_jobs import REQUEUE_EXIT_CODE
-from dist_jobs.errors import DistJobsError
+from dist_jobs.errors import DistJobsError, SpecError
 from dist_jobs.train.config import TrainConfig
 
 BAD_FLAGS_EXIT_CODE = 2
@@ -24,11 +23,10 @@ BAD_FLAGS_EXIT_CODE = 2
 def main(argv: list[str] | None = None) -> int:
     try:
         config = TrainConfig.from_argv(sys.argv[1:] if argv is None else argv)
-    except ValidationError as exc:
-        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                             for e in exc.errors())
-        print(f"error: invalid training flags: {problems}\n  hint: see python -m dist_jobs.train "
-              "--help", file=sys.stderr)
+    except SpecError as exc:
+        flags = [dataclasses.replace(p, field="--" + p.field.replace("_", "-")) for p in exc.problems]
+        print(f"error: {SpecError(flags, exc.source)}\n  hint: see python -m dist_jobs.train --help",
+              file=sys.stderr)
         return BAD_FLAGS_EXIT_CODE
     try:
         rank = preflight()

@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -277,7 +278,7 @@ def _shared_state(run: Run) -> dict[str, Any]:
         "samples_in_epoch": pos.batches * c.batch_size * world, "samples_seen": pos.samples,
         "sampler_seed": run.loader.sampler.seed,  # type: ignore[attr-defined]
         "world_size": world, "global_batch": c.batch_size * c.grad_accum * world,
-        "config": c.model_dump(), "version": __version__, "metrics": dict(run.metrics),
+        "config": msgspec.to_builtins(c), "version": __version__, "metrics": dict(run.metrics),
     }
 
 
