@@ -112,8 +112,8 @@ _BOUND_TEXT = {">=": ("is below the minimum {}", "raise it to at least {}"),
 def _from_message(text: str, path: tuple[Any, ...], value: Any, tp: Any) -> Problem:
     message, _, where = text.partition(" - at `")
     sub = where.removeprefix("key` in `").rstrip("`").removeprefix("$")
-    where_path = field_path(path) + sub if sub else field_path(path)
-    given = MISSING if message.startswith("Object missing") else value
+    where_path = ((field_path(path) if path else "") + sub).lstrip(".") or "(top level)"
+    given = MISSING if message.startswith("Object missing") else _at(value, sub)
     if m := _EXPECTED.fullmatch(message):
         return Problem(where_path, given, *_TYPES.get(m.group(1), (message, "")))
     if m := _BOUND.fullmatch(message):
@@ -124,10 +124,23 @@ def _from_message(text: str, path: tuple[Any, ...], value: Any, tp: Any) -> Prob
         what, fix = _PATTERNS.get(m.group(1), (f"does not match {m.group(1)}", "follow the pattern shown"))
         return Problem(where_path, given, what, fix)
     if message.startswith("Invalid enum value"):
-        choices = _literal_values(tp)
-        listed = " or ".join([", ".join(map(repr, choices[:-1])), repr(choices[-1])]) if len(choices) > 1 else repr(choices)
-        return Problem(where_path, given, f"must be {listed}", "use one of the listed values")
+        return Problem(where_path, given, f"must be {_one_of(_literal_values(tp))}", "use one of the listed values")
     return Problem(where_path, given, message, "")
+
+
+def _at(value: Any, sub: str) -> Any:
+    """The part of `value` at msgspec's sub-path `.key[0]...`; MISSING where it cannot be followed."""
+    for key, index in re.findall(r"\.(\w+)|\[(\d+)\]", sub):
+        try:
+            value = value[int(index)] if index else value[key]
+        except (KeyError, IndexError, TypeError):
+            return MISSING
+    return MISSING if "[...]" in sub else value
+
+
+def _one_of(choices: list[Any]) -> str:
+    quoted = [repr(c) for c in choices] or ["one of the listed values"]
+    return " or ".join(filter(None, [", ".join(quoted[:-1]), quoted[-1]]))
 
 
 def plain_type(tp: Any) -> Any:

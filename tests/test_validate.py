@@ -17,7 +17,7 @@ OK = {"name": "a", "procs_per_node": 1}
 def problems(data: dict) -> dict[str, str]:
     with pytest.raises(SpecError) as err:
         load_spec(data={**OK, **data})
-    return {p.field: f"{p.message} | {p.hint}" for p in err.value.problems}
+    return {p.field: p.render() for p in err.value.problems}
 
 
 @pytest.mark.parametrize("field,value", [
@@ -50,6 +50,8 @@ def test_each_list_item_and_dict_entry_is_reported_on_its_own() -> None:
     ({"k8s": {"shm_size": "8 GB"}}, "k8s.shm_size", "8Gi"),
     ({"preemption": {"grace_seconds": 10}}, "preemption.grace_seconds", "at least 30"),
     ({"master_port": 80}, "master_port", "at least 1024"),
+    ({"command": ["python", 3]}, "command[1]", "must be text (given: 3)"),
+    ({"nccl": {"debug": "LOUD"}}, "nccl.debug", "'VERSION', 'WARN', 'INFO' or 'TRACE'"),
 ])
 def test_messages_name_the_rule_and_the_fix(data: dict, field: str, words: str) -> None:
     got = problems(data)
