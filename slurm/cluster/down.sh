@@ -18,13 +18,13 @@ log() {
 
 # stop NAME COMM: stop the daemon whose pid up.sh recorded as NAME, if it still is COMM.
 stop() {
-  local f="$STATE/pids/$1.pid" pid comm i
+  local f="$STATE/pids/$1.pid" pid comm
   [ -s "$f" ] || return 0
   pid=$(cat "$f")
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || comm=""
   if [ "$comm" = "$2" ]; then
     kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 150); do
+    for _ in $(seq 1 150); do
       [ -d "/proc/$pid" ] || break
       sleep 0.2
     done
@@ -48,14 +48,14 @@ netns_pids() {
 }
 
 stop_netns_processes() {
-  local ns pids i
+  local ns pids
   [ -s "$STATE/netns" ] || return 0
   for ns in $(cat "$STATE/netns"); do
     pids=$(netns_pids "$ns")
     [ -n "$pids" ] || continue
     log "stopping $(echo $pids | wc -w) leftover process(es) in $ns (job steps)"
     kill -TERM $pids 2>/dev/null || true
-    for i in $(seq 1 10); do
+    for _ in $(seq 1 10); do
       [ -n "$(netns_pids "$ns")" ] || break
       sleep 0.2
     done
@@ -70,7 +70,7 @@ remove_network() {
     for ns in $(cat "$STATE/netns"); do
       ip netns del "$ns" 2>/dev/null || true
     done
-    log "removed network namespaces: $(echo $(cat "$STATE/netns"))"
+    log "removed network namespaces: $(tr "\n" " " <"$STATE/netns")"
     rm -f "$STATE/netns"
   fi
   if [ -s "$STATE/bridge" ]; then

@@ -331,10 +331,12 @@ ctld_ready() {
 }
 
 stop_slurm() {
-  local f
-  for f in /run/slurm/slurmd-*.pid; do stop_pidfile "$f" slurmd & done
+  local f pids=()
+  for f in /run/slurm/slurmd-*.pid; do stop_pidfile "$f" slurmd & pids+=($!); done
   stop_pidfile /run/slurm/slurmctld.pid slurmctld &
-  wait
+  pids+=($!)
+  # Only these: a bare `wait` would also wait on the mariadbd this script started, forever.
+  wait "${pids[@]}"
   # Re-recorded as they start again; a node dropped from the config must not stay recorded.
   rm -f "$STATE"/pids/slurmd-*.pid
 }
