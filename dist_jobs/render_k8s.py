@@ -149,7 +149,8 @@ def k8s_context(spec: JobSpec) -> dict[str, Any]:
         "serviceAccountName": k8s.service_account,
         "priorityClassName": k8s.priority_class,
         "nodeSelector": dict(k8s.node_selector) or None,
-        "tolerations": [{k: v for k, v in msgspec.structs.asdict(t).items() if v is not None} for t in k8s.tolerations] or None,
+        "tolerations": [{k: v for k, v in msgspec.structs.asdict(t).items() if v is not None}
+                        for t in k8s.tolerations] or None,
         "imagePullSecrets": [{"name": s} for s in k8s.image_pull_secrets] or None,
         "volumes": volumes or None,
         # An eviction sends SIGTERM, then SIGKILL after this: time to commit the checkpoint.

@@ -26,10 +26,10 @@ END = r"(?![\s\S])"
 _PATTERNS: dict[str, tuple[str, str]] = {}
 
 
-def checked(pattern: str, message: str, hint: str, description: str | None = None) -> msgspec.Meta:
+def checked(pattern: str, message: str, hint: str) -> msgspec.Meta:
     """A string pattern whose failure reads as `message` with `hint`, not as the raw regex."""
     _PATTERNS[repr(pattern)] = (message, hint)  # msgspec's message shows the pattern's repr
-    return msgspec.Meta(pattern=pattern, description=description)
+    return msgspec.Meta(pattern=pattern)
 
 
 def convert(cls: type[T], raw: Any, source: str) -> T:
@@ -159,9 +159,8 @@ def _literal_values(tp: Any) -> list[Any]:
     return []
 
 
-def description(cls: type[msgspec.Struct], name: str) -> str | None:
-    """The `Meta(description=...)` of a field, for help texts."""
-    tp = next(f.type for f in msgspec.structs.fields(cls) if f.name == name)
+def description(tp: Any) -> str | None:
+    """The outermost `Meta(description=...)` of a field's type, for help texts."""
     while get_origin(tp) is Annotated:
         for meta in get_args(tp)[1:]:
             if isinstance(meta, msgspec.Meta) and meta.description:

@@ -81,7 +81,7 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
             if plain_type(field.type) is bool:
                 parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction)
             else:
-                parser.add_argument(flag, dest=name, help=description(cls, name))
+                parser.add_argument(flag, dest=name, help=description(field.type))
         parsed = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
         if "preempt_signals" in parsed:
             parsed["preempt_signals"] = tuple(s for s in parsed["preempt_signals"].split(",") if s)
