@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: demo test test-fast cluster-up cluster-down apiserver-up apiserver-down examples bench clean
+.PHONY: demo test test-fast lint cluster-up cluster-down apiserver-up apiserver-down examples bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,14 +15,22 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m dist_jobs.demo
+	$(PY) -m dist_jobs.cli.demo
 
 # The whole suite: system tools, the real SLURM cluster and the real kube-apiserver tier, then pytest.
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck)
 	bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
+	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+# ruff (lint and format) over the code, mypy over the package; the import rules are a test
+# (tests/unit/test_layers.py), so they run with the suite.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check dist_jobs tests bench
+	$(VENV)/bin/ruff format --check dist_jobs tests bench
+	$(VENV)/bin/mypy
 
 # Without the cluster tiers (their tests skip with the reason).
 test-fast: $(VENV)/.installed
@@ -38,7 +46,7 @@ apiserver-down:
 	bash k8s/apiserver/down.sh
 
 examples: $(VENV)/.installed
-	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/test_examples.py
+	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/test_examples.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -29,9 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install
 
-import torch  # noqa: E402
+import torch
 
-from dist_jobs.train.checkpoint import Checkpointer, rng_state  # noqa: E402
+from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.rng import rng_state
 
 TENSOR_MB = 4
 
@@ -41,8 +42,10 @@ def make_state(total_mb: int) -> tuple[dict, list[torch.Tensor]]:
     count = max(1, round(total_mb / 2 / TENSOR_MB))
     params = [torch.randn(TENSOR_MB * 2**20 // 4) for _ in range(count)]
     model = {f"layer{i}.weight": p for i, p in enumerate(params)}
-    optimizer = {"state": {i: {"momentum_buffer": p.clone()} for i, p in enumerate(params)},
-                 "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": list(range(count))}]}
+    optimizer = {
+        "state": {i: {"momentum_buffer": p.clone()} for i, p in enumerate(params)},
+        "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": list(range(count))}],
+    }
     return {"model": model, "optimizer": optimizer, "step": 0, "epoch": 0}, params
 
 
@@ -81,7 +84,7 @@ def interleaved(state: dict, params: list, work: Path, reps: int) -> dict[str, l
         baseline = timed(lambda: plain_save(state, work / "plain.pt"))
         train_a_little(params)
         state["step"] = step
-        blocked = timed(lambda: ck.save(step, state, {"rng": rng_state()}))
+        blocked = timed(lambda: ck.save(step, state, {"rng": rng_state()}))  # noqa: B023 (called at once)
         # The next checkpoint is normally minutes away: let this write finish outside the timing.
         rest = timed(ck.wait)
         memcpy = timed(lambda: [b.copy_(t) for b, t in zip(spare, tensors)])
@@ -97,7 +100,7 @@ def sync_checkpointer_saves(state: dict, params: list, folder: Path, reps: int) 
     times = []
     for step in range(reps + 1):
         train_a_little(params)
-        took = timed(lambda: ck.save(step, state, {"rng": rng_state()}))
+        took = timed(lambda: ck.save(step, state, {"rng": rng_state()}))  # noqa: B023 (called at once)
         if step:
             times.append(took)
     return times
@@ -129,8 +132,10 @@ def main() -> None:
     try:
         state, params = make_state(args.mb)
         size = sum(t.numel() * 4 for t in params) * 2
-        print(f"state: {size / 2**20:.0f} MiB of float32 ({len(params)} params + momentum), "
-              f"folder {work}, torch {torch.__version__}, {os.cpu_count()} CPUs")
+        print(
+            f"state: {size / 2**20:.0f} MiB of float32 ({len(params)} params + momentum), "
+            f"folder {work}, torch {torch.__version__}, {os.cpu_count()} CPUs"
+        )
         rows = interleaved(state, params, work, args.reps)
         sync_ck = sync_checkpointer_saves(state, params, work / "sync", max(3, args.reps // 2))
         ratio = statistics.median(rows["blocked"]) / statistics.median(rows["baseline"])
@@ -141,8 +146,10 @@ def main() -> None:
         print(f"    sync Checkpointer.save (ref.)    : {fmt(sync_ck)}")
         paired = statistics.median(b / p for b, p in zip(rows["blocked"], rows["baseline"]))
         floor = statistics.median(rows["memcpy"]) / statistics.median(rows["baseline"])
-        print(f"    ratio async blocked / baseline   : {ratio:.3f}x (goal <= 0.10x); "
-              f"per-round median {paired:.3f}x; memcpy floor {floor:.3f}x")
+        print(
+            f"    ratio async blocked / baseline   : {ratio:.3f}x (goal <= 0.10x); "
+            f"per-round median {paired:.3f}x; memcpy floor {floor:.3f}x"
+        )
         ours, bare, nbytes = load_times(work / "async", args.reps)
         print(f"[2] latest() (verify + load {nbytes / 2**20:.0f} MiB) : {fmt(ours)}")
         print(f"    bare torch.load of shared.pt     : {fmt(bare)}")

@@ -60,6 +60,7 @@ def instrument() -> dict[str, list[float]]:
                 job()
             finally:
                 costs["writer_cpu"].append(time.thread_time() - start)
+
         submit(self, measured)
 
     Checkpointer.save, Checkpointer.wait = timed_save, timed_wait  # type: ignore[method-assign]
@@ -71,9 +72,11 @@ def run(steps: int, checkpoints: Path | None, every_minutes: float) -> tuple[flo
     """(wall s, CPU s, checkpoints written) of one fit()."""
     from dist_jobs.train.loop import fit
 
-    saving = {} if checkpoints is None else {
-        "checkpoint_dir": str(checkpoints), "async_checkpoint": True,
-        "checkpoint_every_minutes": every_minutes}
+    saving = (
+        {}
+        if checkpoints is None
+        else {"checkpoint_dir": str(checkpoints), "async_checkpoint": True, "checkpoint_every_minutes": every_minutes}
+    )
     wall, cpu = time.perf_counter(), time.process_time()
     fit(config(steps, **saving), resnet18())
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -83,9 +86,13 @@ def run(steps: int, checkpoints: Path | None, every_minutes: float) -> tuple[flo
 
 def worker(steps: int, pairs: int, every_minutes: float, root: Path) -> None:
     costs = instrument()
-    results = alternate([("none", lambda pair: run(steps, None, every_minutes)),
-                         ("async", lambda pair: run(steps, root / f"run{pair}", every_minutes))],
-                        pairs)
+    results = alternate(
+        [
+            ("none", lambda pair: run(steps, None, every_minutes)),
+            ("async", lambda pair: run(steps, root / f"run{pair}", every_minutes)),
+        ],
+        pairs,
+    )
     if os.environ["RANK"] != "0":
         return
     print("checkpoints per async run: " + " ".join(str(r[2]) for r in results["async"]))
@@ -94,14 +101,18 @@ def worker(steps: int, pairs: int, every_minutes: float, root: Path) -> None:
             print(f"{label:>4} {name:>5}: " + " ".join(f"{r[which]:.2f}" for r in values) + " s")
         over = [a[which] / n[which] - 1 for n, a in zip(results["none"], results["async"])]
         print(f"{label:>4} overhead per pair: " + " ".join(f"{o * 100:+.2f}%" for o in over))
-        print(f"checkpoint every {every_minutes:g} min, async, vs none, {label} time of the whole "
-              f"run: median {statistics.median(over) * 100:+.2f} % (goal <= 3 %)")
+        print(
+            f"checkpoint every {every_minutes:g} min, async, vs none, {label} time of the whole "
+            f"run: median {statistics.median(over) * 100:+.2f} % (goal <= 3 %)"
+        )
     saves = sum(r[2] for r in results["async"])
     blocked, writer = sum(costs["blocked"]) / saves, sum(costs["writer_cpu"]) / saves
-    print(f"per checkpoint on rank 0: loop blocked {blocked * 1000:.0f} ms, writer thread "
-          f"{writer * 1000:.0f} ms CPU; with 2 busy cores the writer's CPU is taken from training, "
-          f"so one checkpoint per {every_minutes * 60:g} s costs at most "
-          f"{(blocked + writer) / (every_minutes * 60) * 100:.2f} % of a long run")
+    print(
+        f"per checkpoint on rank 0: loop blocked {blocked * 1000:.0f} ms, writer thread "
+        f"{writer * 1000:.0f} ms CPU; with 2 busy cores the writer's CPU is taken from training, "
+        f"so one checkpoint per {every_minutes * 60:g} s costs at most "
+        f"{(blocked + writer) / (every_minutes * 60) * 100:.2f} % of a long run"
+    )
 
 
 def main() -> None:
@@ -115,9 +126,20 @@ def main() -> None:
     if args.worker:
         return worker(args.steps, args.pairs, args.every_minutes, Path(args.root))
     with tempfile.TemporaryDirectory() as root:
-        launch_workers(__file__, ["--steps", str(args.steps), "--pairs", str(args.pairs),
-                                  "--every-minutes", str(args.every_minutes), "--root", root],
-                       runs=2 * args.pairs)
+        launch_workers(
+            __file__,
+            [
+                "--steps",
+                str(args.steps),
+                "--pairs",
+                str(args.pairs),
+                "--every-minutes",
+                str(args.every_minutes),
+                "--root",
+                root,
+            ],
+            runs=2 * args.pairs,
+        )
 
 
 if __name__ == "__main__":

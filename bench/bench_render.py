@@ -30,10 +30,24 @@ def main() -> None:
     args = parser.parse_args()
     baseline = [sys.executable, "-c", "import jinja2, yaml"]
     cases = {
-        "render slurm": [sys.executable, "-m", "dist_jobs", "render", "--backend", "slurm",
-                         str(REPO / "slurm/examples/resnet-2x4.yaml")],
-        "render k8s": [sys.executable, "-m", "dist_jobs", "render", "--backend", "k8s",
-                       str(REPO / "k8s/examples/resnet-2x4.yaml")],
+        "render slurm": [
+            sys.executable,
+            "-m",
+            "dist_jobs",
+            "render",
+            "--backend",
+            "slurm",
+            str(REPO / "slurm/examples/resnet-2x4.yaml"),
+        ],
+        "render k8s": [
+            sys.executable,
+            "-m",
+            "dist_jobs",
+            "render",
+            "--backend",
+            "k8s",
+            str(REPO / "k8s/examples/resnet-2x4.yaml"),
+        ],
     }
     for argv in [baseline, *cases.values()]:  # warm the page cache and .pyc files
         wall(argv)

@@ -31,14 +31,30 @@ def big(num_classes: int = 10) -> Any:
     """Factory for the entrypoint: --model bench_resume_start:big."""
     from torch import nn
 
-    return stamped(nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, HIDDEN), nn.ReLU(),
-                                 nn.Linear(HIDDEN, num_classes)))
+    return stamped(
+        nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, num_classes))
+    )
 
 
 def job(checkpoints: Path, max_steps: int) -> list[str]:
-    return ["-m", "dist_jobs.train", "--model", "bench_resume_start:big", "--image-size", "16",
-            "--fake-samples", "4096", "--batch-size", "8", "--checkpoint-dir", str(checkpoints),
-            "--max-steps", str(max_steps), "--lr", "0.01"]
+    return [
+        "-m",
+        "dist_jobs.train",
+        "--model",
+        "bench_resume_start:big",
+        "--image-size",
+        "16",
+        "--fake-samples",
+        "4096",
+        "--batch-size",
+        "8",
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--max-steps",
+        str(max_steps),
+        "--lr",
+        "0.01",
+    ]
 
 
 def to_first_step(checkpoints: Path, max_steps: int, stamps: Path) -> tuple[float, float]:
@@ -64,13 +80,19 @@ def main() -> None:
             fresh.append(to_first_step(tmp / f"fresh{i}", 1, stamps))
             resume.append(to_first_step(resumed, 2 + i, stamps))  # loads step-(1+i)
     for name, runs in (("fresh", fresh), ("resume", resume)):
-        print(f"{name:>6}: launch -> first step " + " ".join(f"{a:.2f}" for a, _ in runs) +
-              " s; model built -> first step " + " ".join(f"{b:.2f}" for _, b in runs) + " s")
+        print(
+            f"{name:>6}: launch -> first step "
+            + " ".join(f"{a:.2f}" for a, _ in runs)
+            + " s; model built -> first step "
+            + " ".join(f"{b:.2f}" for _, b in runs)
+            + " s"
+        )
     for which, label in ((0, "process start"), (1, "model built")):
-        extra = (statistics.median(r[which] for r in resume) -
-                 statistics.median(f[which] for f in fresh))
-        print(f"resuming a {size / 1e6:.0f} MB checkpoint, {label} -> first step: {extra:+.2f} s "
-              f"(median of {args.repeats}; goal <= +0.3 s)")
+        extra = statistics.median(r[which] for r in resume) - statistics.median(f[which] for f in fresh)
+        print(
+            f"resuming a {size / 1e6:.0f} MB checkpoint, {label} -> first step: {extra:+.2f} s "
+            f"(median of {args.repeats}; goal <= +0.3 s)"
+        )
 
 
 if __name__ == "__main__":

@@ -44,19 +44,33 @@ def tiny_net(num_classes: int = 10) -> Any:
     """Factory for the entrypoint: --model bench_slurm_submit:tiny_net."""
     from torch import nn
 
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-                         nn.Linear(8 * 16, num_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(8 * 16, num_classes)
+    )
 
 
 def spec(root: Path, name: str) -> Path:
     data = {
-        "name": name, "nodes": 2, "procs_per_node": 2, "cpus_per_task": 1, "time": "10",
-        "log_dir": str(root / "logs"), "checkpoint_dir": str(root / "checkpoints"),
+        "name": name,
+        "nodes": 2,
+        "procs_per_node": 2,
+        "cpus_per_task": 1,
+        "time": "10",
+        "log_dir": str(root / "logs"),
+        "checkpoint_dir": str(root / "checkpoints"),
         "setup": [f'export PATH="{Path(sys.executable).parent}:$PATH"'],
         "env": {"PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)]), "OMP_NUM_THREADS": "1"},
-        "train": {"model": "bench_slurm_submit:tiny_net", "data": "fake", "image_size": 16,
-                  "fake_samples": 256, "batch_size": 4, "epochs": 1, "device": "cpu", "log_every": 1,
-                  "progress": False},
+        "train": {
+            "model": "bench_slurm_submit:tiny_net",
+            "data": "fake",
+            "image_size": 16,
+            "fake_samples": 256,
+            "batch_size": 4,
+            "epochs": 1,
+            "device": "cpu",
+            "log_every": 1,
+            "progress": False,
+        },
     }
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -72,14 +86,14 @@ def wait_until(ready: Any, timeout: float, what: str) -> None:
 
 
 def cluster_idle() -> bool:
-    states = subprocess.run(["sinfo", "--noheader", "--Node", "--format", "%t"], capture_output=True,
-                            text=True).stdout.split()
+    states = subprocess.run(
+        ["sinfo", "--noheader", "--Node", "--format", "%t"], capture_output=True, text=True
+    ).stdout.split()
     return len(states) >= 2 and all(state == "idle" for state in states)
 
 
 def job_gone(job_id: str) -> bool:
-    proc = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%T"], capture_output=True,
-                          text=True)
+    proc = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%T"], capture_output=True, text=True)
     return proc.returncode != 0 or proc.stdout.strip() in ("", "CANCELLED", "COMPLETED", "FAILED")
 
 
@@ -95,8 +109,22 @@ def dist_jobs_run(root: Path, index: int) -> dict[str, Any]:
     name = f"bench{index}"
     path = spec(root, name)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dist_jobs", "submit", "--backend", "slurm", str(path),
-                           "--jobs-dir", str(root / "runs")], cwd=root, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dist_jobs",
+            "submit",
+            "--backend",
+            "slurm",
+            str(path),
+            "--jobs-dir",
+            str(root / "runs"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     times = {"submitted": time.monotonic() - start}
     if proc.returncode != 0:
         raise SystemExit(f"bench: dist-jobs submit failed: {proc.stderr}")
@@ -123,8 +151,20 @@ def dist_jobs_run(root: Path, index: int) -> dict[str, Any]:
 def baseline_run(root: Path, index: int) -> float:
     out = root / f"baseline-{index}.out"
     start = time.monotonic()
-    proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={out}",
-                           "--job-name=bench-baseline", "--wrap", "srun hostname"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            f"--output={out}",
+            "--job-name=bench-baseline",
+            "--wrap",
+            "srun hostname",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"bench: sbatch failed: {proc.stderr}")
     wait_until(lambda: len(read(out).split()) >= 4, 120, f"4 hostnames in {out}")
@@ -146,21 +186,29 @@ def main() -> None:
             baseline.append(baseline_run(root, i))
             runs.append(dist_jobs_run(root, i))
             run = runs[-1]
-            print(f"run {i}: baseline {baseline[-1]:.2f} s; dist-jobs job {run['job_id']}: submit returned "
-                  f"{run['submitted']:.2f} s, batch script ran {run['script']:.2f} s, first step "
-                  f"{run['first_step']:.2f} s", flush=True)
+            print(
+                f"run {i}: baseline {baseline[-1]:.2f} s; dist-jobs job {run['job_id']}: submit returned "
+                f"{run['submitted']:.2f} s, batch script ran {run['script']:.2f} s, first step "
+                f"{run['first_step']:.2f} s",
+                flush=True,
+            )
 
     def median(key: str) -> float:
         return statistics.median(run[key] for run in runs)
 
-    print(json.dumps({
-        "repeats": args.repeats,
-        "baseline_sbatch_srun_hostname_s": round(statistics.median(baseline), 2),
-        "dist_jobs_submit_returned_s": round(median("submitted"), 2),
-        "dist_jobs_batch_script_running_s": round(median("script"), 2),
-        "dist_jobs_submit_to_first_step_s": round(median("first_step"), 2),
-        "ratio_first_step_vs_baseline": round(median("first_step") / statistics.median(baseline), 2),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "repeats": args.repeats,
+                "baseline_sbatch_srun_hostname_s": round(statistics.median(baseline), 2),
+                "dist_jobs_submit_returned_s": round(median("submitted"), 2),
+                "dist_jobs_batch_script_running_s": round(median("script"), 2),
+                "dist_jobs_submit_to_first_step_s": round(median("first_step"), 2),
+                "ratio_first_step_vs_baseline": round(median("first_step") / statistics.median(baseline), 2),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

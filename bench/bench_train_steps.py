@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_train_steps.py [--steps 20] [--pairs 10]
 
 Two CPU processes (gloo, OMP_NUM_THREADS=1), the same resnet18, the same FakeData 16x16
-(the entrypoint's: see data.py), batch 32 per process, SGD (lr 0.1, momentum 0.9, wd 5e-4). The entrypoint side is `fit()`, the body of
+(the entrypoint's: see data.py), batch 32 per process, SGD (lr 0.1, momentum 0.9, wd 5e-4).
+The entrypoint side is `fit()`, the body of
 `python -m dist_jobs.train`, with its defaults (cosine schedule, metrics every 10 steps,
 progress bar, per-step preemption poll), no checkpoints. Rank 0 stamps the start of every
 training forward inside the model, so start-up and evaluation are left out and both sides
@@ -66,13 +67,15 @@ def stamped(inner: Any) -> Any:
             """After the warm-up: steps/s (mean, from the median step), steps per CPU second."""
             times = self.stamps[WARMUP:]
             steps = [b - a for a, b in zip(times, times[1:])]
-            return (len(steps) / (times[-1] - times[0]), 1 / statistics.median(steps),
-                    len(steps) / (self.cpu[-1] - self.cpu[WARMUP]))
+            return (
+                len(steps) / (times[-1] - times[0]),
+                1 / statistics.median(steps),
+                len(steps) / (self.cpu[-1] - self.cpu[WARMUP]),
+            )
 
         def dump(self) -> None:
             if os.environ.get("RANK", "0") == "0":
-                Path(os.environ["BENCH_STAMPS"]).write_text(
-                    json.dumps({"built": self.built, "steps": self.stamps}))
+                Path(os.environ["BENCH_STAMPS"]).write_text(json.dumps({"built": self.built, "steps": self.stamps}))
 
     return Stamped()
 
@@ -87,10 +90,9 @@ def resnet18(num_classes: int = 10) -> Any:
 
 
 def config(steps: int, **extra: Any) -> Any:
-    from dist_jobs.train.config import TrainConfig
+    from dist_jobs.spec.train import TrainConfig
 
-    return TrainConfig(image_size=IMAGE, fake_samples=steps * BATCH * 2, batch_size=BATCH,
-                       epochs=1, seed=SEED, **extra)
+    return TrainConfig(image_size=IMAGE, fake_samples=steps * BATCH * 2, batch_size=BATCH, epochs=1, seed=SEED, **extra)
 
 
 def fake_data(steps: int) -> Any:
@@ -148,7 +150,7 @@ def alternate(sides: list[tuple[str, Callable[[int], Any]]], pairs: int) -> dict
 def port_block(count: int) -> int:
     """The first of `count` consecutive ports that are free now, outside the kernel's
     ephemeral range (where other processes' outgoing connections would take them)."""
-    from dist_jobs.ports import ephemeral_range, usable_segments
+    from dist_jobs.ranks.ports import ephemeral_range, usable_segments
 
     low, high = usable_segments(ephemeral_range())[0]
     for base in random.Random().sample(range(low, high - count), 50):
@@ -168,13 +170,24 @@ def _bindable(port: int) -> bool:
 
 def launch_workers(script: str, args: list[str], runs: int, world: int = 2) -> None:
     """Start `script --worker args` as `world` ranks (env:// by hand) and wait for them."""
-    extra = {"DIST_JOBS_ENV": "torchrun", "WORLD_SIZE": str(world),
-             "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-             "BENCH_BASE_PORT": str(port_block(runs)), "DIST_JOBS_RDZV_TIMEOUT": "60"}
+    extra = {
+        "DIST_JOBS_ENV": "torchrun",
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "BENCH_BASE_PORT": str(port_block(runs)),
+        "DIST_JOBS_RDZV_TIMEOUT": "60",
+    }
     with tempfile.TemporaryFile() as log:  # the ranks' logs and progress bars, shown on failure
-        ranks = [subprocess.Popen([*_nice(), sys.executable, script, "--worker", *args], cwd=REPO,
-                                  stderr=log, env=_env({**extra, "RANK": str(r), "LOCAL_RANK": str(r)}))
-                 for r in range(world)]
+        ranks = [
+            subprocess.Popen(
+                [*_nice(), sys.executable, script, "--worker", *args],
+                cwd=REPO,
+                stderr=log,
+                env=_env({**extra, "RANK": str(r), "LOCAL_RANK": str(r)}),
+            )
+            for r in range(world)
+        ]
         while any(rank.poll() is None for rank in ranks):
             if any(rank.poll() not in (None, 0) for rank in ranks):  # the other would wait
                 for rank in ranks:
@@ -187,8 +200,9 @@ def launch_workers(script: str, args: list[str], runs: int, world: int = 2) -> N
 
 
 def worker(steps: int, pairs: int) -> None:
-    rates = alternate([("hand-written", lambda _: hand_written(steps)),
-                       ("entrypoint", lambda _: entrypoint(steps))], pairs)
+    rates = alternate(
+        [("hand-written", lambda _: hand_written(steps)), ("entrypoint", lambda _: entrypoint(steps))], pairs
+    )
     if os.environ["RANK"] != "0":
         return
     for which, label in ((0, "mean rate"), (1, "median step"), (2, "CPU time")):
@@ -196,8 +210,10 @@ def worker(steps: int, pairs: int) -> None:
             print(f"{label:>11} {name:>12}: " + " ".join(f"{r[which]:.3f}" for r in values))
         ratios = [e[which] / h[which] for h, e in zip(rates["hand-written"], rates["entrypoint"])]
         print(f"{label:>11} pair ratios: " + " ".join(f"{r:.3f}" for r in ratios))
-        print(f"entrypoint / hand-written loop, steps/s by {label}: median of {pairs} pairs "
-              f"{statistics.median(ratios):.3f}x (goal >= 0.98x)")
+        print(
+            f"entrypoint / hand-written loop, steps/s by {label}: median of {pairs} pairs "
+            f"{statistics.median(ratios):.3f}x (goal >= 0.98x)"
+        )
 
 
 def free_port() -> int:
@@ -208,11 +224,19 @@ def free_port() -> int:
 
 def torchrun(target: list[str], env: dict[str, str], nproc: int = 2, timeout: float = 900) -> float:
     """Run `target` under torchrun; its wall time in seconds. Raise with the log on failure."""
-    argv = [*_nice(), sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-            str(nproc), "--master-port", str(free_port()), *target]
+    argv = [
+        *_nice(),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        *target,
+    ]
     start = time.time()
-    done = subprocess.run(argv, cwd=REPO, env=_env(env), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(argv, cwd=REPO, env=_env(env), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return time.time() - start
@@ -225,8 +249,13 @@ def _nice() -> list[str]:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)]),
-            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)]),
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        **extra,
+    }
 
 
 def main() -> None:
@@ -237,8 +266,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args.steps, args.pairs)
-    launch_workers(__file__, ["--steps", str(args.steps), "--pairs", str(args.pairs)],
-                   runs=2 * args.pairs)
+    launch_workers(__file__, ["--steps", str(args.steps), "--pairs", str(args.pairs)], runs=2 * args.pairs)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,34 @@
-"""dist-jobs: one job spec becomes a SLURM batch script or a Kubeflow PyTorchJob.
+"""dist-jobs: one job spec becomes a SLURM batch script, a Kubeflow PyTorchJob, or local processes.
 
-Kept import-light on purpose: `dist-jobs render` must not pay for torch, kubernetes or
-submitit, so nothing heavy is imported here (tests/test_imports.py guards it).
+    import dist_jobs
+    spec = dist_jobs.load_spec("job.yaml", {"nodes": 2})
+    print(dist_jobs.render(spec, "slurm"))
+
+The names below are re-exported lazily from `dist_jobs.api`: `import dist_jobs` costs nothing
+that `dist-jobs render` does not already pay, and imports no torch, kubernetes or submitit.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-# Exit code a training process uses to say "checkpointed after a preemption signal, run me
-# again". It sits in Kubernetes' retryable range (128-255) for restartPolicy ExitCode and
-# above 128+64, so it cannot be mistaken for death by a signal.
-REQUEUE_EXIT_CODE = 200
+from typing import Any
 
-__all__ = ["__version__", "REQUEUE_EXIT_CODE"]
+from dist_jobs.constants import REQUEUE_EXIT_CODE, VERSION
+
+__version__ = VERSION
+
+_API = ("backend", "cancel", "list_jobs", "load_spec", "logs", "prepare", "render", "run_local", "status", "submit")
+_ERRORS = ("DistJobsError", "SpecError", "UsageError", "RankError", "BackendError")
+
+__all__ = ["REQUEUE_EXIT_CODE", "__version__", *_API, *_ERRORS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from dist_jobs import api
+
+        return getattr(api, name)
+    if name in _ERRORS:
+        from dist_jobs import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'dist_jobs' has no attribute {name!r}")

@@ -1,29 +1,31 @@
-"""Shared test helpers: where the repo and the shared facts folder are."""
+"""Test set-up: tests/ on sys.path (for `support`), and the tier gate of support.tiers."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-PYTHON = sys.executable
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from support import tiers  # noqa: E402
 
 
-def require_tool(name: str) -> str:
-    """The path of a tool the suite needs; in CI a missing tool is a failure, not a skip."""
-    path = shutil.which(name)
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail(f"{name} is not installed; .ci/run installs it")
-    pytest.skip(f"{name} is not installed (apt-get install {name})")
-    raise AssertionError  # unreachable
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "requires_tiers(*tiers): needs these test tiers (support.tiers)")
 
 
-def venv_bin() -> Path:
-    return Path(sys.executable).parent
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Each tier is also a marker, so `-m 'not slurm and not apiserver'` keeps working.
+    for item in items:
+        for mark in item.iter_markers("requires_tiers"):
+            for tier in mark.args:
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("requires_tiers"):
+        tiers.check(tuple(mark.args))

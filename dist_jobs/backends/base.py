@@ -7,8 +7,9 @@ to the backend's constructor (a command runner, an API client), so tests inject 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from dist_jobs.spec import JobSpec
 
@@ -34,10 +35,22 @@ class JobStatus:
         return self.state.upper() in FINAL_STATES
 
 
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-    "BOOT_FAIL", "DEADLINE", "SUCCEEDED", "DELETED", "COMPLETE",
-})
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SUCCEEDED",
+        "DELETED",
+        "COMPLETE",
+    }
+)
 
 
 class Backend(Protocol):
@@ -54,22 +67,3 @@ class Backend(Protocol):
     def cancel(self, job_id: str) -> None: ...
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]: ...
-
-
-def get_backend(name: str, **options: object) -> Backend:
-    """Backends are imported on demand: `render` must not pay for kubernetes or submitit."""
-    from dist_jobs.errors import UsageError
-
-    if name == "slurm":
-        from dist_jobs.backends.slurm import SlurmBackend
-
-        return SlurmBackend(**options)  # type: ignore[arg-type]
-    if name == "k8s":
-        from dist_jobs.backends.k8s import K8sBackend
-
-        return K8sBackend(**options)  # type: ignore[arg-type]
-    if name == "local":
-        from dist_jobs.backends.local import LocalBackend
-
-        return LocalBackend(**options)  # type: ignore[arg-type]
-    raise UsageError(f"unknown backend {name!r}", "use --backend slurm, k8s or local")

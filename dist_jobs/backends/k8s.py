@@ -10,7 +10,8 @@ Master, as in elastic jobs, Worker i = i).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
 
@@ -71,8 +72,15 @@ def _incluster_namespace() -> str | None:
 class K8sBackend:
     name = "k8s"
 
-    def __init__(self, namespace: str | None = None, context: str | None = None, kubeconfig: str | None = None,
-                 api_client: Any = None, kind: str = "PyTorchJob", timeout: tuple[float, float] = TIMEOUT) -> None:
+    def __init__(
+        self,
+        namespace: str | None = None,
+        context: str | None = None,
+        kubeconfig: str | None = None,
+        api_client: Any = None,
+        kind: str = "PyTorchJob",
+        timeout: tuple[float, float] = TIMEOUT,
+    ) -> None:
         if kind not in APIS:
             raise UsageError(f"unknown Kubernetes job kind {kind!r}", f"use one of {', '.join(APIS)}")
         self.namespace = namespace
@@ -127,9 +135,18 @@ class K8sBackend:
         group, version, plural = APIS[kind]
         namespace = body["metadata"].get("namespace") or self._ns()
         extra = {"dry_run": "All"} if dry_run else {}
-        return self._call(f"create {kind} {namespace}/{body['metadata']['name']}",
-                          self._custom().create_namespaced_custom_object, group, version, namespace, plural, body,
-                          kind=kind, field_validation="Strict", **extra)
+        return self._call(
+            f"create {kind} {namespace}/{body['metadata']['name']}",
+            self._custom().create_namespaced_custom_object,
+            group,
+            version,
+            namespace,
+            plural,
+            body,
+            kind=kind,
+            field_validation="Strict",
+            **extra,
+        )
 
     def submit(self, prepared: Prepared) -> str:
         created = self._create(prepared, dry_run=False)
@@ -138,7 +155,7 @@ class K8sBackend:
     def server_dry_run(self, prepared: Prepared) -> str:
         if self._client is None and not (self._kubeconfig or self._context):
             try:
-                self.client
+                _ = self.client  # builds the client: raises when no cluster is configured
             except BackendError as exc:  # no cluster configured: the rendered manifest is the dry run
                 return f"skipped ({exc.message})"
         self._create(prepared, dry_run=True)
@@ -146,24 +163,46 @@ class K8sBackend:
 
     def _get(self, name: str) -> dict[str, Any]:
         group, version, plural = APIS[self.kind]
-        return self._call(f"get {self.kind} {self._ns()}/{name}", self._custom().get_namespaced_custom_object,
-                          group, version, self._ns(), plural, name)
+        return self._call(
+            f"get {self.kind} {self._ns()}/{name}",
+            self._custom().get_namespaced_custom_object,
+            group,
+            version,
+            self._ns(),
+            plural,
+            name,
+        )
 
     def status(self, job_id: str) -> JobStatus:
         return job_status(self._get(job_id))
 
     def list(self) -> list[JobStatus]:
         group, version, plural = APIS[self.kind]
-        found = self._call(f"list {plural}.{group} in {self._ns()}", self._custom().list_namespaced_custom_object,
-                           group, version, self._ns(), plural, label_selector=MANAGED)
+        found = self._call(
+            f"list {plural}.{group} in {self._ns()}",
+            self._custom().list_namespaced_custom_object,
+            group,
+            version,
+            self._ns(),
+            plural,
+            label_selector=MANAGED,
+        )
         return [job_status(item) for item in found.get("items", [])]
 
     def cancel(self, job_id: str) -> None:
         # Foreground: the job stays (Terminating) until its pods are gone, so a resubmit under the
         # same name cannot meet the old run's pods.
         group, version, plural = APIS[self.kind]
-        self._call(f"delete {self.kind} {self._ns()}/{job_id}", self._custom().delete_namespaced_custom_object,
-                   group, version, self._ns(), plural, job_id, propagation_policy="Foreground")
+        self._call(
+            f"delete {self.kind} {self._ns()}/{job_id}",
+            self._custom().delete_namespaced_custom_object,
+            group,
+            version,
+            self._ns(),
+            plural,
+            job_id,
+            propagation_policy="Foreground",
+        )
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
         """Lines of the pod with pod rank `rank` (default 0); follow=True streams until the container ends."""
@@ -203,10 +242,11 @@ class K8sBackend:
         label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
         found = self._call(f"list pods of {job}", core.list_namespaced_pod, self._ns(), label_selector=f"{label}={job}")
         names = sorted(p.metadata.name for p in found.items)
-        return BackendError(f"{self.kind} {self._ns()}/{job} has no pod with rank {rank} "
-                            f"(its pods: {', '.join(names) or 'none yet'})",
-                            f"ranks run from 0 to the number of pods - 1; pods appear once the job is scheduled: "
-                            f"dist-jobs status --backend k8s {job}")
+        return BackendError(
+            f"{self.kind} {self._ns()}/{job} has no pod with rank {rank} (its pods: {', '.join(names) or 'none yet'})",
+            f"ranks run from 0 to the number of pods - 1; pods appear once the job is scheduled: "
+            f"dist-jobs status --backend k8s {job}",
+        )
 
 
 def pytorchjob_selector(job: str, rank: int, has_master: bool) -> str:
@@ -215,8 +255,10 @@ def pytorchjob_selector(job: str, rank: int, has_master: bool) -> str:
         rtype, index = "master", 0
     else:
         rtype, index = "worker", rank - 1 if has_master else rank
-    return (f"{PYTORCHJOB_LABEL}job-name={job},{PYTORCHJOB_LABEL}replica-type={rtype},"
-            f"{PYTORCHJOB_LABEL}replica-index={index}")
+    return (
+        f"{PYTORCHJOB_LABEL}job-name={job},{PYTORCHJOB_LABEL}replica-type={rtype},"
+        f"{PYTORCHJOB_LABEL}replica-index={index}"
+    )
 
 
 def _has_master(job: dict[str, Any]) -> bool:

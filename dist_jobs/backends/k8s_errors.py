@@ -14,11 +14,17 @@ from dist_jobs.errors import BackendError
 
 # What installs each kind's CRD; the vendored copies ship in the wheel as dist_jobs/crds/.
 _INSTALL = {
-    "PyTorchJob": ("pytorchjobs.kubeflow.org/v1", "install the Kubeflow training operator v1 (its manifests "
-                   "include the CRD); a test cluster can take the vendored CRD: "
-                   "kubectl apply -f kubeflow.org_pytorchjobs.yaml from dist_jobs/crds/ (k8s/crds/ in a checkout)"),
-    "TrainJob": ("trainjobs.trainer.kubeflow.org/v1alpha1", "install Kubeflow Trainer v2 (its manifests include the "
-                 "CRD and the torch-distributed runtime), or render a PyTorchJob instead (k8s.api: pytorchjob)"),
+    "PyTorchJob": (
+        "pytorchjobs.kubeflow.org/v1",
+        "install the Kubeflow training operator v1 (its manifests "
+        "include the CRD); a test cluster can take the vendored CRD: "
+        "kubectl apply -f kubeflow.org_pytorchjobs.yaml from dist_jobs/crds/ (k8s/crds/ in a checkout)",
+    ),
+    "TrainJob": (
+        "trainjobs.trainer.kubeflow.org/v1alpha1",
+        "install Kubeflow Trainer v2 (its manifests include the "
+        "CRD and the torch-distributed runtime), or render a PyTorchJob instead (k8s.api: pytorchjob)",
+    ),
 }
 
 
@@ -41,36 +47,51 @@ def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
     message = str(status.get("message", ""))
     reason = str(status.get("reason", ""))
     if code == 409:
-        return BackendError(f"{what}: {message} (409 AlreadyExists)",
-                            "pick another --name, or delete the old job: dist-jobs cancel --backend k8s NAME")
+        return BackendError(
+            f"{what}: {message} (409 AlreadyExists)",
+            "pick another --name, or delete the old job: dist-jobs cancel --backend k8s NAME",
+        )
     if code == 422:
         causes = (status.get("details") or {}).get("causes") or []
         lines = [f"  - {c.get('field') or '?'}: {c.get('message', '')}" for c in causes] or [f"  - {message}"]
-        return BackendError(f"{what}: the apiserver rejected the manifest (422 Invalid):\n" + "\n".join(lines),
-                            "fix those fields in job.yaml; `dist-jobs render --backend k8s` shows the manifest")
+        return BackendError(
+            f"{what}: the apiserver rejected the manifest (422 Invalid):\n" + "\n".join(lines),
+            "fix those fields in job.yaml; `dist-jobs render --backend k8s` shows the manifest",
+        )
     if code == 403:
-        hint = ("the training operator's admission webhook refused it; fix what it names in job.yaml"
-                if "admission webhook" in message else
-                "your account lacks the permission: ask for it, or check with `kubectl auth can-i`")
+        hint = (
+            "the training operator's admission webhook refused it; fix what it names in job.yaml"
+            if "admission webhook" in message
+            else "your account lacks the permission: ask for it, or check with `kubectl auth can-i`"
+        )
         return BackendError(f"{what}: {message} (403 {reason or 'Forbidden'})", hint)
     if code == 404:
-        return BackendError(f"{what}: {message} (404 NotFound)",
-                            "check the name and --namespace/--context: dist-jobs list --backend k8s")
+        return BackendError(
+            f"{what}: {message} (404 NotFound)",
+            "check the name and --namespace/--context: dist-jobs list --backend k8s",
+        )
     if code == 400:
         return BackendError(f"{what}: {message} (400 {reason or 'BadRequest'})", _bad_request_hint(message))
     if code == 401:
-        return BackendError(f"{what}: {message or 'Unauthorized'} (401)",
-                            "the credentials in the kubeconfig are missing or expired: log in again")
+        return BackendError(
+            f"{what}: {message or 'Unauthorized'} (401)",
+            "the credentials in the kubeconfig are missing or expired: log in again",
+        )
     return BackendError(f"{what}: {message or reason} (HTTP {code})", "see the apiserver's message above")
 
 
 def _plain_error(code: int, reason: str, what: str, kind: str) -> BackendError:
     if code == 404:
         resource, install = _INSTALL.get(kind, (kind, "install the CRD that serves it"))
-        return BackendError(f"{what}: the apiserver does not serve {resource} (404 page not found): "
-                            f"the {kind} CRD is not installed in this cluster", install)
-    return BackendError(f"{what}: HTTP {code} {reason}".rstrip(),
-                        "check the apiserver address in the kubeconfig and your credentials (kubectl auth can-i)")
+        return BackendError(
+            f"{what}: the apiserver does not serve {resource} (404 page not found): "
+            f"the {kind} CRD is not installed in this cluster",
+            install,
+        )
+    return BackendError(
+        f"{what}: HTTP {code} {reason}".rstrip(),
+        "check the apiserver address in the kubeconfig and your credentials (kubectl auth can-i)",
+    )
 
 
 def _bad_request_hint(message: str) -> str:
@@ -84,13 +105,19 @@ def _bad_request_hint(message: str) -> str:
 def unreachable(host: str, exc: BaseException) -> BackendError:
     """The apiserver did not answer at all (refused, DNS, TLS, timeout)."""
     cause: BaseException = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError wraps the real one
-    return BackendError(f"cannot reach the Kubernetes apiserver at {host}: {type(cause).__name__}: {cause}",
-                        "is the cluster up and the kubeconfig current? try `kubectl cluster-info`")
+    return BackendError(
+        f"cannot reach the Kubernetes apiserver at {host}: {type(cause).__name__}: {cause}",
+        "is the cluster up and the kubeconfig current? try `kubectl cluster-info`",
+    )
 
 
 def no_config(kubeconfig: str | None, context: str | None, exc: BaseException | None) -> BackendError:
     if exc is None:
-        return BackendError("no Kubernetes configuration: no kubeconfig ($KUBECONFIG, ~/.kube/config) and not "
-                            "running in a pod", "set KUBECONFIG or pass --kubeconfig FILE (and --context NAME)")
-    return BackendError(f"cannot load kubeconfig {kubeconfig or '(default)'}, context {context or '(current)'}: "
-                        f"{exc}", "check --kubeconfig/--context: `kubectl config get-contexts`")
+        return BackendError(
+            "no Kubernetes configuration: no kubeconfig ($KUBECONFIG, ~/.kube/config) and not running in a pod",
+            "set KUBECONFIG or pass --kubeconfig FILE (and --context NAME)",
+        )
+    return BackendError(
+        f"cannot load kubeconfig {kubeconfig or '(default)'}, context {context or '(current)'}: {exc}",
+        "check --kubeconfig/--context: `kubectl config get-contexts`",
+    )

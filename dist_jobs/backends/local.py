@@ -19,9 +19,10 @@ from typing import TextIO
 
 from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.local_procs import ProcessGroup
-from dist_jobs.quoting import sh_argv
-from dist_jobs.render import torchrun_tail
+from dist_jobs.render.common import torchrun_tail
+from dist_jobs.render.quoting import sh_argv
 from dist_jobs.spec import JobSpec
+from dist_jobs.spec.env import job_env
 
 MASTER = "127.0.0.1"
 
@@ -57,24 +58,11 @@ def free_port() -> int:
 
 def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict[str, str]:
     ckpt = Path(spec.checkpoint_dir)
-    env = {
-        "DIST_JOBS_BACKEND": "local",
-        "DIST_JOBS_RUN": spec.run_id,
-        "DIST_JOBS_CHECKPOINT_DIR": str(ckpt if ckpt.is_absolute() else workdir / ckpt),
-        "DIST_JOBS_NNODES": str(spec.nodes),
-        "DIST_JOBS_NPROC_PER_NODE": str(spec.procs),
-        "MASTER_ADDR": MASTER,
-        "MASTER_PORT": str(port),
-        "PYTHONUNBUFFERED": "1",
-    }
+    launch = {"MASTER_ADDR": MASTER, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
     if not use_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, even where a smaller GPU count exists
-    nccl = spec.nccl
-    for key, value in (("NCCL_SOCKET_IFNAME", nccl.socket_ifname), ("NCCL_DEBUG", nccl.debug),
-                       ("NCCL_IB_DISABLE", None if nccl.ib_disable is None else str(int(nccl.ib_disable)))):
-        if value is not None:
-            env[key] = value
-    return {**env, **spec.env}
+        launch["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, even where a smaller GPU count exists
+    # The user's env (inside job_env) wins over the launch defaults, as on a cluster.
+    return {**launch, **job_env(spec, "local", str(ckpt if ckpt.is_absolute() else workdir / ckpt))}
 
 
 def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per_node: int) -> dict[str, str]:
@@ -82,14 +70,27 @@ def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per
     nodelist = f"node[0-{nodes - 1}]" if nodes > 1 else "node0"
     layout = f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node)
     return {
-        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": spec.run_id,
-        "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
-        "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes),
-        "SLURM_NTASKS": str(nodes * tasks_per_node), "SLURM_STEP_NUM_TASKS": str(nodes * tasks_per_node),
-        "SLURM_NTASKS_PER_NODE": str(tasks_per_node), "SLURM_TASKS_PER_NODE": layout,
-        "SLURM_STEP_TASKS_PER_NODE": layout, "SLURM_PROCID": str(node * tasks_per_node + local),
-        "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"node{node}",
-        "SLURM_CPUS_PER_TASK": str(spec.cpus_per_task), "SLURM_RESTART_COUNT": "0",
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOBID": job_id,
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NAME": spec.run_id,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_STEP_NODELIST": nodelist,
+        "SLURM_NODELIST": nodelist,
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_STEP_NUM_NODES": str(nodes),
+        "SLURM_NTASKS": str(nodes * tasks_per_node),
+        "SLURM_STEP_NUM_TASKS": str(nodes * tasks_per_node),
+        "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
+        "SLURM_TASKS_PER_NODE": layout,
+        "SLURM_STEP_TASKS_PER_NODE": layout,
+        "SLURM_PROCID": str(node * tasks_per_node + local),
+        "SLURM_LOCALID": str(local),
+        "SLURM_NODEID": str(node),
+        "SLURMD_NODENAME": f"node{node}",
+        "SLURM_CPUS_PER_TASK": str(spec.cpus_per_task),
+        "SLURM_RESTART_COUNT": "0",
     }
 
 
@@ -110,9 +111,18 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
                 procs.append(LocalProc(f"rank {node * spec.procs + local}", _local_argv(spec.argv), env))
         return procs
     for node in range(spec.nodes):
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
-                f"--nproc-per-node={spec.procs}", "--rdzv-backend=c10d", f"--rdzv-endpoint={MASTER}:{port}",
-                f"--rdzv-id={job_id}", "--tee=3", *torchrun_tail(spec.argv)]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={spec.nodes}",
+            f"--nproc-per-node={spec.procs}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={MASTER}:{port}",
+            f"--rdzv-id={job_id}",
+            "--tee=3",
+            *torchrun_tail(spec.argv),
+        ]
         env = {**common, **_slurm_task_env(spec, node, 0, job_id, 1)}
         procs.append(LocalProc(f"node {node}", argv, env))
     return procs
@@ -133,15 +143,20 @@ class LocalBackend:
             return True, ""
         note = ""
         if spec.gpus_per_node:
-            note = (f"dist-jobs: the job asks for {spec.gpus_per_node} GPUs per node and this machine has {gpus}: "
-                    f"running {spec.procs} CPU processes per node with gloo instead")
+            note = (
+                f"dist-jobs: the job asks for {spec.gpus_per_node} GPUs per node and this machine has {gpus}: "
+                f"running {spec.procs} CPU processes per node with gloo instead"
+            )
         return False, note
 
     def prepare(self, spec: JobSpec) -> Prepared:
         use_gpus, _ = self._gpu_mode(spec)
-        lines = [f"# {p.label}: {sh_argv(p.argv)}\n#   env: " +
-                 " ".join(f"{k}={v}" for k, v in sorted(p.env.items()) if k not in spec.env) + "\n"
-                 for p in plan(spec, self.workdir, 29500, "local", use_gpus)]
+        lines = [
+            f"# {p.label}: {sh_argv(p.argv)}\n#   env: "
+            + " ".join(f"{k}={v}" for k, v in sorted(p.env.items()) if k not in spec.env)
+            + "\n"
+            for p in plan(spec, self.workdir, 29500, "local", use_gpus)
+        ]
         return Prepared("local", spec, "".join(lines), "local-plan.txt")
 
     def run(self, spec: JobSpec) -> int:

@@ -13,9 +13,9 @@ import signal
 import subprocess
 import threading
 import time
-from typing import TextIO
+from typing import IO, TextIO
 
-from dist_jobs import REQUEUE_EXIT_CODE
+from dist_jobs.constants import REQUEUE_EXIT_CODE
 
 GRACE_SECONDS = 30.0
 
@@ -27,7 +27,7 @@ class ProcessGroup:
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[bytes]] = []
 
-    def _pump(self, label: str, stream: "subprocess.IO[bytes]") -> None:
+    def _pump(self, label: str, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             with self._lock:
@@ -35,11 +35,20 @@ class ProcessGroup:
                 self.out.flush()
         stream.close()
 
-    def _start(self, jobs: list[tuple[str, list[str], dict[str, str]]], cwd: os.PathLike[str]) -> list[threading.Thread]:
+    def _start(
+        self, jobs: list[tuple[str, list[str], dict[str, str]]], cwd: os.PathLike[str]
+    ) -> list[threading.Thread]:
         pumps = []
         for label, argv, env in jobs:
-            proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self._procs.append(proc)
             pump = threading.Thread(target=self._pump, args=(label, proc.stdout), daemon=True)
             pump.start()

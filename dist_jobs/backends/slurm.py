@@ -14,22 +14,29 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import msgspec
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.slurm_output import (SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG, SlurmJob, parse_sacct,
-                                             parse_sbatch_job_id, parse_squeue, sacct_job_state, sbatch_error)
+from dist_jobs.backends.slurm_output import (
+    SACCT_FIELDS,
+    SQUEUE_FORMAT,
+    SQUEUE_FORMAT_LONG,
+    SlurmJob,
+    parse_sacct,
+    parse_squeue,
+    sacct_job_state,
+)
+from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-NOT_INSTALLED_HINT = ("run this on a SLURM login node, or bring up the local test cluster: "
-                      "bash slurm/cluster/up.sh")
+NOT_INSTALLED_HINT = "run this on a SLURM login node, or bring up the local test cluster: bash slurm/cluster/up.sh"
 
 
 def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -38,15 +45,16 @@ def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedP
     except FileNotFoundError:
         raise BackendError(f"SLURM is not installed here: `{argv[0]}` is not on PATH", NOT_INSTALLED_HINT) from None
     except subprocess.TimeoutExpired:
-        raise BackendError(f"`{' '.join(argv)}` did not answer within {timeout:.0f} s",
-                           "is slurmctld up? try `sinfo` or `scontrol ping`") from None
+        raise BackendError(
+            f"`{' '.join(argv)}` did not answer within {timeout:.0f} s",
+            "is slurmctld up? try `sinfo` or `scontrol ping`",
+        ) from None
 
 
 class SlurmBackend:
     name = "slurm"
 
-    def __init__(self, runner: Runner | None = None, jobs_dir: Path | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(self, runner: Runner | None = None, jobs_dir: Path | None = None, cwd: Path | None = None) -> None:
         self.run = runner or run_command
         self.cwd = cwd or Path.cwd()
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
@@ -75,10 +83,21 @@ class SlurmBackend:
             if proc.returncode != 0:
                 raise sbatch_error(proc.stderr, proc.returncode)
             job_id = parse_sbatch_job_id(proc.stdout)
-            (staging / "job.json").write_text(json.dumps({
-                "job_id": job_id, "run": spec.run_id, "log_dir": str(log_dir), "submitted_from": str(self.cwd),
-                "launcher": spec.launcher, "nodes": spec.nodes, "procs_per_node": spec.procs,
-                "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2))
+            (staging / "job.json").write_text(
+                json.dumps(
+                    {
+                        "job_id": job_id,
+                        "run": spec.run_id,
+                        "log_dir": str(log_dir),
+                        "submitted_from": str(self.cwd),
+                        "launcher": spec.launcher,
+                        "nodes": spec.nodes,
+                        "procs_per_node": spec.procs,
+                        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    },
+                    indent=2,
+                )
+            )
             staging.rename(self.jobs_dir / f"{spec.run_id}-{job_id}")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -93,17 +112,30 @@ class SlurmBackend:
     def status(self, job_id: str) -> JobStatus:
         job = self._squeue_job(job_id)
         if job is not None:
-            return JobStatus(job.job_id, job.name, job.state, job.reason,
-                             {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)})
-        acct = self.run(["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id,
-                         "--format", SACCT_FIELDS])
+            return JobStatus(
+                job.job_id,
+                job.name,
+                job.state,
+                job.reason,
+                {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
+            )
+        acct = self.run(
+            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
+        )
         rows = parse_sacct(acct.stdout) if acct.returncode == 0 else []
         state = sacct_job_state(rows, job_id)
         if state is None:
-            raise BackendError(f"SLURM knows no job {job_id}",
-                               "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)")
-        return JobStatus(state.job_id, state.name, state.state, f"exit {state.exit_code}",
-                         {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)})
+            raise BackendError(
+                f"SLURM knows no job {job_id}",
+                "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
+            )
+        return JobStatus(
+            state.job_id,
+            state.name,
+            state.state,
+            f"exit {state.exit_code}",
+            {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)},
+        )
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
@@ -112,29 +144,38 @@ class SlurmBackend:
         if proc.returncode != 0:
             return None
         # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
-        jobs = [j for j in parse_squeue(proc.stdout, SQUEUE_FORMAT_LONG)
-                if j.job_id.split("_")[0] == job_id.split("_")[0]]
+        jobs = [
+            j for j in parse_squeue(proc.stdout, SQUEUE_FORMAT_LONG) if j.job_id.split("_")[0] == job_id.split("_")[0]
+        ]
         return jobs[0] if jobs else None
 
     def list(self) -> list[JobStatus]:
         proc = self.run(["squeue", "--noheader", "--user", getpass.getuser(), "--format", SQUEUE_FORMAT])
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
-        return [JobStatus(j.job_id, j.name, j.state, j.reason, {"nodes": j.nodelist}) for j in parse_squeue(proc.stdout)]
+        return [
+            JobStatus(j.job_id, j.name, j.state, j.reason, {"nodes": j.nodelist}) for j in parse_squeue(proc.stdout)
+        ]
 
     def cancel(self, job_id: str) -> None:
         # Without --verbose, 22.05's scancel says nothing and exits 0 for an unknown or ended job.
         proc = self.run(["scancel", "--verbose", job_id])
         said = proc.stderr.strip()
         if "Invalid job id" in said:
-            raise BackendError(f"SLURM knows no job {job_id} (or it ended a while ago): nothing to cancel",
-                               "check the id with `dist-jobs list --backend slurm` or `sacct -X`")
+            raise BackendError(
+                f"SLURM knows no job {job_id} (or it ended a while ago): nothing to cancel",
+                "check the id with `dist-jobs list --backend slurm` or `sacct -X`",
+            )
         if "already completing or completed" in said:
-            raise BackendError(f"job {job_id} has already ended: nothing to cancel",
-                               f"see how it ended with `dist-jobs status --backend slurm {job_id}`")
+            raise BackendError(
+                f"job {job_id} has already ended: nothing to cancel",
+                f"see how it ended with `dist-jobs status --backend slurm {job_id}`",
+            )
         if proc.returncode != 0:
-            raise BackendError(f"scancel {job_id} failed (exit {proc.returncode}): {said or 'no message'}",
-                               "check the job id with `dist-jobs list --backend slurm`")
+            raise BackendError(
+                f"scancel {job_id} failed (exit {proc.returncode}): {said or 'no message'}",
+                "check the job id with `dist-jobs list --backend slurm`",
+            )
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
         """Rank `rank`'s output, attempt after attempt. In torchrun mode SLURM runs one task per
@@ -143,10 +184,15 @@ class SlurmBackend:
         task = (rank or 0) // procs if procs else (rank or 0)
         files = _attempt_files(log_dir, run, job_id, task)
         if not files and not follow:
-            raise BackendError(f"no logs for job {job_id} rank {rank or 0} in {log_dir}",
-                               "the job may not have started yet (`dist-jobs status`), or use --follow")
-        yield from _stitch(files, lambda: _attempt_files(log_dir, run, job_id, task),
-                           (lambda: not self.status(job_id).finished) if follow else (lambda: False))
+            raise BackendError(
+                f"no logs for job {job_id} rank {rank or 0} in {log_dir}",
+                "the job may not have started yet (`dist-jobs status`), or use --follow",
+            )
+        yield from _stitch(
+            files,
+            lambda: _attempt_files(log_dir, run, job_id, task),
+            (lambda: not self.status(job_id).finished) if follow else (lambda: False),
+        )
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""
@@ -158,15 +204,20 @@ class SlurmBackend:
         out = re.search(r"StdOut=(\S+)", proc.stdout) if proc.returncode == 0 else None
         name = re.search(r"JobName=(\S+)", proc.stdout) if proc.returncode == 0 else None
         if not out or not name:
-            raise BackendError(f"cannot find the log folder of job {job_id}",
-                               f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id")
+            raise BackendError(
+                f"cannot find the log folder of job {job_id}",
+                f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id",
+            )
         return Path(out.group(1)).parent, name.group(1), None
 
 
 def _attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]:
     pattern = re.compile(rf"{re.escape(run)}-{re.escape(job_id)}-attempt(\d+)-rank{rank}\.out$")
-    found = [(int(m.group(1)), p) for p in log_dir.glob(f"*-{job_id}-attempt*-rank{rank}.out")
-             if (m := pattern.search(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in log_dir.glob(f"*-{job_id}-attempt*-rank{rank}.out")
+        if (m := pattern.search(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 

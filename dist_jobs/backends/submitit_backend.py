@@ -1,58 +1,69 @@
-"""submitit for notebooks: an executor built from the same job spec, and a checkpointable task.
+"""submitit for notebooks: an executor built from the same job spec (the task is dist_jobs.train.task).
 
-    from dist_jobs.spec_load import load_spec
-    from dist_jobs.backends.submitit_backend import make_executor, TrainTask
-    spec = load_spec("job.yaml")
-    job = make_executor(spec, "submitit-logs").submit(TrainTask(spec))
-    job.task(0).result()   # rank 0's final metrics (job.result() for a one-task job; job.results() for all)
-
-Preemption: the training loop owns the signal (flag, all ranks agree, checkpoint at the step
-boundary), then hands the signal back to submitit, whose handler calls `TrainTask.checkpoint`
-and requeues the job; the requeued task resumes from the latest checkpoint.
+from dist_jobs.spec import load_spec
+from dist_jobs.backends.submitit_backend import make_executor
+from dist_jobs.train.task import TrainTask
+spec = load_spec("job.yaml")
+job = make_executor(spec, "submitit-logs").submit(TrainTask(spec))
+job.task(0).result()   # rank 0's final metrics (job.result() for a one-task job; job.results() for all)
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from dist_jobs.quoting import sh
+from dist_jobs.render.quoting import sh
 from dist_jobs.spec import JobSpec
-from dist_jobs.spec_load import parse_time
-
-# submitit's default preemption/timeout signal (SUBMITIT_PREEMPT_SIGNAL overrides it).
-SUBMITIT_SIGNAL = "SIGUSR2"
+from dist_jobs.spec.slurm_time import parse_time
 
 
 def executor_parameters(spec: JobSpec, cluster: str) -> dict[str, Any]:
     """AutoExecutor parameters mapped from the spec (pure, so tests can check the mapping)."""
     params: dict[str, Any] = {
-        "name": spec.run_id, "nodes": spec.nodes, "tasks_per_node": spec.procs,
-        "cpus_per_task": spec.cpus_per_task, "gpus_per_node": spec.gpus_per_node,
+        "name": spec.run_id,
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.procs,
+        "cpus_per_task": spec.cpus_per_task,
+        "gpus_per_node": spec.gpus_per_node,
         "timeout_min": max(1, (parse_time(spec.time) or 3600) // 60) if spec.time else 60,
     }
     if spec.memory:
         units = {"K": 1 / 1024 / 1024, "M": 1 / 1024, "G": 1, "T": 1024}
-        params["mem_gb"] = max(1, int(int(spec.memory[:-1]) * units[spec.memory[-1]])) \
-            if spec.memory[-1] in units else max(1, int(spec.memory) // 1024)
+        params["mem_gb"] = (
+            max(1, int(int(spec.memory[:-1]) * units[spec.memory[-1]]))
+            if spec.memory[-1] in units
+            else max(1, int(spec.memory) // 1024)
+        )
     if cluster != "slurm":
         return params
     slurm = spec.slurm
-    extra = {k: v for k, v in {"account": slurm.account, "qos": slurm.qos, "constraint": slurm.constraint,
-                               "reservation": slurm.reservation, "exclude": slurm.exclude,
-                               "nodelist": slurm.nodelist, "requeue": True}.items() if v}
+    extra = {
+        k: v
+        for k, v in {
+            "account": slurm.account,
+            "qos": slurm.qos,
+            "constraint": slurm.constraint,
+            "reservation": slurm.reservation,
+            "exclude": slurm.exclude,
+            "nodelist": slurm.nodelist,
+            "requeue": True,
+        }.items()
+        if v
+    }
     # spec.env is exported before the setup lines, as in the sbatch script: TrainTask sets it
     # again in the process, but only the batch shell can set what Python reads at start-up
     # (PYTHONPATH, OMP_NUM_THREADS, ...).
     exports = [f"export {name}={sh(value)}" for name, value in spec.env.items()]
-    params.update({"slurm_partition": slurm.partition, "slurm_setup": exports + list(spec.setup),
-                   "slurm_signal_delay_s": spec.preemption.grace_seconds,
-                   "slurm_additional_parameters": extra})
+    params.update(
+        {
+            "slurm_partition": slurm.partition,
+            "slurm_setup": exports + list(spec.setup),
+            "slurm_signal_delay_s": spec.preemption.grace_seconds,
+            "slurm_additional_parameters": extra,
+        }
+    )
     if slurm.exclusive:
         params["slurm_exclusive"] = True
     return {k: v for k, v in params.items() if v is not None}
@@ -66,56 +77,12 @@ def make_executor(spec: JobSpec, folder: str | Path, cluster: str | None = None)
     if chosen == "local" and spec.nodes > 1:
         from dist_jobs.errors import UsageError
 
-        raise UsageError(f"submitit's local executor runs one node, the spec asks for {spec.nodes}",
-                         "use nodes: 1 here, or `dist-jobs run --backend local` for several local nodes")
+        raise UsageError(
+            f"submitit's local executor runs one node, the spec asks for {spec.nodes}",
+            "use nodes: 1 here, or `dist-jobs run --backend local` for several local nodes",
+        )
     # The requeue budget is an argument of the executor itself, not a job parameter.
     options = {"slurm_max_num_timeout": spec.preemption.max_requeues} if chosen == "slurm" else {}
     executor = submitit.AutoExecutor(folder=str(folder), cluster=chosen, **options)
     executor.update_parameters(**executor_parameters(spec, chosen))
     return executor
-
-
-class TrainTask:
-    """The training entrypoint as a submitit checkpointable callable (picklable: spec only)."""
-
-    def __init__(self, spec: JobSpec) -> None:
-        self.spec = spec
-
-    def _export_env(self) -> None:
-        import submitit
-
-        env = submitit.JobEnvironment()
-        # The job inherits the submitter's environment: a MASTER_ADDR or RANK left there by another
-        # launcher would make submitit refuse to export its own (it never overwrites).
-        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            os.environ.pop(key, None)
-        dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        ckpt = Path(self.spec.checkpoint_dir)
-        os.environ.update({
-            # submitit sets the env:// variables itself, as torchrun would for its children.
-            "TORCHELASTIC_RUN_ID": f"submitit-{env.job_id}", "GROUP_RANK": str(env.node),
-            "LOCAL_WORLD_SIZE": str(dist.local_world_size),
-            "DIST_JOBS_BACKEND": "submitit", "DIST_JOBS_RUN": self.spec.run_id,
-            "DIST_JOBS_CHECKPOINT_DIR": str(ckpt if ckpt.is_absolute() else Path.cwd() / ckpt),
-            "DIST_JOBS_NNODES": str(self.spec.nodes), "DIST_JOBS_NPROC_PER_NODE": str(self.spec.procs),
-            **self.spec.env,
-        })
-
-    def __call__(self) -> dict[str, Any]:
-        from dist_jobs.train.loop import Preempted, fit
-
-        self._export_env()
-        signals = tuple(dict.fromkeys((*self.spec.train.preempt_signals, SUBMITIT_SIGNAL)))
-        config = msgspec.structs.replace(self.spec.train, preempt_signals=signals)
-        try:
-            return fit(config)
-        except Preempted:
-            # The checkpoint is committed and fit() has put submitit's handler back: hand the
-            # signal to it, so it calls checkpoint() and requeues the job.
-            os.kill(os.getpid(), getattr(signal, SUBMITIT_SIGNAL))
-            raise
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(TrainTask(self.spec))

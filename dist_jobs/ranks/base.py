@@ -77,11 +77,7 @@ class RankSource:
 
     def missing(self, environ: Environ) -> list[str]:
         """Required variables that are absent or empty (alternatives joined by '|')."""
-        return [
-            spec
-            for spec in self.required
-            if not any(environ.get(name, "").strip() for name in spec.split("|"))
-        ]
+        return [spec for spec in self.required if not any(environ.get(name, "").strip() for name in spec.split("|"))]
 
     def require(self, environ: Environ) -> None:
         """Raise one RankError naming every missing required variable."""
@@ -115,8 +111,7 @@ def first(environ: Environ, *names: str) -> str | None:
     return None
 
 
-def parse_int(name: str, value: str, *, minimum: int = 0, maximum: int | None = None,
-              hint: str | None = None) -> int:
+def parse_int(name: str, value: str, *, minimum: int = 0, maximum: int | None = None, hint: str | None = None) -> int:
     """int(value), or a RankError naming the variable, its bad value and the valid range."""
     text = value.strip()
     try:
@@ -132,8 +127,14 @@ def parse_int(name: str, value: str, *, minimum: int = 0, maximum: int | None = 
     return number
 
 
-def env_int(environ: Environ, *names: str, minimum: int = 0, maximum: int | None = None,
-            default: int | None = None, hint: str | None = None) -> int:
+def env_int(
+    environ: Environ,
+    *names: str,
+    minimum: int = 0,
+    maximum: int | None = None,
+    default: int | None = None,
+    hint: str | None = None,
+) -> int:
     """Parse the first set variable of `names`; `default` if none is set, else a RankError."""
     name = first(environ, *names)
     if name is None:
@@ -146,7 +147,6 @@ def env_int(environ: Environ, *names: str, minimum: int = 0, maximum: int | None
     return parse_int(name, environ[name], minimum=minimum, maximum=maximum, hint=hint)
 
 
-def master_port(environ: Environ, *names: str, default: int | None = None,
-                hint: str | None = None) -> int:
+def master_port(environ: Environ, *names: str, default: int | None = None, hint: str | None = None) -> int:
     """MASTER_PORT-like variable parsed as a TCP port."""
     return env_int(environ, *names, minimum=1, maximum=65535, default=default, hint=hint)

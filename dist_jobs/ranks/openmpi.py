@@ -10,8 +10,8 @@ from __future__ import annotations
 import zlib
 
 from dist_jobs.errors import RankError, UsageError
-from dist_jobs.ports import derive_port
 from dist_jobs.ranks.base import Environ, RankInfo, RankSource, env_int, first, master_port
+from dist_jobs.ranks.ports import derive_port
 
 # Identifiers shared by every rank of one mpirun, used to derive a port when none is given.
 JOB_KEYS = ("OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE")

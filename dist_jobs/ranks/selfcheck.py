@@ -35,10 +35,16 @@ class _Expected:
     procs_label: str
 
 
-def check(info: RankInfo, *, expected_nodes: int | None = None,
-          expected_procs_per_node: int | None = None, environ: Mapping[str, str] | None = None,
-          device_count: int | None = None, procs_per_device: int = 1,
-          allow_loopback: bool = False) -> None:
+def check(
+    info: RankInfo,
+    *,
+    expected_nodes: int | None = None,
+    expected_procs_per_node: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    device_count: int | None = None,
+    procs_per_device: int = 1,
+    allow_loopback: bool = False,
+) -> None:
     """Raise one RankError listing every inconsistency; return None when the launch is sound.
 
     `allow_loopback` accepts a loopback MASTER_ADDR in a multi-node world: only for tests
@@ -58,12 +64,13 @@ def check(info: RankInfo, *, expected_nodes: int | None = None,
         raise _error(info, problems)
 
 
-def device_index(info: RankInfo, environ: Mapping[str, str] | None = None,
-                 procs_per_device: int = 1) -> int:
+def device_index(info: RankInfo, environ: Mapping[str, str] | None = None, procs_per_device: int = 1) -> int:
     """The CUDA device this rank should use, counted among the devices it can see."""
     if procs_per_device < 1:
-        raise UsageError(f"procs_per_device={procs_per_device} must be >= 1",
-                         hint="use 1 process per GPU unless you share GPUs on purpose")
+        raise UsageError(
+            f"procs_per_device={procs_per_device} must be >= 1",
+            hint="use 1 process per GPU unless you share GPUs on purpose",
+        )
     env = os.environ if environ is None else environ
     visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     # SLURM with --gpus-per-task=1 (or gres binding) shows each task only its own GPU.
@@ -86,14 +93,14 @@ def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
     if not low <= value <= high:  # also rejects nan and inf
         raise RankError(
             f"{TIMEOUT_VAR}={text!r} is not a number of seconds between {low:g} and {high:g}",
-            hint=f"set {TIMEOUT_VAR}=600 (for example) or unset it for the default "
-            f"{DEFAULT_RDZV_TIMEOUT:g}",
+            hint=f"set {TIMEOUT_VAR}=600 (for example) or unset it for the default {DEFAULT_RDZV_TIMEOUT:g}",
         )
     return value
 
 
-def _expected(env: Mapping[str, str], nodes: int | None, procs: int | None,
-              problems: list[tuple[str, str]]) -> _Expected:
+def _expected(
+    env: Mapping[str, str], nodes: int | None, procs: int | None, problems: list[tuple[str, str]]
+) -> _Expected:
     def from_env(name: str) -> int | None:
         text = env.get(name, "").strip()
         if not text:
@@ -101,8 +108,7 @@ def _expected(env: Mapping[str, str], nodes: int | None, procs: int | None,
         try:
             return parse_int(name, text, minimum=1)
         except RankError as error:
-            problems.append((error.message, "the rendered job sets it from the spec; "
-                             "re-render the job or unset it"))
+            problems.append((error.message, "the rendered job sets it from the spec; re-render the job or unset it"))
             return None
 
     return _Expected(
@@ -118,24 +124,29 @@ def _shape_problems(info: RankInfo, want: _Expected) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     fix = _launch_fix(info, want)
     if want.nodes is not None and want.procs is not None and info.world_size != want.nodes * want.procs:
-        problems.append((
-            f"world size {info.world_size} ({_var(info, 'world_size')}) != {want.nodes} nodes "
-            f"({want.nodes_label}) x {want.procs} processes per node ({want.procs_label}) "
-            f"= {want.nodes * want.procs}",
-            fix,
-        ))
+        problems.append(
+            (
+                f"world size {info.world_size} ({_var(info, 'world_size')}) != {want.nodes} nodes "
+                f"({want.nodes_label}) x {want.procs} processes per node ({want.procs_label}) "
+                f"= {want.nodes * want.procs}",
+                fix,
+            )
+        )
     if want.nodes is not None and info.num_nodes != want.nodes:
-        problems.append((
-            f"{info.num_nodes} nodes ({_var(info, 'num_nodes')}) but "
-            f"{want.nodes_label}={want.nodes}",
-            fix,
-        ))
+        problems.append(
+            (
+                f"{info.num_nodes} nodes ({_var(info, 'num_nodes')}) but {want.nodes_label}={want.nodes}",
+                fix,
+            )
+        )
     if want.procs is not None and info.local_world_size != want.procs:
-        problems.append((
-            f"{info.local_world_size} processes on node {info.node_rank} "
-            f"({_var(info, 'local_world_size')}) but {want.procs_label}={want.procs}",
-            fix,
-        ))
+        problems.append(
+            (
+                f"{info.local_world_size} processes on node {info.node_rank} "
+                f"({_var(info, 'local_world_size')}) but {want.procs_label}={want.procs}",
+                fix,
+            )
+        )
     return problems
 
 
@@ -144,29 +155,54 @@ def _index_problems(info: RankInfo, want: _Expected) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     fix = f"the launcher's variables disagree with each other; {DEBUG_HINT}"
     if not 0 <= info.rank < info.world_size:
-        problems.append((f"rank {info.rank} ({_var(info, 'rank')}) is outside world size "
-                         f"{info.world_size} ({_var(info, 'world_size')})", fix))
+        problems.append(
+            (
+                f"rank {info.rank} ({_var(info, 'rank')}) is outside world size "
+                f"{info.world_size} ({_var(info, 'world_size')})",
+                fix,
+            )
+        )
     if not 0 <= info.local_rank < info.local_world_size:
-        problems.append((f"local rank {info.local_rank} ({_var(info, 'local_rank')}) is outside "
-                         f"local world size {info.local_world_size} "
-                         f"({_var(info, 'local_world_size')})", fix))
+        problems.append(
+            (
+                f"local rank {info.local_rank} ({_var(info, 'local_rank')}) is outside "
+                f"local world size {info.local_world_size} "
+                f"({_var(info, 'local_world_size')})",
+                fix,
+            )
+        )
     # The spec-based variants add something only where the spec and the launch disagree.
     procs, nodes = want.procs, want.nodes
     if procs is not None and procs != info.local_world_size and info.local_rank >= procs:
-        problems.append((f"local rank {info.local_rank} ({_var(info, 'local_rank')}) but only "
-                         f"{want.procs} processes per node ({want.procs_label})",
-                         _launch_fix(info, want)))
+        problems.append(
+            (
+                f"local rank {info.local_rank} ({_var(info, 'local_rank')}) but only "
+                f"{want.procs} processes per node ({want.procs_label})",
+                _launch_fix(info, want),
+            )
+        )
     if not 0 <= info.node_rank < info.num_nodes:
-        problems.append((f"node rank {info.node_rank} ({_var(info, 'node_rank')}) is outside "
-                         f"{info.num_nodes} nodes ({_var(info, 'num_nodes')})", fix))
+        problems.append(
+            (
+                f"node rank {info.node_rank} ({_var(info, 'node_rank')}) is outside "
+                f"{info.num_nodes} nodes ({_var(info, 'num_nodes')})",
+                fix,
+            )
+        )
     if nodes is not None and nodes != info.num_nodes and info.node_rank >= nodes:
-        problems.append((f"node rank {info.node_rank} ({_var(info, 'node_rank')}) but only "
-                         f"{want.nodes} nodes ({want.nodes_label})", _launch_fix(info, want)))
+        problems.append(
+            (
+                f"node rank {info.node_rank} ({_var(info, 'node_rank')}) but only "
+                f"{want.nodes} nodes ({want.nodes_label})",
+                _launch_fix(info, want),
+            )
+        )
     return problems
 
 
-def _device_problems(info: RankInfo, env: Mapping[str, str], device_count: int,
-                     procs_per_device: int) -> list[tuple[str, str]]:
+def _device_problems(
+    info: RankInfo, env: Mapping[str, str], device_count: int, procs_per_device: int
+) -> list[tuple[str, str]]:
     index = device_index(info, env, procs_per_device)
     if index < device_count:
         return []
@@ -174,35 +210,40 @@ def _device_problems(info: RankInfo, env: Mapping[str, str], device_count: int,
     shown = "unset" if visible is None else repr(visible)
     sharing = f" // procs_per_device={procs_per_device}" if procs_per_device > 1 else ""
     needed = -(-max(info.local_world_size, info.local_rank + 1) // procs_per_device)
-    return [(
-        f"local rank {info.local_rank}{sharing} maps to GPU {index}, but this process sees "
-        f"{device_count} GPU{'s' if device_count != 1 else ''} (CUDA_VISIBLE_DEVICES {shown})",
-        f"request {needed} GPUs per node (sbatch --gpus-per-node={needed}, or "
-        f"nvidia.com/gpu: {needed}), or set procs_per_node: {device_count * procs_per_device}",
-    )]
+    return [
+        (
+            f"local rank {info.local_rank}{sharing} maps to GPU {index}, but this process sees "
+            f"{device_count} GPU{'s' if device_count != 1 else ''} (CUDA_VISIBLE_DEVICES {shown})",
+            f"request {needed} GPUs per node (sbatch --gpus-per-node={needed}, or "
+            f"nvidia.com/gpu: {needed}), or set procs_per_node: {device_count * procs_per_device}",
+        )
+    ]
 
 
 def _master_problems(info: RankInfo, want: _Expected, allow_loopback: bool) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     nodes = max(info.num_nodes, want.nodes or 1)
     if not info.master_addr.strip():
-        problems.append(("MASTER_ADDR is empty",
-                         "unset it to use the first node of the job, or set that node's hostname"))
+        problems.append(
+            ("MASTER_ADDR is empty", "unset it to use the first node of the job, or set that node's hostname")
+        )
     elif nodes > 1 and not allow_loopback and is_loopback(info.master_addr):
-        problems.append((
-            f"MASTER_ADDR={info.master_addr} ({_var(info, 'master_addr')}) is this machine's "
-            f"loopback, but the job spans {nodes} nodes: ranks on the other nodes would dial "
-            "themselves and wait until the rendezvous timeout",
-            "unset MASTER_ADDR so the first node of the allocation is used, or set it to "
-            "that node's hostname",
-        ))
+        problems.append(
+            (
+                f"MASTER_ADDR={info.master_addr} ({_var(info, 'master_addr')}) is this machine's "
+                f"loopback, but the job spans {nodes} nodes: ranks on the other nodes would dial "
+                "themselves and wait until the rendezvous timeout",
+                "unset MASTER_ADDR so the first node of the allocation is used, or set it to that node's hostname",
+            )
+        )
     low, high = PORT_BOUNDS
     if not low <= info.master_port <= high:
-        problems.append((
-            f"MASTER_PORT={info.master_port} ({_var(info, 'master_port')}) is outside "
-            f"{low}-{high}",
-            f"unset MASTER_PORT to derive one, or pick a free port between {low} and {high}",
-        ))
+        problems.append(
+            (
+                f"MASTER_PORT={info.master_port} ({_var(info, 'master_port')}) is outside {low}-{high}",
+                f"unset MASTER_PORT to derive one, or pick a free port between {low} and {high}",
+            )
+        )
     return problems
 
 
@@ -222,14 +263,12 @@ def _launch_fix(info: RankInfo, want: _Expected) -> str:
     """How to make the launch match the spec, or the spec match the launch."""
     n = want.nodes or info.num_nodes
     p = want.procs or info.local_world_size
-    spec = (f"or set nodes: {info.num_nodes} and procs_per_node: {info.local_world_size} "
-            "in the job spec")
+    spec = f"or set nodes: {info.num_nodes} and procs_per_node: {info.local_world_size} in the job spec"
     launch = {
-        "slurm": f"launch with srun --nodes={n} --ntasks-per-node={p} (sbatch --nodes={n} "
-                 f"--ntasks-per-node={p})",
+        "slurm": f"launch with srun --nodes={n} --ntasks-per-node={p} (sbatch --nodes={n} --ntasks-per-node={p})",
         "torchrun": f"launch with torchrun --nnodes={n} --nproc-per-node={p}",
         "pytorchjob": f"run {n} pods with nprocPerNode: 1 (1 Master + {n - 1} Workers), or "
-                      f"torchrun --nproc-per-node={p} in each pod",
+        f"torchrun --nproc-per-node={p} in each pod",
         "trainer": f"set numNodes: {n} in the TrainJob, or torchrun --nproc-per-node={p}",
         "openmpi": f"launch with mpirun -np {n * p} --map-by ppr:{p}:node",
     }.get(info.source, f"launch {n} x {p} processes with srun or torchrun")
@@ -242,8 +281,10 @@ def _var(info: RankInfo, field: str) -> str:
 
 
 def _error(info: RankInfo, problems: list[tuple[str, str]]) -> RankError:
-    head = (f"rank self-check failed for rank {info.rank} of {info.world_size} "
-            f"(source {info.source}, node {info.node_rank}, local rank {info.local_rank})")
+    head = (
+        f"rank self-check failed for rank {info.rank} of {info.world_size} "
+        f"(source {info.source}, node {info.node_rank}, local rank {info.local_rank})"
+    )
     if len(problems) == 1:
         text, fix = problems[0]
         error = RankError(f"{head}: {text}", hint=fix)

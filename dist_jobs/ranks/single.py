@@ -11,9 +11,9 @@ import os
 import socket
 
 from dist_jobs.errors import RankError
-from dist_jobs.ports import derive_port
 from dist_jobs.ranks import slurm
 from dist_jobs.ranks.base import Environ, RankInfo, RankSource, env_int, master_port
+from dist_jobs.ranks.ports import derive_port
 
 LOOPBACK = "127.0.0.1"
 

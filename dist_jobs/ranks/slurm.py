@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from dist_jobs import nodelist
 from dist_jobs.errors import RankError, UsageError
-from dist_jobs.ports import derive_port
+from dist_jobs.ranks import nodelist
 from dist_jobs.ranks.base import Environ, RankInfo, RankSource, env_int, first, master_port, parse_int
+from dist_jobs.ranks.ports import derive_port
 
 # slurm.h: ids above SLURM_MAX_NORMAL_STEP_ID are the batch, extern, interactive and
 # pending pseudo-steps (0xfffffffb.. since 20.11; 0xfffffffe was `batch` before that).
@@ -144,8 +144,7 @@ def _local_world_size(environ: Environ, node_rank: int, world_size: int, num_nod
         tasks = tasks_on_node(pairs, node_rank)
         if tasks is None:
             raise RankError(
-                f"SLURM_NODEID={node_rank} but SLURM_STEP_TASKS_PER_NODE={step_value!r} "
-                "lists fewer nodes",
+                f"SLURM_NODEID={node_rank} but SLURM_STEP_TASKS_PER_NODE={step_value!r} lists fewer nodes",
                 hint=SRUN_HINT,
             )
         return tasks

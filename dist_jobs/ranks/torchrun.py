@@ -33,8 +33,7 @@ class TorchrunSource(RankSource):
         "master_port": "MASTER_PORT",
     }
     launch_hint = (
-        "start the script with `torchrun --nnodes=N --nproc-per-node=P ... script.py`, "
-        "which sets these for every child"
+        "start the script with `torchrun --nnodes=N --nproc-per-node=P ... script.py`, which sets these for every child"
     )
 
     def detect(self, environ: Environ) -> bool:

@@ -13,9 +13,9 @@ import os
 import socket
 import sys
 
-from dist_jobs import REQUEUE_EXIT_CODE
+from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, SpecError
-from dist_jobs.train.config import TrainConfig
+from dist_jobs.spec.train import TrainConfig
 
 BAD_FLAGS_EXIT_CODE = 2
 
@@ -25,15 +25,17 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig.from_argv(sys.argv[1:] if argv is None else argv)
     except SpecError as exc:
         flags = [dataclasses.replace(p, field="--" + p.field.replace("_", "-")) for p in exc.problems]
-        print(f"error: {SpecError(flags, exc.source)}\n  hint: see python -m dist_jobs.train --help",
-              file=sys.stderr)
+        print(f"error: {SpecError(flags, exc.source)}\n  hint: see python -m dist_jobs.train --help", file=sys.stderr)
         return BAD_FLAGS_EXIT_CODE
     try:
         rank = preflight()
         # Rank 0 tells the story; the others speak up only about problems.
-        logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                            format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
-                            stream=sys.stderr)
+        logging.basicConfig(
+            level=logging.INFO if rank == 0 else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(message)s",
+            datefmt="%H:%M:%S",
+            stream=sys.stderr,
+        )
         from dist_jobs.train.loop import fit  # torch loads here: seconds
 
         fit(config)
@@ -55,10 +57,13 @@ def preflight() -> int:
     info = resolve()
     check(info, allow_loopback=os.environ.get("DIST_JOBS_BACKEND", "").strip() == "local")
     # One line per rank: when a launch maps ranks wrongly, this is the first thing to read.
-    print(f"dist-jobs: rank {info.rank}/{info.world_size} node {info.node_rank}/{info.num_nodes} "
-          f"local {info.local_rank}/{info.local_world_size} master {info.master_addr}:"
-          f"{info.master_port} ({info.source}, host {socket.gethostname()})", file=sys.stderr,
-          flush=True)
+    print(
+        f"dist-jobs: rank {info.rank}/{info.world_size} node {info.node_rank}/{info.num_nodes} "
+        f"local {info.local_rank}/{info.local_world_size} master {info.master_addr}:"
+        f"{info.master_port} ({info.source}, host {socket.gethostname()})",
+        file=sys.stderr,
+        flush=True,
+    )
     return info.rank
 
 

@@ -17,7 +17,6 @@ import errno
 import json
 import logging
 import os
-import random
 import re
 import time
 from collections.abc import Mapping
@@ -28,11 +27,11 @@ from typing import Any
 
 import torch
 
-from dist_jobs import __version__
+from dist_jobs.constants import VERSION
 from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
 
-__all__ = ["COMPLETE", "CheckpointError", "Checkpointer", "Loaded", "rng_state", "set_rng_state"]
+__all__ = ["COMPLETE", "CheckpointError", "Checkpointer", "Loaded"]
 
 log = logging.getLogger(__name__)
 
@@ -55,44 +54,6 @@ class Loaded:
     world_size: int
 
 
-def rng_state() -> dict[str, Any]:
-    """Capture python, numpy, torch CPU and (current device) CUDA RNG state as plain types.
-
-    A resumed run must draw the same numbers (augmentation, dropout, shuffling) an uninterrupted
-    one would. weights_only loading rejects numpy arrays and arbitrary tuples of objects, so numpy's
-    key array becomes an int64 tensor and the rest plain ints/floats/strings.
-    """
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional for torch; nothing to capture then
-        np = None
-    if np is not None:
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)),
-                          "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(cached)}
-    state["torch"] = torch.get_rng_state()
-    # Current device only: each DDP rank owns one device, and the device count may differ at resume.
-    state["cuda"] = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what rng_state() captured; parts absent here (numpy, CUDA) are skipped."""
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    if "numpy" in state:
-        import numpy as np
-
-        npst = state["numpy"]
-        keys = npst["keys"].numpy().astype(np.uint32)
-        np.random.set_state((npst["name"], keys, npst["pos"], npst["has_gauss"], npst["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 class Checkpointer:
     """One per rank. Construct it on every rank before training starts: rank 0's constructor
     removes partial folders left by an earlier (crashed) incarnation, which must happen before
@@ -102,14 +63,26 @@ class Checkpointer:
     found it damaged, in which case it is rewritten (so call latest() on every rank or none).
     """
 
-    def __init__(self, directory: Path, *, rank: int, world_size: int, keep: int = 3,
-                 async_write: bool = False, finalize_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        world_size: int,
+        keep: int = 3,
+        async_write: bool = False,
+        finalize_timeout: float = 600.0,
+    ) -> None:
         if not 0 <= rank < world_size:
-            raise CheckpointError(f"rank {rank} is outside world size {world_size}",
-                                  hint="pass the global rank and world size of this process")
+            raise CheckpointError(
+                f"rank {rank} is outside world size {world_size}",
+                hint="pass the global rank and world size of this process",
+            )
         if keep < 2:
-            raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept",
-                                  hint="the previous checkpoint is the fallback if the newest is bad")
+            raise CheckpointError(
+                f"keep={keep}: at least 2 checkpoints must be kept",
+                hint="the previous checkpoint is the fallback if the newest is bad",
+            )
         self.directory, self.rank, self.world_size = Path(directory), rank, world_size
         self.keep, self.async_write, self.finalize_timeout = keep, async_write, finalize_timeout
         self._writer = BackgroundWriter(f"checkpoint-writer-rank{rank}")
@@ -119,8 +92,10 @@ class Checkpointer:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CheckpointError(f"cannot create checkpoint folder {self.directory}: {exc.strerror}",
-                                  hint="check the path and its permissions") from exc
+            raise CheckpointError(
+                f"cannot create checkpoint folder {self.directory}: {exc.strerror}",
+                hint="check the path and its permissions",
+            ) from exc
         if rank == 0:
             for stale in self._leftovers(below=None):
                 log.info("removing %s left by an interrupted checkpoint", stale)
@@ -137,12 +112,13 @@ class Checkpointer:
         if self._closed:
             raise CheckpointError("save() after close()", hint="create a new Checkpointer")
         if type(step) is not int or step < 0:
-            raise CheckpointError(f"checkpoint step {step!r} is not an int >= 0",
-                                  hint="pass the optimizer step count")
+            raise CheckpointError(f"checkpoint step {step!r} is not an int >= 0", hint="pass the optimizer step count")
         self.wait()  # at most one write in flight; surfaces the previous one's error
         if self.rank == 0 and shared is None:
-            raise CheckpointError(f"rank 0 must pass the shared state for step {step}",
-                                  hint="pass model/optimizer/... state as `shared` on rank 0")
+            raise CheckpointError(
+                f"rank 0 must pass the shared state for step {step}",
+                hint="pass model/optimizer/... state as `shared` on rank 0",
+            )
         if self._already_saved(step):
             log.info("checkpoint step-%d is already saved; not writing it again", step)
             return
@@ -152,7 +128,7 @@ class Checkpointer:
         free = disk.free_bytes(self.directory)
         if needed > free:
             raise self._disk_full(step, needed, free)
-        job = lambda: self._write(step, snap_shared, snap_rank, needed)  # noqa: E731
+        job = lambda: self._write(step, snap_shared, snap_rank, needed)
         if self.async_write:
             self._writer.submit(job)
         else:
@@ -165,8 +141,10 @@ class Checkpointer:
         except CheckpointError:
             raise
         except Exception as exc:
-            raise CheckpointError(f"background checkpoint write in {self.directory} failed: {exc!r}",
-                                  hint="see the traceback above; the previous checkpoint is intact") from exc
+            raise CheckpointError(
+                f"background checkpoint write in {self.directory} failed: {exc!r}",
+                hint="see the traceback above; the previous checkpoint is intact",
+            ) from exc
 
     def close(self) -> None:
         if not self._closed:
@@ -243,16 +221,23 @@ class Checkpointer:
                 disk.remove(partial)  # nothing of a failed step may remain to confuse anyone
             if getattr(exc, "errno", None) in _FULL:
                 raise self._disk_full(step, needed, disk.free_bytes(self.directory)) from exc
-            raise CheckpointError(f"writing checkpoint {self._folder(step)} failed: {exc}",
-                                  hint="check the volume; the previous checkpoint is intact") from exc
+            raise CheckpointError(
+                f"writing checkpoint {self._folder(step)} failed: {exc}",
+                hint="check the volume; the previous checkpoint is intact",
+            ) from exc
 
     def _commit(self, step: int, files: dict[str, dict[str, Any]]) -> None:
         partial = self._partial(step)
         self._await_ranks(step)
         for rank in range(1, self.world_size):
             files[f"rank-{rank}.pt"] = disk.digest(partial / f"rank-{rank}.pt")
-        marker = {"step": step, "world_size": self.world_size, "version": __version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+        marker = {
+            "step": step,
+            "world_size": self.world_size,
+            "version": VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "files": files,
+        }
         payload = json.dumps(marker, indent=1).encode()
         disk.write_atomic(partial / COMPLETE, lambda f: f.write(payload))  # last file: it makes it count
         disk.fsync_dir(partial)
@@ -276,7 +261,8 @@ class Checkpointer:
                 f"checkpoint {self._folder(step)}: rank(s) {missing} wrote no file into {partial} "
                 f"within {self.finalize_timeout:g}s",
                 hint="every rank must call save() for the same step; check those ranks' logs "
-                "(crash, full disk, slow storage) or raise finalize_timeout")
+                "(crash, full disk, slow storage) or raise finalize_timeout",
+            )
 
     def _after_commit(self, step: int) -> None:
         """Pointer and pruning: the checkpoint already counts, so failures here only warn."""
@@ -285,19 +271,19 @@ class Checkpointer:
             disk.write_atomic(self.directory / LATEST, lambda f: f.write(payload))
             disk.fsync_dir(self.directory)
             older = sorted((s for s in self._committed() if s < step), reverse=True)
-            doomed = [self._folder(s) for s in older[self.keep - 1:]] + self._leftovers(below=step + 1)
+            doomed = [self._folder(s) for s in older[self.keep - 1 :]] + self._leftovers(below=step + 1)
             for folder in doomed:
                 disk.remove(folder)
         except OSError as exc:
-            log.warning("checkpoint step-%d is committed, but updating %s or pruning failed: %s",
-                        step, LATEST, exc)
+            log.warning("checkpoint step-%d is committed, but updating %s or pruning failed: %s", step, LATEST, exc)
 
     def _disk_full(self, step: int, needed: int, free: int) -> CheckpointError:
         return CheckpointError(
             f"disk full: checkpoint {self._folder(step)} needs at least {needed} bytes "
             f"({needed / 2**20:.1f} MiB) on this rank, {free} bytes are free",
             hint="free space on that volume, lower keep_checkpoints, or point "
-            "DIST_JOBS_CHECKPOINT_DIR at a larger volume; the previous checkpoint is intact")
+            "DIST_JOBS_CHECKPOINT_DIR at a larger volume; the previous checkpoint is intact",
+        )
 
     # -- reading --------------------------------------------------------------------------
     def _load(self, step: int, folder: Path) -> Loaded:
@@ -320,4 +306,3 @@ class Checkpointer:
                 raise
             verified.result()
         return Loaded(step=step, path=folder, shared=shared, rank_state=rank_state, world_size=world_size)
-

@@ -64,10 +64,10 @@ def prepare_state(obj: Any, path: str, on_tensor: Callable[[str, torch.Tensor], 
 
 def _unsafe(path: str, obj: Any) -> CheckpointError:
     return CheckpointError(
-        f"checkpoint state {path}: a {type(obj).__name__} cannot be loaded with "
-        "torch.load(weights_only=True)",
+        f"checkpoint state {path}: a {type(obj).__name__} cannot be loaded with torch.load(weights_only=True)",
         hint="store only tensors, numbers, strings, None, lists, tuples and dicts "
-        "(numpy array: torch.from_numpy(a); dataclass: dataclasses.asdict(x))")
+        "(numpy array: torch.from_numpy(a); dataclass: dataclasses.asdict(x))",
+    )
 
 
 class HashingFile:
@@ -114,7 +114,7 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
 
 
-def write_atomic(final: Path, write: Callable[[IO[bytes]], None]) -> dict[str, Any]:
+def write_atomic(final: Path, write: Callable[[IO[bytes]], object]) -> dict[str, Any]:
     """Write via `.<name>.tmp`, fsync, rename: `final` is either absent or whole, never torn."""
     tmp = final.with_name(f".{final.name}.tmp")
     out: HashingFile | None = None
@@ -147,7 +147,7 @@ def digest(path: Path) -> dict[str, Any]:
                 view = memoryview(mapped)
                 try:
                     for start in range(0, size, step):
-                        crc = zlib.crc32(view[start:start + step], crc)
+                        crc = zlib.crc32(view[start : start + step], crc)
                 finally:
                     view.release()
     return {"size": size, "crc32": f"{crc:08x}"}
@@ -158,8 +158,10 @@ def verify(folder: Path, files: Mapping[str, Mapping[str, Any]]) -> None:
     for name, want in files.items():
         got = digest(folder / name)
         if got != {"size": want["size"], "crc32": want["crc32"]}:
-            raise ValueError(f"{name} is damaged: {got['size']} bytes with crc32 {got['crc32']}, "
-                             f"COMPLETE says {want['size']} bytes with crc32 {want['crc32']}")
+            raise ValueError(
+                f"{name} is damaged: {got['size']} bytes with crc32 {got['crc32']}, "
+                f"COMPLETE says {want['size']} bytes with crc32 {want['crc32']}"
+            )
 
 
 def remove(folder: Path) -> None:
@@ -252,7 +254,7 @@ class BackgroundWriter:
     def _run(self, job: Callable[[], None]) -> None:
         try:
             job()
-        except BaseException as exc:  # noqa: BLE001 - handed to the training thread, not lost
+        except BaseException as exc:
             with self._lock:
                 self._error = exc
 

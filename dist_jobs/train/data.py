@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from dist_jobs.errors import UsageError
-from dist_jobs.train.config import TrainConfig
+from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.models import is_factory, load_factory
 
 _BUILTIN = ("fake", "cifar10", "mnist", "imagefolder")
@@ -79,32 +79,43 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
         factory = load_factory(config.data, "data")
         return factory(train=True, config=config), factory(train=False, config=config)
     if config.data not in _BUILTIN:
-        raise UsageError(f"data: {config.data!r} is not a known dataset",
-                         hint=f"use one of {', '.join(_BUILTIN)}, or module:factory")
+        raise UsageError(
+            f"data: {config.data!r} is not a known dataset", hint=f"use one of {', '.join(_BUILTIN)}, or module:factory"
+        )
     if config.data == "fake":
         return _fake(config)
     if config.data_root is None and not (config.download and config.data != "imagefolder"):
         fetch = "" if config.data == "imagefolder" else ", or --download to fetch it there"
-        raise UsageError(f"data_root is not set, and data={config.data} reads from it",
-                         hint=f"pass --data-root /path/to/dataset{fetch}")
+        raise UsageError(
+            f"data_root is not set, and data={config.data} reads from it",
+            hint=f"pass --data-root /path/to/dataset{fetch}",
+        )
     return {"cifar10": _cifar10, "mnist": _mnist, "imagefolder": _imagefolder}[config.data](config)
 
 
-def train_loader(dataset: Dataset, config: TrainConfig, *, rank: int, world_size: int,
-                 pin_memory: bool) -> DataLoader:
+def train_loader(dataset: Dataset, config: TrainConfig, *, rank: int, world_size: int, pin_memory: bool) -> DataLoader:
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=config.seed)
     # drop_last: every batch is full, so "batches done" converts exactly to samples seen.
-    return DataLoader(dataset, batch_size=config.batch_size, sampler=sampler, drop_last=True,
-                      num_workers=config.workers, pin_memory=pin_memory,
-                      generator=torch.Generator())
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=config.workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator(),
+    )
 
 
-def eval_loader(dataset: Dataset, config: TrainConfig, *, rank: int, world_size: int,
-                pin_memory: bool) -> DataLoader:
-    return DataLoader(dataset, batch_size=config.batch_size,
-                      sampler=_Strided(len(dataset), rank, world_size),  # type: ignore[arg-type]
-                      num_workers=config.workers, pin_memory=pin_memory,
-                      generator=torch.Generator().manual_seed(config.seed))
+def eval_loader(dataset: Dataset, config: TrainConfig, *, rank: int, world_size: int, pin_memory: bool) -> DataLoader:
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        sampler=_Strided(len(dataset), rank, world_size),  # type: ignore[arg-type]
+        num_workers=config.workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
 
 
 def steps_per_epoch(loader: DataLoader, config: TrainConfig, world_size: int) -> int:
@@ -112,9 +123,12 @@ def steps_per_epoch(loader: DataLoader, config: TrainConfig, world_size: int) ->
     steps = len(loader) // config.grad_accum
     if steps == 0:
         per_rank = len(loader.sampler)  # type: ignore[arg-type]
-        raise UsageError(f"data: each of {world_size} ranks gets {per_rank} samples per epoch, "
-                         f"not one step of batch_size {config.batch_size} x grad_accum "
-                         f"{config.grad_accum}", hint="lower batch_size or grad_accum, or use more data")
+        raise UsageError(
+            f"data: each of {world_size} ranks gets {per_rank} samples per epoch, "
+            f"not one step of batch_size {config.batch_size} x grad_accum "
+            f"{config.grad_accum}",
+            hint="lower batch_size or grad_accum, or use more data",
+        )
     return steps
 
 
@@ -127,8 +141,7 @@ def start_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> None:
     loader.generator.manual_seed(sampler.seed * 1_000_003 + epoch)
 
 
-def resume_batches(samples_in_epoch: int, config: TrainConfig, world_size: int,
-                   epoch_steps: int) -> int:
+def resume_batches(samples_in_epoch: int, config: TrainConfig, world_size: int, epoch_steps: int) -> int:
     """Micro-batches of each rank to skip for a run resumed `samples_in_epoch` into an epoch.
 
     Exact when the world size and batch size did not change; otherwise the largest whole
@@ -146,11 +159,20 @@ def _fake(config: TrainConfig) -> tuple[Dataset, Dataset]:
     shape = (3, config.image_size, config.image_size)
     to_tensor = transforms.ToTensor()
     # Disjoint offsets: image i is generated from seed offset + i, so train and eval differ.
-    train = fake(size=config.fake_samples, image_size=shape, num_classes=config.num_classes,
-                 transform=to_tensor, random_offset=config.seed)
-    held_out = fake(size=max(config.fake_samples // 4, 1), image_size=shape,
-                    num_classes=config.num_classes, transform=to_tensor,
-                    random_offset=config.seed + config.fake_samples)
+    train = fake(
+        size=config.fake_samples,
+        image_size=shape,
+        num_classes=config.num_classes,
+        transform=to_tensor,
+        random_offset=config.seed,
+    )
+    held_out = fake(
+        size=max(config.fake_samples // 4, 1),
+        image_size=shape,
+        num_classes=config.num_classes,
+        transform=to_tensor,
+        random_offset=config.seed + config.fake_samples,
+    )
     return train, held_out
 
 
@@ -182,38 +204,45 @@ def _fake_data_class() -> type:
 
 
 def _cifar10(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     size = [T.Resize(config.image_size)] if config.image_size != 32 else []
     tail = [*size, T.ToTensor(), T.Normalize(*_CIFAR_NORM)]
     augment = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]
     root = _root(config)
     _check_classes(config, 10)
-    return (_open(datasets.CIFAR10, config, root=root, train=True,
-                  transform=T.Compose(augment + tail)),
-            _open(datasets.CIFAR10, config, root=root, train=False, transform=T.Compose(tail)))
+    return (
+        _open(datasets.CIFAR10, config, root=root, train=True, transform=T.Compose(augment + tail)),
+        _open(datasets.CIFAR10, config, root=root, train=False, transform=T.Compose(tail)),
+    )
 
 
 def _mnist(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     # Three channels, so torchvision's ImageNet-shaped models take MNIST as it is.
     size = [T.Resize(config.image_size)] if config.image_size != 28 else []
     tf = T.Compose([*size, T.Grayscale(3), T.ToTensor(), T.Normalize((0.1307,) * 3, (0.3081,) * 3)])
     root = _root(config)
     _check_classes(config, 10)
-    return (_open(datasets.MNIST, config, root=root, train=True, transform=tf),
-            _open(datasets.MNIST, config, root=root, train=False, transform=tf))
+    return (
+        _open(datasets.MNIST, config, root=root, train=True, transform=tf),
+        _open(datasets.MNIST, config, root=root, train=False, transform=tf),
+    )
 
 
 def _imagefolder(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     root = Path(_root(config))
     if not root.is_dir():
-        raise UsageError(f"data_root={str(root)!r} is not a folder",
-                         hint="point --data-root at a folder with one sub-folder per class "
-                         "(or with train/ and val/ inside)")
+        raise UsageError(
+            f"data_root={str(root)!r} is not a folder",
+            hint="point --data-root at a folder with one sub-folder per class (or with train/ and val/ inside)",
+        )
     size = config.image_size
     norm = [T.ToTensor(), T.Normalize(*_IMAGENET_NORM)]
     train_tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *norm])
@@ -234,13 +263,16 @@ def _open(cls: Any, config: TrainConfig, **kwargs: Any) -> Dataset:
     try:
         return cls(download=config.download, **kwargs)
     except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted. ..."
-        raise UsageError(f"data={config.data}: cannot open it under data_root={kwargs['root']!r}: "
-                         f"{exc}", hint="fix --data-root, or pass --download to fetch it "
-                         "there (needs network access from the job)") from exc
+        raise UsageError(
+            f"data={config.data}: cannot open it under data_root={kwargs['root']!r}: {exc}",
+            hint="fix --data-root, or pass --download to fetch it there (needs network access from the job)",
+        ) from exc
 
 
 def _check_classes(config: TrainConfig, found: int) -> None:
     # Labels >= num_classes would fail later as an opaque index error (a device assert on GPU).
     if config.num_classes < found:
-        raise UsageError(f"num_classes={config.num_classes}, but data={config.data} has "
-                         f"{found} classes", hint=f"set --num-classes {found}")
+        raise UsageError(
+            f"num_classes={config.num_classes}, but data={config.data} has {found} classes",
+            hint=f"set --num-classes {found}",
+        )

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks import RankInfo, resolve
 from dist_jobs.ranks.selfcheck import check, device_index, rendezvous_timeout
-from dist_jobs.train.config import TrainConfig
+from dist_jobs.spec.train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,10 @@ def pick_device(config: TrainConfig, info: RankInfo, environ: Mapping[str, str])
     if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise UsageError("device: 'cuda' was asked for, but this process sees no CUDA GPU",
-                         hint="request GPUs from the scheduler, or set device: auto (or cpu)")
+        raise UsageError(
+            "device: 'cuda' was asked for, but this process sees no CUDA GPU",
+            hint="request GPUs from the scheduler, or set device: auto (or cpu)",
+        )
     return torch.device("cuda", device_index(info, environ, config.procs_per_device))
 
 
@@ -81,8 +83,13 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
     info = resolve(env)
     device = pick_device(config, info, env)
     gpus = torch.cuda.device_count() if device.type == "cuda" else None
-    check(info, environ=env, device_count=gpus, procs_per_device=config.procs_per_device,
-          allow_loopback=simulated_nodes(env))
+    check(
+        info,
+        environ=env,
+        device_count=gpus,
+        procs_per_device=config.procs_per_device,
+        allow_loopback=simulated_nodes(env),
+    )
     backend = backend_for(device, config.procs_per_device)
     timeout = timedelta(seconds=rendezvous_timeout(env))
     if device.type == "cuda":
@@ -99,17 +106,16 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         dist.destroy_process_group()
 
 
-def _init_process_group(info: RankInfo, backend: str, device: torch.device,
-                        timeout: timedelta) -> None:
-    extra = {"device_id": device} if backend == "nccl" else {}
+def _init_process_group(info: RankInfo, backend: str, device: torch.device, timeout: timedelta) -> None:
+    extra: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     if info.world_size == 1:
         # No peer to meet: an in-process store needs no free port and no network.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout, **extra)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **extra)
         return
     info.export()  # env:// reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-    dist.init_process_group(backend, init_method="env://", rank=info.rank,
-                            world_size=info.world_size, timeout=timeout, **extra)
+    dist.init_process_group(
+        backend, init_method="env://", rank=info.rank, world_size=info.world_size, timeout=timeout, **extra
+    )
 
 
 # gloo's worker thread drops its reference to a collective's tensors just after the caller's
@@ -128,8 +134,7 @@ def _let_gloo_workers_finish() -> None:
     time.sleep(_EXIT_GRACE_S)
 
 
-def all_reduce(tensor: torch.Tensor, *, op: Any = dist.ReduceOp.SUM, group: Any = None,
-               async_op: bool = False) -> Any:
+def all_reduce(tensor: torch.Tensor, *, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
     """dist.all_reduce that keeps `tensor` alive past the worker thread's use of it."""
     _RECENT.append(tensor)
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
@@ -154,8 +159,7 @@ class FlagPoll:
     def launch(self, flags: Sequence[bool]) -> None:
         # A fresh tensor: the one in flight belongs to the collective until it completes.
         self._buffer = torch.tensor([int(f) for f in flags], dtype=torch.int32)
-        self._work = all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group,
-                                async_op=True)
+        self._work = all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
 
     def result(self) -> list[bool]:
         if self._work is None:

@@ -60,8 +60,9 @@ class Meter:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, device: torch.device,
-             autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, loader: Any, device: torch.device, autocast: Callable[[], AbstractContextManager[Any]]
+) -> dict[str, float]:
     """Loss and accuracy over the held-out set, reduced over ranks (a collective).
 
     Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank to
@@ -83,8 +84,7 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device,
 class Reporter:
     """Rank 0's voice. On other ranks every method does nothing (cheaply)."""
 
-    def __init__(self, *, enabled: bool, progress: bool, tensorboard_dir: Path | None,
-                 total_steps: int) -> None:
+    def __init__(self, *, enabled: bool, progress: bool, tensorboard_dir: Path | None, total_steps: int) -> None:
         self.enabled = enabled
         self._progress = progress
         self._tensorboard_dir = tensorboard_dir
@@ -108,8 +108,7 @@ class Reporter:
             self._stack.enter_context(logging_redirect_tqdm())
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self._stack.close()
         if self._bar is not None:
             self._bar.close()
@@ -142,16 +141,19 @@ def _progress_bar(wanted: bool, total: int, start: int) -> Any:
     except ImportError:
         return None
     # Redirected to a job log, a bar redrawn ten times a second would flood it.
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True,
-                mininterval=0.1 if tty else 30.0, file=sys.stderr)
+    return tqdm(
+        total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0, file=sys.stderr
+    )
 
 
 def _tensorboard(directory: Path) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        log.warning("tensorboard: the tensorboard package is not installed, so no event files "
-                    "are written (pip install tensorboard)")
+        log.warning(
+            "tensorboard: the tensorboard package is not installed, so no event files "
+            "are written (pip install tensorboard)"
+        )
         return None
     directory.mkdir(parents=True, exist_ok=True)
     return SummaryWriter(log_dir=str(directory))

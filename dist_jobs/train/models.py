@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from dist_jobs.errors import UsageError
-from dist_jobs.train.config import TrainConfig
+from dist_jobs.spec.train import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +38,23 @@ def load_factory(spec: str, field: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UsageError(f"{field}: cannot import module {module_name!r} of {spec!r}: {exc}",
-                         hint="make the module importable (install it, or add its folder to "
-                         "PYTHONPATH) or fix the name") from exc
+        raise UsageError(
+            f"{field}: cannot import module {module_name!r} of {spec!r}: {exc}",
+            hint="make the module importable (install it, or add its folder to PYTHONPATH) or fix the name",
+        ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise UsageError(f"{field}: module {module_name!r} has no attribute {attr!r}",
-                             hint=f"write it as module:function, e.g. {module_name}:make") from None
+            raise UsageError(
+                f"{field}: module {module_name!r} has no attribute {attr!r}",
+                hint=f"write it as module:function, e.g. {module_name}:make",
+            ) from None
     if not callable(obj):
-        raise UsageError(f"{field}: {spec!r} is a {type(obj).__name__}, not a callable",
-                         hint="point it at a function or class that builds the object")
+        raise UsageError(
+            f"{field}: {spec!r} is a {type(obj).__name__}, not a callable",
+            hint="point it at a function or class that builds the object",
+        )
     return obj
 
 
@@ -59,8 +64,10 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         factory = load_factory(name, "model")
         model = factory(num_classes=num_classes) if _takes(factory, "num_classes") else factory()
         if not isinstance(model, nn.Module):
-            raise UsageError(f"model: {name!r} returned a {type(model).__name__}, not an nn.Module",
-                             hint="return the network itself from the factory")
+            raise UsageError(
+                f"model: {name!r} returned a {type(model).__name__}, not an nn.Module",
+                hint="return the network itself from the factory",
+            )
         return model
     import torchvision  # heavy (about 2 s): only when a torchvision model is asked for
 
@@ -68,9 +75,10 @@ def build_model(name: str, num_classes: int) -> nn.Module:
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
         suggestion = f"did you mean {', '.join(close)}? " if close else ""
-        raise UsageError(f"model: {name!r} is not a torchvision classification model",
-                         hint=f"{suggestion}see torchvision.models.list_models(), or pass "
-                         "module:factory for your own")
+        raise UsageError(
+            f"model: {name!r} is not a torchvision classification model",
+            hint=f"{suggestion}see torchvision.models.list_models(), or pass module:factory for your own",
+        )
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
 
 
@@ -82,8 +90,9 @@ def _takes(factory: Callable[..., Any], parameter: str) -> bool:
     return any(p.name == parameter or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def place(model: nn.Module, config: TrainConfig, device: torch.device, world_size: int, *,
-          warn: bool) -> tuple[nn.Module, nn.Module]:
+def place(
+    model: nn.Module, config: TrainConfig, device: torch.device, world_size: int, *, warn: bool
+) -> tuple[nn.Module, nn.Module]:
     """(model on `device`, what the loop calls: DDP around it, or the model alone in a world of 1)."""
     on_gpu = device.type == "cuda"
     if config.sync_bn and world_size > 1 and on_gpu:
@@ -98,12 +107,12 @@ def place(model: nn.Module, config: TrainConfig, device: torch.device, world_siz
     # ring all-reduce adds up each element in an order set by its offset, so with more than two
     # ranks that step differs in the last bit. find_unused_parameters turns the rebuild off (at
     # the cost of one autograd-graph walk per step, and a warning once per rank).
-    return model, DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None,
-                                          find_unused_parameters=config.deterministic)
+    return model, DistributedDataParallel(
+        model, device_ids=[device.index] if on_gpu else None, find_unused_parameters=config.deterministic
+    )
 
 
-def build_optimizer(config: TrainConfig, model: nn.Module,
-                    world_size: int) -> torch.optim.Optimizer:
+def build_optimizer(config: TrainConfig, model: nn.Module, world_size: int) -> torch.optim.Optimizer:
     """SGD (momentum) or AdamW; with scale_lr, lr is per 256 samples of the global batch."""
     lr = config.lr
     if config.scale_lr:
@@ -111,12 +120,10 @@ def build_optimizer(config: TrainConfig, model: nn.Module,
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=config.momentum,
-                           weight_decay=config.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
-def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer,
-                   total_steps: int) -> LambdaLR:
+def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
     """Linear warmup over warmup_steps, then cosine to 0, constant, or /10 at 1/3 and 2/3."""
     warmup, kind = config.warmup_steps, config.scheduler
 
@@ -136,6 +143,5 @@ def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer,
 def seek_schedule(schedule: LambdaLR, step: int) -> None:
     """Put the schedule (and the optimizer's lr) at `step`, as if it had stepped there."""
     schedule.last_epoch = step
-    for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs,
-                                   schedule.lr_lambdas):
+    for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs, schedule.lr_lambdas):
         group["lr"] = base * factor(step)

@@ -26,14 +26,21 @@ def parse_signal(name: str) -> signal.Signals:
     """'SIGUSR1', 'USR1' or '10' -> signal.SIGUSR1; a UsageError naming the field otherwise."""
     text = name.strip().upper()
     try:
-        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[
-            text if text.startswith("SIG") else "SIG" + text]
+        sig = (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        )
     except (KeyError, ValueError):
-        raise UsageError(f"preempt_signals: {name!r} is not a signal of this system",
-                         hint="use names such as SIGUSR1,SIGUSR2,SIGTERM (see `kill -l`)") from None
+        raise UsageError(
+            f"preempt_signals: {name!r} is not a signal of this system",
+            hint="use names such as SIGUSR1,SIGUSR2,SIGTERM (see `kill -l`)",
+        ) from None
     if sig in _UNCATCHABLE:
-        raise UsageError(f"preempt_signals: {sig.name} cannot be caught by any process",
-                         hint="ask the scheduler for a catchable signal, e.g. SIGUSR1 or SIGTERM")
+        raise UsageError(
+            f"preempt_signals: {sig.name} cannot be caught by any process",
+            hint="ask the scheduler for a catchable signal, e.g. SIGUSR1 or SIGTERM",
+        )
     return sig
 
 
@@ -58,16 +65,17 @@ class PreemptFlag:
 
     def __enter__(self) -> PreemptFlag:
         if threading.current_thread() is not threading.main_thread():
-            log.warning("training runs outside the main thread: preemption signals %s are not "
-                        "handled, a preempted run will not checkpoint first",
-                        ",".join(s.name for s in self.signals))
+            log.warning(
+                "training runs outside the main thread: preemption signals %s are not "
+                "handled, a preempted run will not checkpoint first",
+                ",".join(s.name for s in self.signals),
+            )
             return self
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         for sig, previous in self._previous.items():
             # None means a handler installed from C; the default is the closest we can restore.
             signal.signal(sig, signal.SIG_DFL if previous is None else previous)

@@ -1,0 +1,117 @@
+"""Job-spec flags shared by `render`, `submit` and `run`: each maps to one dotted spec path."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from dist_jobs.errors import Problem, SpecError
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    path: str
+    help: str
+    kind: str = "value"  # value | true | append | env
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--name", "name", "job name"),
+    Flag("--nodes", "nodes", "number of nodes"),
+    Flag("--gpus", "gpus_per_node", "GPUs per node"),
+    Flag("--procs-per-node", "procs_per_node", "processes per node (default: --gpus; required without GPUs)"),
+    Flag("--cpus-per-task", "cpus_per_task", "CPUs per process"),
+    Flag("--mem", "memory", "memory per node, e.g. 64G"),
+    Flag("--time", "time", "time limit: minutes, HH:MM:SS or D-HH:MM:SS"),
+    Flag("--launcher", "launcher", "srun (one task per process) or torchrun (one task per node)"),
+    Flag("--workdir", "workdir", "working directory of the job"),
+    Flag("--checkpoint-dir", "checkpoint_dir", "shared checkpoint root"),
+    Flag("--log-dir", "log_dir", "log folder"),
+    Flag("--master-port", "master_port", "fixed master port (default: derived from the job id)"),
+    Flag("--image", "image", "container image"),
+    Flag("--env", "env", "KEY=VALUE environment variable (repeatable)", "env"),
+    Flag("--setup", "setup", "shell line run before launch (repeatable)", "append"),
+    Flag("--partition", "slurm.partition", "SLURM partition"),
+    Flag("--account", "slurm.account", "SLURM account"),
+    Flag("--qos", "slurm.qos", "SLURM QOS"),
+    Flag("--constraint", "slurm.constraint", "SLURM node features"),
+    Flag("--exclusive", "slurm.exclusive", "SLURM exclusive node access", "true"),
+    Flag("--nodelist", "slurm.nodelist", "SLURM nodes to use"),
+    Flag("--exclude", "slurm.exclude", "SLURM nodes to avoid"),
+    Flag("--reservation", "slurm.reservation", "SLURM reservation"),
+    Flag("--dependency", "slurm.dependency", "SLURM dependency, e.g. afterok:123"),
+    Flag("--array", "slurm.array", "SLURM array, e.g. 0-9%2"),
+    Flag("--mail-user", "slurm.mail_user", "SLURM mail address"),
+    Flag("--mail-type", "slurm.mail_type", "SLURM mail events, e.g. END,FAIL"),
+    Flag("--sbatch", "slurm.extra_sbatch", "raw extra #SBATCH flag (repeatable)", "append"),
+    Flag("--container", "slurm.container", "SLURM container runtime: none, pyxis or apptainer"),
+    Flag("--namespace", "k8s.namespace", "Kubernetes namespace"),
+    Flag("--pvc", "k8s.pvc", "Kubernetes PVC holding the checkpoint directory"),
+    Flag("--api", "k8s.api", "Kubernetes API: pytorchjob or trainjob"),
+    Flag("--nccl-socket-ifname", "nccl.socket_ifname", "NCCL_SOCKET_IFNAME"),
+    Flag("--nccl-ib-disable", "nccl.ib_disable", "set NCCL_IB_DISABLE=1", "true"),
+    Flag("--nccl-debug", "nccl.debug", "NCCL_DEBUG level"),
+    Flag("--signal", "preemption.signal", "preemption signal: USR1, USR2 or TERM"),
+    Flag("--grace", "preemption.grace_seconds", "seconds of warning before the time limit"),
+    Flag("--max-requeues", "preemption.max_requeues", "requeues allowed after preemption"),
+    Flag("--set", "", "any spec field: PATH=VALUE, e.g. --set train.epochs=5 (repeatable)", "set"),
+)
+
+
+def add_spec_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", nargs="?", help="job.yaml (optional: flags alone make a spec)")
+    group = parser.add_argument_group("job spec flags (override job.yaml)")
+    for f in FLAGS:
+        dest = "flag_" + f.flag.lstrip("-").replace("-", "_")
+        if f.kind == "true":
+            group.add_argument(f.flag, dest=dest, action="store_const", const=True, help=f.help)
+        elif f.kind in ("append", "env", "set"):
+            group.add_argument(f.flag, dest=dest, action="append", metavar="VALUE", help=f.help)
+        else:
+            group.add_argument(f.flag, dest=dest, metavar="VALUE", help=f.help)
+
+
+def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
+    """Dotted-path overrides from the parsed flags; bad KEY=VALUE forms are collected, then raised."""
+    out: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for f in FLAGS:
+        value = getattr(args, "flag_" + f.flag.lstrip("-").replace("-", "_"), None)
+        if value is None:
+            continue
+        if f.kind in ("env", "set"):
+            for item in value:
+                key, sep, val = item.partition("=")
+                if not sep or not key:
+                    problems.append(Problem(f.flag, item, "must look like KEY=VALUE", f"e.g. {f.flag} A=1"))
+                elif f.kind == "env":
+                    out[f"env.{key}"] = val
+                else:
+                    out[key] = _scalar(val)
+        else:
+            out[f.path] = value
+    if command:
+        out["command"] = command
+    if problems:
+        raise SpecError(problems, "command line")
+    return out
+
+
+def _scalar(text: str) -> Any:
+    # `--set train.epochs=5` should give an int and `--set slurm.exclusive=true` a bool, as in YAML.
+    try:
+        return yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        return text
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Everything after the first `--` is the job's command, verbatim."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, None

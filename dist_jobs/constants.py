@@ -1,0 +1,9 @@
+"""Facts every layer shares, each stated once (stdlib only, imports nothing)."""
+
+VERSION = "0.1.0"
+
+# Exit code a training process uses to say "checkpointed after a preemption signal, run me
+# again". It sits in Kubernetes' retryable range (128-255) for restartPolicy ExitCode and
+# above 128+64, so it cannot be mistaken for death by a signal. The sbatch script, the pod
+# entrypoint and the local launcher all read it from here.
+REQUEUE_EXIT_CODE = 200

@@ -1,0 +1,201 @@
+"""The typed context of the Kubernetes templates (PyTorchJob and TrainJob).
+
+Facts from the training operator (KUBERNETES_NOTES section 1) shape it: the container must be
+named `pytorch` with a port named `pytorchjob-port`; the operator's RANK is a pod rank, so more
+than one process per pod needs torchrun, which reads the operator's PET_* variables.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+import msgspec
+
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.render.common import header_lines, template_dir, torchrun_tail
+from dist_jobs.render.quoting import dns1035
+from dist_jobs.spec import JobSpec
+from dist_jobs.spec.env import job_env
+
+DEFAULT_PORT = 23456  # the operator's default for pytorchjob-port
+
+
+def k8s_name(spec: JobSpec) -> str:
+    """DNS-1035 job name, short enough that `<name>-worker-<i>` Services stay valid labels."""
+    suffix = len(f"-worker-{max(spec.nodes, spec.k8s.max_nodes or 0)}")
+    return dns1035(spec.run_id or spec.name, 63 - suffix)
+
+
+def checkpoint_path(spec: JobSpec) -> str:
+    if posixpath.isabs(spec.checkpoint_dir):
+        return spec.checkpoint_dir
+    return posixpath.join(spec.k8s.mount_path, spec.checkpoint_dir)
+
+
+def _problems(spec: JobSpec) -> list[Problem]:
+    problems = []
+    if not spec.image:
+        problems.append(
+            Problem(
+                "image", MISSING, "is required for Kubernetes", "set image: registry/project/train:tag (or --image)"
+            )
+        )
+    if spec.k8s.launch == "direct" and spec.procs > 1:
+        problems.append(
+            Problem(
+                "k8s.launch",
+                "direct",
+                f"runs one python per pod, but procs_per_node is {spec.procs}: the operator's "
+                "RANK is the pod rank and WORLD_SIZE counts processes that would not exist",
+                "use k8s.launch: torchrun (the default), or procs_per_node: 1",
+            )
+        )
+    if not k8s_name(spec):
+        problems.append(
+            Problem("name", spec.name, "gives no valid Kubernetes name", "use a name with letters, e.g. resnet-ddp")
+        )
+    return problems
+
+
+def _memory(value: str | None) -> str | None:
+    # SLURM's 64G is 64 GiB; Kubernetes' 64G would be 10^9-based.
+    return None if value is None else (value + "i" if value[-1] in "KMGT" else value)
+
+
+def _env(spec: JobSpec) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in job_env(spec, "k8s", checkpoint_path(spec)).items()]
+
+
+def container_command(spec: JobSpec) -> list[str]:
+    """sh wrapper (forwards SIGTERM, maps the preemption marker to the retryable exit code) + program."""
+    text = (template_dir() / "pod-entrypoint.sh").read_text().replace("@REQUEUE@", str(REQUEUE_EXIT_CODE))
+    wrapper = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
+    if spec.k8s.launch == "direct":
+        program = spec.argv
+    else:
+        program = ["torchrun", f"--nproc-per-node={spec.procs}", *torchrun_tail(spec.argv)]
+    return ["/bin/sh", "-c", wrapper, "dist-jobs-entrypoint", *program]
+
+
+def _resources(spec: JobSpec) -> dict[str, dict[str, Any]]:
+    k8s = spec.k8s
+    limits: dict[str, Any] = {}
+    if spec.gpus_per_node:
+        limits[k8s.gpu_resource] = spec.gpus_per_node
+    memory = _memory(spec.memory)
+    if memory:
+        limits["memory"] = memory
+    requests: dict[str, Any] = {"cpu": k8s.cpu_request or str(spec.cpus_per_task * spec.procs)}
+    if k8s.memory_request or memory:
+        requests["memory"] = k8s.memory_request or memory
+    return {"limits": limits, "requests": requests} if limits else {"requests": requests}
+
+
+def _volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if spec.k8s.shm_size:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if spec.k8s.pvc:
+        volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": spec.k8s.pvc}})
+        mounts.append({"name": "shared", "mountPath": spec.k8s.mount_path})
+    return volumes, mounts
+
+
+def _replicas(spec: JobSpec) -> list[tuple[str, int]]:
+    if spec.k8s.min_nodes is not None and spec.k8s.min_nodes < (spec.k8s.max_nodes or 0):
+        return [("Worker", spec.nodes)]  # elastic: every pod is a Worker, rendezvous at worker-0
+    return [("Master", 1)] + ([("Worker", spec.nodes - 1)] if spec.nodes > 1 else [])
+
+
+def _elastic(spec: JobSpec) -> dict[str, Any] | None:
+    k8s = spec.k8s
+    if k8s.min_nodes is None or k8s.max_nodes is None or k8s.min_nodes >= k8s.max_nodes:
+        return None
+    policy: dict[str, Any] = {"minReplicas": k8s.min_nodes, "maxReplicas": k8s.max_nodes, "rdzvBackend": "c10d"}
+    if k8s.max_restarts is not None:
+        policy["maxRestarts"] = k8s.max_restarts
+    return policy
+
+
+def _run_policy(spec: JobSpec) -> dict[str, Any]:
+    k8s = spec.k8s
+    policy: dict[str, Any] = {
+        "cleanPodPolicy": "None",
+        "backoffLimit": k8s.backoff_limit if k8s.backoff_limit is not None else spec.preemption.max_requeues,
+    }
+    if k8s.ttl_seconds_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = k8s.ttl_seconds_after_finished
+    if k8s.active_deadline_seconds is not None:
+        policy["activeDeadlineSeconds"] = k8s.active_deadline_seconds
+    scheduling = {k: v for k, v in (("queue", k8s.queue), ("priorityClass", k8s.priority_class)) if v}
+    if scheduling:
+        policy["schedulingPolicy"] = scheduling
+    return policy
+
+
+def _pod(spec: JobSpec, volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    k8s = spec.k8s
+    tolerations = [{k: v for k, v in msgspec.structs.asdict(t).items() if v is not None} for t in k8s.tolerations]
+    pod = {
+        "serviceAccountName": k8s.service_account,
+        "priorityClassName": k8s.priority_class,
+        "nodeSelector": dict(k8s.node_selector) or None,
+        "tolerations": tolerations or None,
+        "imagePullSecrets": [{"name": s} for s in k8s.image_pull_secrets] or None,
+        "volumes": volumes or None,
+        # An eviction sends SIGTERM, then SIGKILL after this: time to commit the checkpoint.
+        "terminationGracePeriodSeconds": spec.preemption.grace_seconds,
+    }
+    return {k: v for k, v in pod.items() if v is not None}
+
+
+def _header(spec: JobSpec) -> list[str]:
+    k8s = spec.k8s
+    header = header_lines(spec, "Apply with: kubectl apply -f THIS_FILE  (or: dist-jobs submit --backend k8s job.yaml)")
+    if not k8s.pvc:
+        header.append("WARNING: no k8s.pvc: checkpoints stay inside the pod and are lost when it restarts.")
+    elif k8s.api == "trainjob":
+        header.append(
+            f"NOTE: TrainJob pods get volumes from the runtime {k8s.runtime!r}: mount PVC "
+            f"{k8s.pvc!r} at {k8s.mount_path!r} there."
+        )
+    return header
+
+
+def k8s_context(spec: JobSpec) -> dict[str, Any]:
+    problems = _problems(spec)
+    if problems:
+        raise SpecError(problems, "job spec (Kubernetes)")
+    k8s = spec.k8s
+    volumes, mounts = _volumes(spec)
+    labels = {"app.kubernetes.io/managed-by": "dist-jobs", "dist-jobs/run": k8s_name(spec), **k8s.labels}
+    return {
+        "header": _header(spec),
+        "name": k8s_name(spec),
+        "namespace": k8s.namespace,
+        "labels": labels,
+        "annotations": dict(k8s.annotations),
+        "nproc": str(spec.procs),
+        "elastic": _elastic(spec),
+        "run_policy": _run_policy(spec),
+        "replicas": _replicas(spec),
+        "restart_policy": k8s.restart_policy,
+        "pod": _pod(spec, volumes),
+        "image": spec.image,
+        "pull_policy": k8s.image_pull_policy,
+        "command": container_command(spec),
+        "workdir": spec.workdir,
+        "env": _env(spec),
+        "port": spec.master_port or DEFAULT_PORT,
+        "resources": _resources(spec),
+        "mounts": mounts,
+        "nodes": spec.nodes,
+        "procs": spec.procs,
+        "runtime": k8s.runtime,
+        "active_deadline": k8s.active_deadline_seconds,
+        "requeue_code": REQUEUE_EXIT_CODE,
+    }

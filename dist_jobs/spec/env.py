@@ -1,0 +1,28 @@
+"""The job's environment variables, one source for every backend (sbatch, PyTorchJob/TrainJob,
+local processes, submitit). It lives in the spec layer because the runtime side (the submitit
+task, the launcher) needs it as much as the renderers do."""
+
+from __future__ import annotations
+
+from dist_jobs.spec.model import JobSpec
+
+
+def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> dict[str, str]:
+    """The job's environment on every backend: dist-jobs' own variables, the NCCL knobs, then the
+    user's `env`, which wins. `checkpoint_dir` is the backend's view of the shared root (under the
+    PVC mount, absolute on this host); the batch script alone reads the log folder and requeue cap."""
+    nccl = spec.nccl
+    in_script = backend == "slurm"
+    pairs = [
+        ("DIST_JOBS_BACKEND", backend),
+        ("DIST_JOBS_RUN", spec.run_id),
+        ("DIST_JOBS_CHECKPOINT_DIR", spec.checkpoint_dir if checkpoint_dir is None else checkpoint_dir),
+        ("DIST_JOBS_LOG_DIR", spec.log_dir if in_script else None),
+        ("DIST_JOBS_NNODES", str(spec.nodes)),
+        ("DIST_JOBS_NPROC_PER_NODE", str(spec.procs)),
+        ("DIST_JOBS_MAX_REQUEUES", str(spec.preemption.max_requeues) if in_script else None),
+        ("NCCL_SOCKET_IFNAME", nccl.socket_ifname),
+        ("NCCL_IB_DISABLE", None if nccl.ib_disable is None else str(int(nccl.ib_disable))),
+        ("NCCL_DEBUG", nccl.debug),
+    ]
+    return {**{k: v for k, v in pairs if v is not None}, **spec.env}

@@ -1,0 +1,232 @@
+"""The job spec: one typed object that every backend renders from.
+
+Field names are the YAML keys of `job.yaml`. msgspec checks types and ranges (through
+`dist_jobs.spec.validate`, which reports every problem at once); rules that involve several fields
+live in `dist_jobs.spec.load.cross_checks`. Build specs with `dist_jobs.spec.load.load_spec`:
+constructing a class here directly checks nothing. No torch, no kubernetes here: this module
+is on `dist-jobs render`'s fast path.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct, field
+
+from dist_jobs.spec.train import TrainConfig
+from dist_jobs.spec.validate import END, checked
+
+Text = Annotated[
+    str,
+    checked(
+        r"^[^\x00]*" + END,
+        "contains a NUL character, which no shell or YAML value can carry",
+        "remove the NUL character",
+    ),
+]
+Line = Annotated[
+    str,
+    checked(
+        r"^[^\x00-\x1f\x7f]*" + END,
+        "contains a control character (newline, tab, ...); it lands on an #SBATCH line",
+        "put the value on one line without control characters",
+    ),
+]
+EnvName = Annotated[
+    str,
+    checked(
+        r"^[A-Za-z_][A-Za-z0-9_]*" + END,
+        "is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+        "rename it, e.g. MY_VAR",
+    ),
+]
+# sbatch and Kubernetes both understand these suffixes; Kubernetes gets the binary form.
+Memory = Annotated[str, checked(r"^[0-9]+[KMGT]?" + END, "is not a memory size", "write it like 64G or 512M")]
+Quantity = Annotated[
+    str,
+    checked(
+        r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?" + END,
+        "is not a Kubernetes quantity",
+        "write it like 8Gi, 500m or 4",
+    ),
+]
+
+
+def doc(text: str) -> Meta:
+    return Meta(description=text)
+
+
+class _Section(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NcclSpec(_Section, frozen=True):
+    socket_ifname: Annotated[Line | None, doc("NCCL_SOCKET_IFNAME, e.g. ib0 or ^lo,docker")] = None
+    ib_disable: Annotated[bool | None, doc("NCCL_IB_DISABLE=1 when true")] = None
+    debug: Annotated[Literal["VERSION", "WARN", "INFO", "TRACE"] | None, doc("NCCL_DEBUG")] = None
+
+
+class PreemptionSpec(_Section, frozen=True):
+    signal: Annotated[
+        Literal["USR1", "USR2", "TERM"], doc("signal the training gets before the time limit or a preemption")
+    ] = "USR1"
+    grace_seconds: Annotated[
+        int,
+        Meta(
+            ge=30, le=3600, description=("seconds before the time limit the signal is sent (SLURM checks every ~30 s)")
+        ),
+    ] = 120
+    max_requeues: Annotated[int, Meta(ge=0, le=100, description="requeues the job may do after a preemption")] = 3
+
+
+class SlurmSpec(_Section, frozen=True):
+    partition: Line | None = None
+    account: Line | None = None
+    qos: Line | None = None
+    constraint: Line | None = None
+    exclusive: bool = False
+    nodelist: Line | None = None
+    exclude: Line | None = None
+    reservation: Line | None = None
+    dependency: Line | None = None
+    mail_user: Line | None = None
+    mail_type: Annotated[Line | None, doc("e.g. END,FAIL")] = None
+    array: Annotated[Line | None, doc("e.g. 0-9%2")] = None
+    gpus_flag: Annotated[
+        Literal["gpus-per-node", "gres"], doc("how GPUs are requested: --gpus-per-node=G or --gres=gpu:G")
+    ] = "gpus-per-node"
+    container: Annotated[
+        Literal["none", "pyxis", "apptainer"],
+        doc("run the command in `image` through pyxis (srun --container-image) or apptainer exec"),
+    ] = "none"
+    container_mounts: Annotated[list[Line], doc("src:dst mounts for the container")] = field(default_factory=list)
+    extra_sbatch: Annotated[list[Line], doc("raw #SBATCH flags, e.g. '--gres-flags=enforce-binding' (not quoted)")] = (
+        field(default_factory=list)
+    )
+
+
+class Toleration(_Section, frozen=True):
+    key: Line | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: Line | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = None
+
+
+NonNegative = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class K8sSpec(_Section, frozen=True):
+    api: Annotated[Literal["pytorchjob", "trainjob"], doc("PyTorchJob (kubeflow.org/v1) or TrainJob (Trainer v2)")] = (
+        "pytorchjob"
+    )
+    runtime: Annotated[Line, doc("TrainJob: the ClusterTrainingRuntime to use")] = "torch-distributed"
+    launch: Annotated[
+        Literal["torchrun", "direct"], doc("torchrun per pod, or the command directly (one process per pod only)")
+    ] = "torchrun"
+    namespace: Line = "default"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[Line] = field(default_factory=list)
+    service_account: Line | None = None
+    pvc: Annotated[Line | None, doc("ReadWriteMany PVC that holds the shared checkpoint directory")] = None
+    mount_path: Annotated[Line, doc("where the PVC is mounted; a relative checkpoint_dir lands below it")] = "/shared"
+    shm_size: Annotated[Quantity | None, doc("/dev/shm emptyDir (medium Memory) size; null turns it off")] = "8Gi"
+    node_selector: dict[Line, Line] = field(default_factory=dict)
+    tolerations: list[Toleration] = field(default_factory=list)
+    priority_class: Line | None = None
+    labels: dict[Line, Line] = field(default_factory=dict)
+    annotations: dict[Line, Text] = field(default_factory=dict)
+    restart_policy: Annotated[
+        Literal["ExitCode", "OnFailure", "Never", "Always"],
+        doc("ExitCode retries only exit codes 128-255 (preemption), not bugs"),
+    ] = "ExitCode"
+    backoff_limit: Annotated[NonNegative | None, doc("default: preemption.max_requeues")] = None
+    ttl_seconds_after_finished: NonNegative | None = None
+    active_deadline_seconds: Positive | None = None
+    gpu_resource: Line = "nvidia.com/gpu"
+    cpu_request: Annotated[Quantity | None, doc("default: cpus_per_task x procs_per_node")] = None
+    memory_request: Annotated[Quantity | None, doc("default: memory")] = None
+    min_nodes: Annotated[Positive | None, doc("elastic: fewest nodes (elasticPolicy when < max_nodes)")] = None
+    max_nodes: Annotated[Positive | None, doc("elastic: most nodes")] = None
+    max_restarts: Annotated[NonNegative | None, doc("elasticPolicy.maxRestarts (gang restarts)")] = None
+    queue: Annotated[Line | None, doc("runPolicy.schedulingPolicy.queue (Volcano/Kueue)")] = None
+
+
+class JobSpec(_Section, frozen=True):
+    name: Annotated[Text, doc("job name; run folder and scheduler names are derived from it")] = "dist-job"
+    command: Annotated[
+        list[Text] | None, doc("argv to run; default: python3 -m dist_jobs.train with the `train` section")
+    ] = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+    nodes: Annotated[int, Meta(ge=1, le=4096)] = 1
+    gpus_per_node: Annotated[int, Meta(ge=0, le=64)] = 0
+    procs_per_node: Annotated[
+        Annotated[int, Meta(ge=1, le=256)] | None, doc("default: gpus_per_node; required without GPUs")
+    ] = None
+    cpus_per_task: Annotated[int, Meta(ge=1, le=1024)] = 1
+    memory: Annotated[Memory | None, doc("memory per node, e.g. 64G")] = None
+    time: Annotated[Line | None, doc("time limit: minutes, HH:MM:SS or D-HH:MM:SS")] = None
+    env: dict[EnvName, Text] = field(default_factory=dict)
+    setup: Annotated[list[Text], doc("raw shell lines run before launch (module load, venv activate)")] = field(
+        default_factory=list
+    )
+    workdir: Annotated[Line | None, doc("working directory of the job")] = None
+    checkpoint_dir: Annotated[Text, doc("shared checkpoint root (relative: to workdir / the PVC mount)")] = (
+        "checkpoints"
+    )
+    log_dir: Annotated[Line, doc("log folder (relative: to workdir)")] = "logs"
+    launcher: Annotated[
+        Literal["srun", "torchrun"], doc("srun: one task per process; torchrun: one task per node running torchrun")
+    ] = "srun"
+    master_port: Annotated[Annotated[int, Meta(ge=1024, le=65535)] | None, doc("default: derived from the job id")] = (
+        None
+    )
+    nccl: NcclSpec = field(default_factory=NcclSpec)
+    preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
+    image: Annotated[Line | None, doc("container image (Kubernetes; SLURM with slurm.container)")] = None
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    k8s: K8sSpec = field(default_factory=K8sSpec)
+
+    @property
+    def procs(self) -> int:
+        """Processes per node actually launched (not GPUs present)."""
+        return self.procs_per_node or self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs
+
+    @property
+    def argv(self) -> list[str]:
+        if self.command:
+            return list(self.command)
+        return ["python3", "-m", "dist_jobs.train", *self.train.to_argv()]
+
+    @property
+    def run_id(self) -> str:
+        return run_id(self.name)
+
+
+def run_id(name: str) -> str:
+    """The name as used for run folders and SLURM: [A-Za-z0-9._-], other runs collapsed to '-'.
+
+    Documented rule: it must be safe as a folder name (no '/', no leading dot) and on an
+    #SBATCH line, so it cannot be the raw name.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    return safe[:128]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of job.yaml (2020-12), JobSpec at the top so editors complete its keys."""
+    import msgspec.json
+
+    generated = msgspec.json.schema(JobSpec)
+    defs = generated["$defs"]
+    schema: dict[str, Any] = defs.pop("JobSpec")
+    schema.update(
+        {"$schema": "https://json-schema.org/draft/2020-12/schema", "$defs": defs, "title": "dist-jobs job spec"}
+    )
+    return schema

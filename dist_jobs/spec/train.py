@@ -1,0 +1,89 @@
+"""Training configuration: the `train:` section of a job spec and the entrypoint's flags.
+
+Render side and runtime side share this one struct, so it imports msgspec only. The job spec
+turns it into argv (`to_argv`) for the default command; the entrypoint parses it back
+(`from_argv`), so what the scheduler runs is readable in the rendered script.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, structs
+
+from dist_jobs.spec.validate import convert, description, plain_type
+
+
+class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    model: Annotated[str, Meta(description="torchvision model name, or module:factory")] = "resnet18"
+    num_classes: Annotated[int, Meta(ge=2)] = 10
+    data: Annotated[str, Meta(description="fake | cifar10 | mnist | imagefolder | module:factory")] = "fake"
+    data_root: Annotated[str | None, Meta(description="local dataset root (no download unless asked)")] = None
+    download: bool = False
+    image_size: Annotated[int, Meta(ge=8)] = 32
+    fake_samples: Annotated[int, Meta(ge=1, description="FakeData size for the demo and tests")] = 512
+    epochs: Annotated[int, Meta(ge=1)] = 2
+    max_steps: Annotated[
+        Annotated[int, Meta(ge=1)] | None, Meta(description="stop after this many optimizer steps")
+    ] = None
+    batch_size: Annotated[int, Meta(ge=1, description="per-process batch size")] = 32
+    grad_accum: Annotated[int, Meta(ge=1)] = 1
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: Annotated[float, Meta(gt=0)] = 0.1
+    scale_lr: Annotated[bool, Meta(description="scale lr by global batch / 256")] = False
+    momentum: Annotated[float, Meta(ge=0)] = 0.9
+    weight_decay: Annotated[float, Meta(ge=0)] = 5e-4
+    warmup_steps: Annotated[int, Meta(ge=0)] = 0
+    scheduler: Literal["cosine", "constant", "step"] = "cosine"
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    sync_bn: bool = False
+    workers: Annotated[int, Meta(ge=0, description="DataLoader workers per process")] = 0
+    seed: int = 0
+    deterministic: bool = False
+    eval_every_epoch: bool = True
+    log_every: Annotated[int, Meta(ge=1)] = 10
+    progress: bool = True
+    tensorboard: bool = False
+    procs_per_device: Annotated[int, Meta(ge=1, description="processes sharing one GPU")] = 1
+    device: Annotated[Literal["auto", "cuda", "cpu"], Meta(description="auto: cuda if available")] = "auto"
+    checkpoint_dir: Annotated[str | None, Meta(description="default: $DIST_JOBS_CHECKPOINT_DIR")] = None
+    run_name: Annotated[str | None, Meta(description="default: $DIST_JOBS_RUN")] = None
+    checkpoint_every_steps: Annotated[int, Meta(ge=1)] | None = None
+    checkpoint_every_minutes: Annotated[float, Meta(gt=0)] | None = None
+    keep_checkpoints: Annotated[int, Meta(ge=2)] = 3
+    async_checkpoint: bool = False
+    preempt_signals: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+    resume: bool = True
+
+    def to_argv(self) -> list[str]:
+        """Flags for the fields that differ from their defaults, in declaration order."""
+        argv: list[str] = []
+        defaults = TrainConfig()
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value == getattr(defaults, name):
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + name.replace("_", "-"))
+            elif isinstance(value, tuple):
+                argv += [flag, ",".join(value)]
+            elif value is not None:
+                argv += [flag, str(value)]
+        return argv
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> TrainConfig:
+        parser = argparse.ArgumentParser(prog="python -m dist_jobs.train")
+        for field in structs.fields(cls):
+            name = field.name
+            flag = "--" + name.replace("_", "-")
+            if plain_type(field.type) is bool:
+                parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction)
+            else:
+                parser.add_argument(flag, dest=name, help=description(field.type))
+        parsed = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+        if "preempt_signals" in parsed:
+            parsed["preempt_signals"] = tuple(s for s in parsed["preempt_signals"].split(",") if s)
+        return convert(cls, parsed, "training flags")

@@ -1,0 +1,147 @@
+"""Resume bookkeeping: what a checkpoint holds, how a run is restored from one, and where it lives.
+
+A checkpoint holds the position (epoch, micro-batches consumed in it, steps, samples). The
+resumed run slices the sampler's index list past the consumed batches (never loading them) and
+restores every rank's RNG, so with deterministic settings it ends bit-identical to an
+uninterrupted run. With another world size or batch size it resumes by global sample count
+(data.ResumableSampler says why no sample of the epoch is skipped) and moves the LR schedule to
+the matching point; the step counter keeps counting up, since it names the checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from dist_jobs.constants import VERSION
+from dist_jobs.errors import UsageError
+from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train import data, models
+from dist_jobs.train.checkpoint import CheckpointError, Loaded
+from dist_jobs.train.rng import set_rng_state
+from dist_jobs.train.state import Position, Run
+
+log = logging.getLogger("dist_jobs.train")
+
+
+def resume(run: Run) -> None:
+    """Load the newest checkpoint if any, then restore (or seed) this rank's RNG.
+
+    It runs last before the loop: whatever draws random numbers after it (model init, say)
+    would shift the stream that the uninterrupted run continued with.
+    """
+    if run.ckpt is not None and not run.config.resume:
+        refuse_old_checkpoints(run.ckpt.directory)
+    loaded = run.ckpt.latest() if run.ckpt is not None and run.config.resume else None
+    if loaded is not None:
+        _restore(run, loaded)
+    if loaded is not None and loaded.rank_state is not None:
+        set_rng_state(loaded.rank_state["rng"])
+    else:  # a fresh start, or a rank the checkpoint's smaller world did not have
+        seed_all(run.config.seed + 7919 * (run.dist.rank + 1) + run.pos.step)
+
+
+def shared_state(run: Run) -> dict[str, Any]:
+    """What every rank shares (rank 0 writes it). Plain types only: loaded with weights_only."""
+    c, pos, world = run.config, run.pos, run.dist.world_size
+    return {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "epoch": pos.epoch,
+        "step": pos.step,
+        "batches_in_epoch": pos.batches,
+        "samples_in_epoch": pos.batches * c.batch_size * world,
+        "samples_seen": pos.samples,
+        "sampler_seed": run.loader.sampler.seed,  # type: ignore[attr-defined]
+        "world_size": world,
+        "global_batch": c.batch_size * c.grad_accum * world,
+        "config": msgspec.to_builtins(c),
+        "version": VERSION,
+        "metrics": dict(run.metrics),
+    }
+
+
+def _restore(run: Run, loaded: Loaded) -> None:
+    s, c, world = loaded.shared, run.config, run.dist.world_size
+    try:
+        run.model.load_state_dict(s["model"])
+        run.optimizer.load_state_dict(s["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"checkpoint {loaded.path} does not fit this model and optimizer: {exc}",
+            hint="it belongs to another model or optimizer: use another "
+            f"--run-name, or delete {loaded.path.parent} to start over",
+        ) from exc
+    if s["scaler"] and run.scaler.is_enabled():
+        run.scaler.load_state_dict(s["scaler"])
+    run.loader.sampler.seed = s["sampler_seed"]  # type: ignore[attr-defined]
+    batches = data.resume_batches(s["samples_in_epoch"], c, world, run.steps_per_epoch)
+    run.pos = Position(s["epoch"], batches, s["step"], s["samples_seen"])
+    run.saved_step = loaded.step
+    run.metrics.update(s["metrics"])
+    schedule_step = s["epoch"] * run.steps_per_epoch + batches // c.grad_accum
+    same_batch = s["global_batch"] == c.batch_size * c.grad_accum * world
+    if same_batch and s["scheduler"]["last_epoch"] == schedule_step:
+        run.scheduler.load_state_dict(s["scheduler"])
+    else:
+        models.seek_schedule(run.scheduler, schedule_step)
+    if run.dist.is_main:
+        log.info(
+            "resumed from %s: epoch %d, step %d of %d in it, step %d overall",
+            loaded.path,
+            run.pos.epoch,
+            batches // c.grad_accum,
+            run.steps_per_epoch,
+            run.pos.step,
+        )
+        resumed_at = batches * c.batch_size * world
+        if s["world_size"] != world or resumed_at != s["samples_in_epoch"]:
+            log.info(
+                "it was written by %d ranks at sample %d of the epoch; %d ranks x batch %d continue at sample %d",
+                s["world_size"],
+                s["samples_in_epoch"],
+                world,
+                c.batch_size,
+                resumed_at,
+            )
+
+
+def refuse_old_checkpoints(folder: Path) -> None:
+    # Their step numbers would shadow this run's checkpoints, or keep it from writing them.
+    old = sorted(p.name for p in folder.glob("step-*"))
+    if old:
+        raise UsageError(
+            f"resume is off (--no-resume), but {folder} holds checkpoints of an earlier run ({', '.join(old)})",
+            hint="use another --run-name, delete that folder to start over, or drop --no-resume to continue it",
+        )
+
+
+def checkpoint_folder(config: TrainConfig, environ: Mapping[str, str] | None = None) -> Path | None:
+    """`<checkpoint_dir or $DIST_JOBS_CHECKPOINT_DIR>/<run_name or $DIST_JOBS_RUN or default>`."""
+    env = os.environ if environ is None else environ
+    root = config.checkpoint_dir or env.get("DIST_JOBS_CHECKPOINT_DIR", "").strip()
+    return Path(root).expanduser() / run_name(config, env) if root else None
+
+
+def run_name(config: TrainConfig, environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return config.run_name or env.get("DIST_JOBS_RUN", "").strip() or "default"
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    np.random.seed(seed % 2**32)

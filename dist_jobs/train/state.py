@@ -1,0 +1,51 @@
+"""The state of one training run: what the loop advances and a checkpoint captures."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train import signals
+from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.distributed import Dist, FlagPoll
+from dist_jobs.train.metrics import Reporter
+
+
+@dataclass
+class Position:
+    epoch: int = 0
+    batches: int = 0  # micro-batches each rank consumed in `epoch`
+    step: int = 0  # optimizer steps; names the checkpoints, so it never goes back
+    samples: int = 0  # samples all ranks consumed, whole run
+
+
+@dataclass
+class Run:
+    config: TrainConfig
+    dist: Dist
+    flag: signals.PreemptFlag
+    model: nn.Module  # unwrapped: what checkpoints hold and evaluation runs
+    ddp: nn.Module  # DistributedDataParallel(model), or the model itself in a world of one
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    autocast: Callable[[], AbstractContextManager[Any]]
+    loader: DataLoader
+    eval_loader: DataLoader | None
+    steps_per_epoch: int
+    total_steps: int
+    ckpt: Checkpointer | None
+    reporter: Reporter
+    poll: FlagPoll
+    pos: Position = field(default_factory=Position)
+    metrics: dict[str, float] = field(default_factory=dict)
+    last_save: float = field(default_factory=time.monotonic)
+    saved_step: int = -1

@@ -1,0 +1,179 @@
+"""The operator's side of the contract: a PyTorchJob submitted with the real client to the stand-in
+apiserver is played by tests/operator_harness.py (each pod a process in its own network
+namespace, with exactly the operator's environment), trains to completion with the right ranks,
+and recovers from a preempted pod through restartPolicy ExitCode and the shared checkpoint."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dist_jobs.cli import main
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.render import render
+from dist_jobs.spec.load import load_spec
+from support.k8s_offline.crds import crd_path
+from support.operator_harness import Operator, defaulted, operator_env, pods, retries
+from support.tiers import requires
+
+pytest.importorskip("kubernetes")
+from support.kube_standin import FakeKubeAPI, write_kubeconfig
+
+JOB = "op-harness"
+TRAIN = {"image_size": 8, "fake_samples": 64, "epochs": 2, "batch_size": 8, "checkpoint_every_steps": 1}
+
+
+def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
+    return {
+        "name": JOB,
+        "nodes": 2,
+        "gpus_per_node": 0,
+        "procs_per_node": 2,
+        "checkpoint_dir": "ckpt",
+        "image": "local/dist-jobs:test",
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"},
+        "train": {**TRAIN, **train},
+        "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared"), "backoff_limit": 4},
+    }
+
+
+def manifest(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return yaml.safe_load(render(load_spec(path), "k8s"))
+
+
+# -- the harness against the notes: no processes ----------------------------------------------
+
+
+def test_operator_env_is_the_notes_table(tmp_path: Path) -> None:
+    job = defaulted(manifest(tmp_path, spec(tmp_path)))
+    job["spec"]["nprocPerNode"] = "8"  # the notes' example: 1 Master + 1 Worker, nprocPerNode 8
+    master, worker = dict(operator_env(job, "Master", 0)), dict(operator_env(job, "Worker", 0))
+    assert master == {
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_PORT": "23456",
+        "PET_MASTER_PORT": "23456",
+        "MASTER_ADDR": f"{JOB}-master-0",
+        "PET_MASTER_ADDR": f"{JOB}-master-0",
+        "WORLD_SIZE": "16",
+        "RANK": "0",
+        "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "8",
+        "PET_NNODES": "2",
+    }
+    assert (worker["RANK"], worker["PET_NODE_RANK"], worker["WORLD_SIZE"]) == ("1", "1", "16")
+    del job["spec"]["nprocPerNode"]  # "auto" after defaulting: counted as 1
+    assert dict(operator_env(defaulted(job), "Worker", 0))["WORLD_SIZE"] == "2"
+
+
+def test_operator_env_wins_over_the_users_and_elastic_jobs_get_rdzv(tmp_path: Path) -> None:
+    data = spec(tmp_path)
+    data["env"]["MASTER_PORT"] = "1"
+    (master, worker) = pods(manifest(tmp_path, data))
+    assert (master.name, worker.name) == (f"{JOB}-master-0", f"{JOB}-worker-0")
+    assert master.env["MASTER_PORT"] == "23456" and master.restart_policy == "ExitCode"
+    elastic = manifest(tmp_path, {**spec(tmp_path), "k8s": {"min_nodes": 1, "max_nodes": 3}})
+    env = dict(operator_env(defaulted(elastic), "Worker", 0))
+    assert env["PET_NNODES"] == "1:3" and env["PET_RDZV_BACKEND"] == "c10d"
+    assert env["PET_RDZV_ENDPOINT"].startswith(f"{JOB}-")
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "restart"),
+    [
+        ("ExitCode", REQUEUE_EXIT_CODE, True),
+        ("ExitCode", 143, True),
+        ("ExitCode", 137, True),
+        ("ExitCode", 1, False),
+        ("ExitCode", 127, False),
+        ("ExitCode", 0, False),
+        ("OnFailure", 1, True),
+        ("Never", 200, False),
+        ("Always", 0, True),
+    ],
+)
+def test_restart_policies(policy: str, code: int, restart: bool) -> None:
+    assert retries(policy, code) is restart
+
+
+# -- real processes -----------------------------------------------------------------------------
+
+needs_pods = requires("pods")
+
+
+@pytest.fixture()
+def submitted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
+    """Submit a spec with `dist-jobs submit --backend k8s` and return what the apiserver stored."""
+    with FakeKubeAPI([crd_path("PyTorchJob")]) as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+
+        def submit(data: dict[str, Any]) -> dict[str, Any]:
+            path = tmp_path / "submitted.yaml"
+            path.write_text(yaml.safe_dump(data))
+            code = main(["submit", "--backend", "k8s", "--kubeconfig", str(kubeconfig), str(path)])
+            assert code == 0, capsys.readouterr().err
+            return api.store[("pytorchjobs", "default", JOB)]
+
+        yield submit
+
+
+def committed(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in run_dir.glob("step-*") if (p / "COMPLETE").exists())
+
+
+@needs_pods
+@pytest.mark.timeout(300)
+def test_submitted_job_trains_to_completion_with_pod_ranks(submitted: Any, tmp_path: Path) -> None:
+    job = submitted(spec(tmp_path))
+    (tmp_path / "logs").mkdir()
+    with Operator(job, tmp_path / "logs") as operator:
+        assert operator.run(timeout=240) == "Succeeded", operator.attempts[-1].text()[-3000:]
+    assert operator.restarts() == 0
+    master, worker = (operator.current(f"{JOB}-{r}-0").text() for r in ("master", "worker"))
+    line = "dist-jobs: rank {r}/4 node {n}/2 local {l}/2 master %s-master-0:23456 (torchrun, host %s-{p}-0)"
+    for text, node, pod in ((master, 0, "master"), (worker, 1, "worker")):
+        for local in (0, 1):
+            want = (line % (JOB, JOB)).format(r=2 * node + local, n=node, l=local, p=pod)
+            assert want in text, text[-3000:]
+    run_dir = tmp_path / "shared" / "ckpt" / JOB
+    assert committed(run_dir)[-1] == 4  # 64 samples / (4 ranks x 8) = 2 steps, 2 epochs
+    assert sorted(p.name for p in (run_dir / "step-4").glob("rank-*.pt")) == [f"rank-{r}.pt" for r in range(4)]
+
+
+@needs_pods
+@pytest.mark.timeout(400)
+def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp_path: Path) -> None:
+    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to evict the master pod mid-run.
+    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False))
+    run_dir = tmp_path / "shared" / "ckpt" / JOB
+    (tmp_path / "logs").mkdir()
+    with Operator(job, tmp_path / "logs") as operator:
+        deadline = time.monotonic() + 240
+        while not committed(run_dir) and time.monotonic() < deadline:
+            assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
+            time.sleep(0.05)
+        operator.evict(f"{JOB}-master-0")
+        phase = operator.run(timeout=300)
+    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+    assert phase == "Succeeded", [a.text()[-2000:] for a in operator.attempts]
+    # Both pods stop at the same step boundary (any rank's signal stops every rank), exit with
+    # the retryable code, and are replaced; the replacements finish.
+    assert codes == {
+        (f"{JOB}-master-0", 0): REQUEUE_EXIT_CODE,
+        (f"{JOB}-worker-0", 0): REQUEUE_EXIT_CODE,
+        (f"{JOB}-master-0", 1): 0,
+        (f"{JOB}-worker-0", 1): 0,
+    }
+    first, second = operator.attempts[0].text(), operator.current(f"{JOB}-master-0").text()
+    stopped = int(re.search(r"preempted by SIGTERM at step (\d+)", first).group(1))
+    resumed = re.search(r"resumed from \S+: epoch 0, step (\d+) of \d+ in it, step (\d+) overall", second)
+    assert resumed is not None, second[-3000:]
+    assert 0 < stopped == int(resumed.group(2)) < 64  # nothing since the last step boundary lost
+    assert committed(run_dir)[-1] == 64

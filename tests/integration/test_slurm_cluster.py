@@ -1,0 +1,494 @@
+"""dist-jobs on the real 2-node SLURM cluster of slurm/cluster/up.sh (nodes n1, n2; 2 CPUs each).
+
+Every job is small: the tiny conv net of support/train_support.py on FakeData (16 px, 128 images,
+batch 4 per rank: 8 steps an epoch, 24 in all), deterministic, gloo on CPU, 2 nodes x 2 ranks,
+one CPU per rank. Jobs run as root on this machine's filesystem, so they find this Python
+through a `setup` line (PATH) and the repo and tests/ through PYTHONPATH in the spec's `env`.
+
+What is checked: rank identity and placement in srun and torchrun mode; training to the end in
+both; `sbatch --test-only` of the checked-in examples; preemption by an external
+`scontrol requeue` (srun mode) and by the time-limit warning signal (torchrun mode), each
+resuming from its latest checkpoint and ending bit-identical to an uninterrupted run; cancel;
+the error for an unknown partition; a submitit job. The cluster runs one such job at a time,
+so the whole file takes a few minutes.
+
+Without a cluster answering `sinfo` with two usable nodes the file is skipped, except under CI,
+where slurm/cluster/up.sh runs before pytest and a silent cluster is a failure (support.tiers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dist_jobs.backends.base import JobStatus
+from dist_jobs.backends.slurm import SlurmBackend
+from dist_jobs.backends.slurm_output import SACCT_FIELDS, parse_sacct, sacct_job_state
+from dist_jobs.backends.slurm_sbatch import parse_sbatch_test_only, sbatch_error
+from dist_jobs.render import render
+from dist_jobs.spec.load import load_spec
+from support.paths import REPO, TESTS
+from support.tiers import requires
+
+pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(360)]
+
+VENV_BIN = Path(sys.executable).parent
+TOTAL_STEPS = 24  # 128 samples / (4 ranks x batch 4) = 8 steps an epoch, 3 epochs
+TRAIN: dict[str, Any] = {
+    "model": "support.train_support:tiny_net",
+    "data": "fake",
+    "image_size": 16,
+    "fake_samples": 128,
+    "batch_size": 4,
+    "epochs": 3,
+    "lr": 0.05,
+    "deterministic": True,
+    "seed": 5,
+    "device": "cpu",
+    "log_every": 1,
+    "progress": False,
+    "checkpoint_every_steps": 4,
+}
+# tiny_net sleeps this long in every training forward: wall time only, never the numbers.
+# Only the first attempt is slowed, so it is still training when it is preempted and the
+# resumed attempt is over before a second warning could come.
+SLOW_FIRST_ATTEMPT = 'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=%s; fi'
+IDENT = """\
+import json, socket
+from dist_jobs.ranks import resolve
+info = resolve()
+print(json.dumps({"rank": info.rank, "local_rank": info.local_rank, "node": info.node_rank,
+                  "world": info.world_size, "source": info.source, "host": socket.gethostname(),
+                  "master": info.master_addr}), flush=True)
+"""
+
+
+# --- the cluster, specs, jobs -----------------------------------------------------------------
+
+
+def spec_data(root: Path, name: str, train: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """A 2 x 2 job whose logs and checkpoints live under `root` (this machine's shared filesystem)."""
+    return {
+        "name": name,
+        "nodes": 2,
+        "procs_per_node": 2,
+        "cpus_per_task": 1,
+        "time": "5",
+        "log_dir": str(root / "logs"),
+        "checkpoint_dir": str(root / "checkpoints"),
+        "setup": [f'export PATH="{VENV_BIN}:$PATH"'],
+        "env": {
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        },
+        "train": dict(train or TRAIN),
+        **fields,
+    }
+
+
+def write_spec(root: Path, data: dict[str, Any]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def cli(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`dist-jobs ARGS` run from `root`, job directories in root/runs."""
+    argv = [sys.executable, "-m", "dist_jobs", *args]
+    if args[0] in ("submit", "status", "logs", "cancel", "list"):
+        argv[3:4] = [args[0], "--jobs-dir", str(root / "runs")]
+    return subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout)
+
+
+def submit(root: Path, spec: Path, *command: str) -> str:
+    proc = cli(root, "submit", "--backend", "slurm", str(spec), *(["--", *command] if command else []))
+    assert proc.returncode == 0, f"dist-jobs submit failed:\n{proc.stderr}"
+    job_id = proc.stdout.strip()
+    assert job_id.isdigit(), proc.stdout
+    return job_id
+
+
+def backend(root: Path) -> SlurmBackend:
+    return SlurmBackend(jobs_dir=root / "runs", cwd=root)
+
+
+def logs(root: Path, job_id: str, rank: int) -> str:
+    proc = cli(root, "logs", "--backend", "slurm", "--rank", str(rank), job_id)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def batch_log(root: Path, name: str, job_id: str) -> str:
+    path = root / "logs" / f"{name}-{job_id}.out"
+    return path.read_text(errors="replace") if path.exists() else "(no batch log)"
+
+
+def wait_for(what: str, ready: Any, timeout: float, job_id: str, root: Path, name: str) -> Any:
+    """Poll `ready()` until it is truthy; on timeout cancel the job and fail with its logs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], capture_output=True)
+            files = sorted((root / "logs").glob(f"{name}-{job_id}-attempt*-rank0.out"))
+            rank0 = "\n".join(f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in files)
+            pytest.fail(
+                f"job {job_id}: no {what} within {timeout:.0f} s\n--- batch log:\n"
+                f"{batch_log(root, name, job_id)}\n--- rank 0:\n{rank0}"
+            )
+        time.sleep(1.0)
+
+
+def wait_finished(root: Path, name: str, job_id: str, timeout: float = 150) -> JobStatus:
+    """The job's final status. A requeued job is held PENDING (Reason=BeginTime) for the cluster's
+    credential lifetime (cred_expire=10 here): pushing it with `scontrol update StartTime=now`
+    sooner gets it killed ("Killing non-startable batch job: Job credential revoked"), so wait."""
+    slurm = backend(root)
+
+    def finished() -> JobStatus | None:
+        status = slurm.status(job_id)
+        return status if status.finished else None
+
+    return wait_for("end", finished, timeout, job_id, root, name)
+
+
+def final_sacct_state(job_id: str) -> tuple[str, int]:
+    """(state, attempts) from sacct --duplicates, polled until slurmdbd has the final record."""
+    deadline = time.monotonic() + 30
+    while True:
+        proc = subprocess.run(
+            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        state = sacct_job_state(parse_sacct(proc.stdout), job_id) if proc.returncode == 0 else None
+        if state is not None and (state.state not in ("RUNNING", "PENDING", "REQUEUED") or time.monotonic() > deadline):
+            return state.state, state.attempts
+        assert time.monotonic() < deadline, f"sacct knows no job {job_id}: {proc.stdout}{proc.stderr}"
+        time.sleep(1)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[str]]:
+    """Job ids to scancel at the end of the test, whatever happened."""
+    ids: list[str] = []
+    yield ids
+    for job_id in ids:
+        subprocess.run(["scancel", job_id], capture_output=True)
+
+
+def final_model(checkpoints: Path, run: str) -> dict[str, Any]:
+    import torch
+
+    path = checkpoints / run / f"step-{TOTAL_STEPS}" / "shared.pt"
+    assert path.exists(), f"no final checkpoint {path}; found {sorted(p.name for p in path.parent.parent.glob('*'))}"
+    return torch.load(path, weights_only=True)["model"]
+
+
+def assert_bit_identical(got: dict[str, Any], want: dict[str, Any]) -> None:
+    import torch
+
+    assert got.keys() == want.keys()
+    different = [name for name in want if not torch.equal(got[name], want[name])]
+    assert not different, f"tensors differ from the uninterrupted run: {different}"
+
+
+def check_identity(root: Path, job_id: str, source: str, per_rank_file: bool) -> None:
+    """Ranks 0,1 on n1 and 2,3 on n2, each with its local rank and node, all dialing n1."""
+    for rank in range(4):
+        text = logs(root, job_id, rank)
+        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        if per_rank_file:
+            assert len(records) == 1, text
+        mine = [r for r in records if r["rank"] == rank]
+        assert mine == [
+            {
+                "rank": rank,
+                "local_rank": rank % 2,
+                "node": rank // 2,
+                "world": 4,
+                "source": source,
+                "host": f"n{rank // 2 + 1}",
+                "master": "n1",
+            }
+        ], text
+
+
+# --- the uninterrupted reference run (srun mode) -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The 2 x 2 training in srun mode, submitted with `dist-jobs submit`, run to the end."""
+    root = tmp_path_factory.mktemp("reference")
+    job_id = submit(root, write_spec(root, spec_data(root, "reference")))
+    try:
+        status = wait_finished(root, "reference", job_id)
+        yield {
+            "root": root,
+            "job_id": job_id,
+            "status": status,
+            "model": final_model(root / "checkpoints", "reference"),
+        }
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+
+
+# --- launch modes ------------------------------------------------------------------------------
+
+
+def test_srun_mode_ranks_hosts_and_training(tmp_path: Path, cleanup: list[str], reference: dict[str, Any]) -> None:
+    (tmp_path / "ident.py").write_text(IDENT)
+    spec = write_spec(tmp_path, spec_data(tmp_path, "ident-srun"))
+    job_id = submit(tmp_path, spec, "python3", str(tmp_path / "ident.py"))
+    cleanup.append(job_id)
+    assert wait_finished(tmp_path, "ident-srun", job_id).state == "COMPLETED", batch_log(tmp_path, "ident-srun", job_id)
+    check_identity(tmp_path, job_id, "slurm", per_rank_file=True)
+
+    root, train_id = reference["root"], reference["job_id"]
+    assert reference["status"].state == "COMPLETED", batch_log(root, "reference", train_id)
+    rank0 = logs(root, train_id, 0)
+    assert f"step {TOTAL_STEPS}/{TOTAL_STEPS} epoch 2" in rank0 and "resumed from" not in rank0
+    for rank in range(1, 4):  # every rank's own file, banner first
+        assert logs(root, train_id, rank).startswith(f"==> reference-{train_id}-attempt0-rank{rank}.out <==")
+    proc = cli(root, "status", "--backend", "slurm", "--json", train_id)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["state"] == "COMPLETED", proc.stdout + proc.stderr
+
+
+def test_torchrun_mode_ranks_hosts_and_training(tmp_path: Path, cleanup: list[str], reference: dict[str, Any]) -> None:
+    """One SLURM task per node runs torchrun (c10d rendezvous on n1); the node's file holds both
+    of its ranks. The training ends bit-identical to srun mode's: same ranks on the same nodes."""
+    (tmp_path / "ident.py").write_text(IDENT)
+    spec = write_spec(tmp_path, spec_data(tmp_path, "ident-torchrun", launcher="torchrun"))
+    job_id = submit(tmp_path, spec, "python3", str(tmp_path / "ident.py"))
+    cleanup.append(job_id)
+    assert wait_finished(tmp_path, "ident-torchrun", job_id).state == "COMPLETED", batch_log(
+        tmp_path, "ident-torchrun", job_id
+    )
+    check_identity(tmp_path, job_id, "torchrun", per_rank_file=False)
+
+    spec = write_spec(tmp_path, spec_data(tmp_path, "train-torchrun", launcher="torchrun"))
+    job_id = submit(tmp_path, spec)
+    cleanup.append(job_id)
+    status = wait_finished(tmp_path, "train-torchrun", job_id)
+    assert status.state == "COMPLETED", batch_log(tmp_path, "train-torchrun", job_id)
+    assert f"step {TOTAL_STEPS}/{TOTAL_STEPS} epoch 2" in logs(tmp_path, job_id, 0)
+    assert_bit_identical(final_model(tmp_path / "checkpoints", "train-torchrun"), reference["model"])
+
+
+# --- sbatch --test-only of the checked-in examples -----------------------------------------------
+
+# What this 2-node, 2-CPU, GPU-less cluster cannot give. Everything else in the examples stays as
+# checked in (time, exclusive, mail, container, NCCL, setup, command, train section, ...).
+FIT_THIS_CLUSTER = {
+    "gpus_per_node": 0,
+    "procs_per_node": 2,
+    "cpus_per_task": 1,
+    "memory": "1000M",
+    "slurm.partition": None,
+    "slurm.account": None,
+    "slurm.qos": None,
+    "slurm.constraint": None,
+}
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "slurm" / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_pass_sbatch_test_only(example: Path, tmp_path: Path) -> None:
+    """Each example spec, rendered with FIT_THIS_CLUSTER's fields replaced (partition `gpu`,
+    GPUs, 8 CPUs per task, 200-256G, account, QOS and constraint do not exist here) but otherwise
+    unchanged, is accepted by `sbatch --test-only`. The checked-in script itself, as is, is either
+    accepted or refused only for one of those cluster mismatches."""
+    checked_in = example.with_suffix(".sbatch")
+    assert render(load_spec(example), "slurm") == checked_in.read_text(), "stale example: run make examples"
+    script = tmp_path / checked_in.name
+    script.write_text(render(load_spec(example, FIT_THIS_CLUSTER), "slurm"))
+    (tmp_path / "logs").mkdir()
+    proc = subprocess.run(
+        ["sbatch", "--test-only", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr
+    estimate = parse_sbatch_test_only(proc.stderr)
+    assert estimate.partition == "debug" and estimate.nodelist == "n[1-2]"
+
+    proc = subprocess.run(
+        ["sbatch", "--test-only", str(checked_in)], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    if proc.returncode != 0:
+        message = str(sbatch_error(proc.stderr, proc.returncode))
+        assert re.search(
+            r"no partition 'gpu'|no nodes matching|CPUs/tasks|account|QOS|rejected the job: "
+            r"(Memory|CPU count)|feature|GPU request",
+            message,
+        ), message
+
+
+# --- preemption ------------------------------------------------------------------------------------
+
+
+def committed_steps(checkpoints: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in checkpoints.glob("step-*") if (p / "COMPLETE").exists())
+
+
+def resumed_step(root: Path, name: str, job_id: str) -> int:
+    text = (root / "logs" / f"{name}-{job_id}-attempt1-rank0.out").read_text(errors="replace")
+    match = re.search(rf"resumed from \S+/{name}/step-(\d+): .* step (\d+) overall", text)
+    assert match, f"attempt 1 logged no resume:\n{text[-3000:]}"
+    assert match.group(1) == match.group(2)
+    return int(match.group(1))
+
+
+def assert_second_attempt(root: Path, name: str, job_id: str, tasks: int) -> None:
+    """SLURM_RESTART_COUNT went to 1: the batch script says so and named attempt 1's files by it
+    (one per SLURM task: per rank in srun mode, per node in torchrun mode)."""
+    assert f"job {job_id} attempt 1 on n[1-2]" in batch_log(root, name, job_id)
+    files = sorted(p.name for p in (root / "logs").glob(f"{name}-{job_id}-attempt*-rank*.out"))
+    assert files == [f"{name}-{job_id}-attempt{a}-rank{t}.out" for a in (0, 1) for t in range(tasks)]
+
+
+def test_external_requeue_resumes_from_latest_checkpoint_bit_identical(
+    tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
+) -> None:
+    """`scontrol requeue` of the running srun-mode job (as a preempting scheduler does): slurmd
+    sends the ranks SIGTERM (SIGKILL only after KillWait, 30 s), they checkpoint at the next step
+    and exit; SLURM requeues (the script must not requeue again), and attempt 1 resumes from the
+    newest committed checkpoint, which is that preemption checkpoint."""
+    name = "requeue"
+    data = spec_data(tmp_path, name)
+    data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
+    slurm = backend(tmp_path)
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    cleanup.append(job_id)
+    log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
+    wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
+    proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # Once PENDING, attempt 0's processes are gone: the newest checkpoint now is what must resume.
+    pending = wait_for(
+        "PENDING after the requeue", lambda: slurm.status(job_id).state == "PENDING", 60, job_id, tmp_path, name
+    )
+    assert pending
+    latest = committed_steps(tmp_path / "checkpoints" / name)[-1]
+    assert 4 <= latest < TOTAL_STEPS
+
+    status = wait_finished(tmp_path, name, job_id)
+    assert status.state == "COMPLETED", batch_log(tmp_path, name, job_id)
+    assert resumed_step(tmp_path, name, job_id) == latest
+    first = (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
+    assert f"preempted by SIGTERM at step {latest}: checkpoint step-{latest} " in first, first[-3000:]
+    batch = batch_log(tmp_path, name, job_id)
+    assert "terminated by SLURM (scancel or external requeue); not requeueing from here" in batch, batch
+    assert_second_attempt(tmp_path, name, job_id, tasks=4)
+    assert final_sacct_state(job_id) == ("COMPLETED", 2)
+    stitched = logs(tmp_path, job_id, 0)
+    assert stitched.index("-attempt0-rank0.out <==") < stitched.index("-attempt1-rank0.out <==")
+    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+
+
+@pytest.mark.parametrize("launcher,signal", [("srun", "SIGUSR1"), ("torchrun", "SIGTERM")])
+def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
+    launcher: str, signal: str, tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
+) -> None:
+    """`time: 2` minutes, `grace_seconds: 60`: SLURM sends the batch shell USR1 30-60 s after the
+    start (it checks every ~30 s, so up to 30 s early). The script passes the step the spec's
+    signal (USR1) in srun mode, SIGTERM in torchrun mode (torchrun hands it to its workers); the
+    ranks agree, save a checkpoint, rank 0 leaves the PREEMPTED marker, the script requeues, and
+    attempt 1 resumes from that checkpoint. Attempt 0 is slowed to 3 s a step (72 s of training)
+    so the warning lands mid-training."""
+    name = f"warned-{launcher}"
+    data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
+    data["setup"].append(SLOW_FIRST_ATTEMPT % "3.0")
+    slurm = backend(tmp_path)
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    cleanup.append(job_id)
+    status = wait_finished(tmp_path, name, job_id, timeout=240)
+    batch = batch_log(tmp_path, name, job_id)
+    assert status.state == "COMPLETED", batch
+    assert "dist-jobs: preemption warning, checkpointing" in batch
+    assert f"dist-jobs: requeueing job {job_id} (attempt 0 of at most 3 requeues)" in batch
+    assert "dist-jobs: step finished with exit code 200" in batch
+    first = (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
+    preempted = re.search(rf"preempted by {signal} at step (\d+): checkpoint step-\1 .* is committed", first)
+    assert preempted, first[-3000:]
+    step = int(preempted.group(1))
+    assert 0 < step < TOTAL_STEPS
+    assert resumed_step(tmp_path, name, job_id) == step
+    assert_second_attempt(tmp_path, name, job_id, tasks=4 if launcher == "srun" else 2)
+    assert final_sacct_state(job_id) == ("COMPLETED", 2)
+    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+
+
+# --- cancel, errors, submitit ---------------------------------------------------------------------
+
+
+def test_cancel_ends_the_job_cancelled(tmp_path: Path, cleanup: list[str]) -> None:
+    spec = write_spec(tmp_path, spec_data(tmp_path, "to-cancel", nodes=1, procs_per_node=1))
+    job_id = submit(tmp_path, spec, "sleep", "300")
+    cleanup.append(job_id)
+    slurm = backend(tmp_path)
+    wait_for("RUNNING", lambda: slurm.status(job_id).state == "RUNNING", 60, job_id, tmp_path, "to-cancel")
+    assert any(s.job_id == job_id for s in slurm.list())
+    proc = cli(tmp_path, "cancel", "--backend", "slurm", job_id)
+    assert proc.returncode == 0 and f"cancelled {job_id}" in proc.stdout, proc.stderr
+    assert wait_finished(tmp_path, "to-cancel", job_id, timeout=60).state == "CANCELLED"
+
+
+def test_unknown_partition_is_a_clear_error(tmp_path: Path) -> None:
+    proc = cli(
+        tmp_path,
+        "submit",
+        "--backend",
+        "slurm",
+        "--name",
+        "nowhere",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        "1",
+        "--partition",
+        "nosuch",
+        "--",
+        "true",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "SLURM has no partition 'nosuch'" in proc.stderr and "sinfo" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list((tmp_path / "runs").iterdir()), "a failed submit left a job directory"
+
+
+def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
+    pytest.importorskip("submitit")
+    from dist_jobs.backends.submitit_backend import make_executor
+    from dist_jobs.train.task import TrainTask
+
+    spec = load_spec(data=spec_data(tmp_path, "submitit", train={**TRAIN, "epochs": 1}))
+    executor = make_executor(spec, tmp_path / "submitit" / "%j", cluster="slurm")
+    job = executor.submit(TrainTask(spec))
+    try:
+        deadline = time.monotonic() + 150
+        while not job.done() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert job.done(), f"submitit job {job.job_id} did not finish: {job.state}"
+        # 4 tasks: submitit refuses job.result() for a job with tasks; each task has its own.
+        metrics = job.task(0).result()
+        every_rank = job.results()
+    finally:
+        job.cancel(check=False)
+    assert metrics["step"] == 8.0 and metrics["epoch"] == 0.0, metrics
+    assert {"train_loss", "eval_loss", "eval_accuracy"} <= metrics.keys()
+    assert every_rank == [metrics] * 4
+    assert (tmp_path / "checkpoints" / "submitit" / "step-8" / "COMPLETE").exists()

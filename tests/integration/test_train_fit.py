@@ -1,0 +1,217 @@
+"""fit() as a user calls it: AMP, gradient accumulation, metrics on every rank, checkpoint contents,
+resuming in another world size. One process runs in this test process; two-rank runs launch
+a user script of the kind the README shows (its own model and data, calling fit())."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from dist_jobs import __version__
+from dist_jobs.errors import UsageError
+from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.loop import fit
+from support.train_support import PYTHON, final_state, plain_net, start_ranks, tiny_data, tiny_net, wait_all
+
+pytestmark = pytest.mark.timeout(180)
+
+USER_SCRIPT = """
+import os, sys, torch
+from dist_jobs.errors import DistJobsError
+from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.loop import fit
+from support.train_support import plain_net, tiny_data
+
+config = TrainConfig.from_argv(sys.argv[2:])
+torch.manual_seed(0)
+model = plain_net(config.num_classes)
+try:
+    metrics = fit(config, model, tiny_data(True, config), tiny_data(False, config))
+except DistJobsError as error:
+    sys.exit(error.exit_code)
+torch.save({"metrics": metrics, "params": model.state_dict()},
+           os.path.join(sys.argv[1], "rank%s.pt" % os.environ["RANK"]))
+"""
+SMALL = ["--image-size", "8", "--fake-samples", "64", "--epochs", "2", "--lr", "0.05", "--no-progress", "--seed", "11"]
+
+
+@pytest.fixture
+def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "DIST_JOBS_CHECKPOINT_DIR",
+        "DIST_JOBS_RUN",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DIST_JOBS_ENV", "single")
+
+
+def _two_ranks(tmp_path: Path, name: str, *args: str) -> list[dict]:
+    script = tmp_path / "user_train.py"
+    script.write_text(USER_SCRIPT)
+    out = tmp_path / name
+    out.mkdir()
+    launches = start_ranks([*SMALL, *args], out, command=[PYTHON, str(script), str(out)])
+    codes = wait_all(launches, timeout=150)
+    assert codes == [0, 0], launches[0].text()[-3000:] + launches[1].text()[-2000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[dict], list[dict], Path]]:
+    """The same 2-rank job as batch 8 x accumulation 2 and as batch 16 (async checkpoints)."""
+    tmp = tmp_path_factory.mktemp("accum")
+    ckpt = tmp / "ckpt"
+    accum = _two_ranks(
+        tmp,
+        "accum",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--run-name",
+        "timed",
+        "--checkpoint-every-minutes",
+        "0.0001",
+    )
+    whole = _two_ranks(
+        tmp,
+        "whole",
+        "--batch-size",
+        "16",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--run-name",
+        "async",
+        "--async-checkpoint",
+        "--checkpoint-every-steps",
+        "1",
+    )
+    yield accum, whole, ckpt
+
+
+def test_grad_accumulation_matches_the_larger_batch(accumulated) -> None:
+    accum, whole, _ = accumulated
+    for name, tensor in whole[0]["params"].items():
+        # DDP kept the ranks identical, bit for bit, with no_sync on the first micro-batch.
+        assert torch.equal(accum[0]["params"][name], accum[1]["params"][name]), name
+        torch.testing.assert_close(accum[0]["params"][name], tensor, rtol=1e-5, atol=1e-6)
+    assert accum[0]["metrics"]["step"] == whole[0]["metrics"]["step"] == 4  # 64/2/16 x 2 epochs
+
+
+def test_metrics_are_reduced_identically_on_every_rank(accumulated) -> None:
+    accum, _, _ = accumulated
+    first, second = accum[0]["metrics"], accum[1]["metrics"]
+    assert first == second
+    for key in ("train_loss", "train_accuracy", "train_samples_per_s", "eval_loss", "eval_accuracy"):
+        assert key in first and first[key] >= 0, key
+    assert first["train_samples"] == 64  # the whole epoch, both ranks
+    assert 0 < first["train_samples_per_s"] < float("inf") and 0 <= first["eval_accuracy"] <= 1
+
+
+def test_time_based_and_async_checkpoints_commit_on_all_ranks(accumulated) -> None:
+    _, _, ckpt = accumulated
+    for run in ("timed", "async"):
+        steps = sorted(int(p.name[5:]) for p in (ckpt / run).glob("step-*"))
+        assert steps and steps[-1] == 4, (run, steps)
+        assert all((ckpt / run / f"step-{s}" / "COMPLETE").is_file() for s in steps)
+    # Rank 0's clock said "due" at least once before the end (30 ms interval, lag of one step).
+    assert len(list((ckpt / "timed").glob("step-*"))) >= 2
+
+
+def test_checkpoint_holds_every_listed_item(one_process: None, tmp_path: Path) -> None:
+    config = TrainConfig.from_argv(
+        [*SMALL, "--batch-size", "8", "--checkpoint-dir", str(tmp_path), "--max-steps", "5", "--optimizer", "adamw"]
+    )
+    model = tiny_net(config.num_classes)
+    fit(config, model, tiny_data(True, config), tiny_data(False, config))
+    loaded = Checkpointer(tmp_path / "default", rank=0, world_size=1).latest()
+    assert loaded is not None and loaded.step == 5 and loaded.world_size == 1
+    shared = loaded.shared
+    assert shared["model"].keys() == model.state_dict().keys()
+    assert all(torch.equal(shared["model"][k], v) for k, v in model.state_dict().items())
+    assert {"exp_avg", "exp_avg_sq", "step"} <= shared["optimizer"]["state"][0].keys()
+    assert shared["scheduler"]["last_epoch"] == 5 and shared["scaler"] == {}
+    assert (shared["epoch"], shared["step"], shared["batches_in_epoch"]) == (0, 5, 5)  # 8 per epoch
+    assert shared["samples_in_epoch"] == 40 and shared["samples_seen"] == 40
+    assert shared["sampler_seed"] == 11 and shared["world_size"] == 1
+    assert shared["config"] == msgspec.to_builtins(config) and shared["version"] == __version__
+    assert shared["metrics"]["train_samples"] == 40 and "eval_loss" in shared["metrics"]
+    assert loaded.rank_state is not None and loaded.rank_state["rank"] == 0
+    assert torch.is_tensor(loaded.rank_state["rng"]["torch"])
+
+
+def test_bf16_autocast_runs_on_cpu_and_fp16_is_refused(one_process: None) -> None:
+    config = TrainConfig.from_argv([*SMALL, "--batch-size", "8", "--amp", "bf16", "--max-steps", "3"])
+    model = plain_net(config.num_classes)
+    dtypes: set[torch.dtype] = set()
+    model[0].register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+    metrics = fit(config, model, tiny_data(True, config), tiny_data(False, config))
+    assert torch.bfloat16 in dtypes and torch.isfinite(torch.tensor(metrics["train_loss"]))
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay fp32
+    fp16 = TrainConfig.from_argv([*SMALL, "--amp", "fp16"])
+    with pytest.raises(UsageError, match="fp16 needs a CUDA GPU"):
+        fit(fp16, plain_net(10), tiny_data(True, fp16))
+
+
+def test_loader_worker_processes_and_max_steps_mid_epoch(one_process: None) -> None:
+    config = TrainConfig.from_argv([*SMALL, "--batch-size", "8", "--workers", "2", "--max-steps", "3"])
+    metrics = fit(config, plain_net(10), tiny_data(True, config), tiny_data(False, config))
+    assert (metrics["step"], metrics["epoch"], metrics["train_samples"]) == (3, 0, 24)
+    assert "eval_loss" in metrics  # a run that max_steps ends mid-epoch is still evaluated
+
+
+def test_progress_bar_and_missing_tensorboard_on_rank_0(
+    one_process: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = TrainConfig.from_argv(
+        [*SMALL, "--batch-size", "8", "--progress", "--tensorboard", "--checkpoint-dir", str(tmp_path), "--epochs", "1"]
+    )
+    with caplog.at_level(logging.INFO, logger="dist_jobs"):
+        fit(config, plain_net(10), tiny_data(True, config))
+    assert "8/8" in capsys.readouterr().err  # the bar reached the last step
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert "tensorboard package is not installed" in caplog.text
+    else:
+        assert any((tmp_path / "default" / "tensorboard").iterdir())
+
+
+def test_resume_in_another_world_size_continues_by_sample_count(
+    one_process: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    args = [
+        "--model",
+        "support.train_support:tiny_net",
+        "--data",
+        "support.train_support:tiny_data",
+        *SMALL,
+        "--batch-size",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--run-name",
+        "grow",
+    ]
+    two = start_ranks([*args, "--max-steps", "3"], tmp_path)  # 2 ranks x 4: 24 samples seen
+    assert wait_all(two, timeout=150) == [0, 0], two[0].text()[-3000:]
+    assert final_state(tmp_path / "grow")["step"] == 3
+    with caplog.at_level(logging.INFO, logger="dist_jobs"):
+        fit(TrainConfig.from_argv(args))  # 1 rank x 4: 16 steps per epoch, resumes at the 7th
+    assert "written by 2 ranks at sample 24 of the epoch; 1 ranks x batch 4 continue at sample 24" in caplog.text
+    final = final_state(tmp_path / "grow")
+    assert (final["step"], final["epoch"], final["world_size"]) == (3 + (16 - 6) + 16, 2, 1)
+    assert final["samples_seen"] == 24 + 26 * 4

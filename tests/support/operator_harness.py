@@ -1,0 +1,354 @@
+"""Plays the Kubeflow training operator (v1.9) for a submitted PyTorchJob, with real processes.
+
+Each replica pod becomes a local process in its own network namespace: its own IP on a bridge,
+its own hostname, and an /etc/hosts that resolves every pod's name, as the operator's per-pod
+headless Services do (`ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts). The process
+is the container's command, started with exactly the environment the operator's setPodEnv
+builds (`../shared/k8s/KUBERNETES_NOTES.md`, section 1): the container's own env first, then
+PYTHONUNBUFFERED, MASTER_*/PET_MASTER_*, WORLD_SIZE, RANK (the pod index), PET_NODE_RANK,
+PET_NPROC_PER_NODE and PET_NNODES, or the elastic PET_RDZV_* set. Only PATH, HOME and
+HOSTNAME come from elsewhere (the image and the kubelet). Pods restart per restartPolicy
+(ExitCode: 128-255 retry, 1-127 fail) within runPolicy.backoffLimit.
+
+Needs root, `ip` and `unshare`; `available()` says why not.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
+BRIDGE = "djopbr0"
+SUBNET = "10.79.0"
+NS_PREFIX = "djop-"
+RETRYABLE_FROM = 128  # training-operator IsRetryableExitCode: exitCode >= 128
+
+
+def available() -> str | None:
+    """None when pods can run here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    return f"missing {', '.join(missing)}" if missing else None
+
+
+# -- what the operator computes ------------------------------------------------------------
+
+
+def defaulted(job: dict[str, Any]) -> dict[str, Any]:
+    """SetDefaults_PyTorchJob, as the controller applies it in memory."""
+    job = copy.deepcopy(job)
+    spec = job["spec"]
+    if "nProcPerNode" not in (spec.get("elasticPolicy") or {}):
+        spec.setdefault("nprocPerNode", "auto")
+    for replica in spec["pytorchReplicaSpecs"].values():
+        replica.setdefault("replicas", 1)
+        replica.setdefault("restartPolicy", "OnFailure")
+        for container in replica["template"]["spec"]["containers"]:
+            ports = container.setdefault("ports", [])
+            if container["name"] == "pytorch" and not any(p.get("name") == "pytorchjob-port" for p in ports):
+                ports.append({"name": "pytorchjob-port", "containerPort": DEFAULT_PORT})
+    return job
+
+
+def _port(replica: dict[str, Any]) -> int:
+    for container in replica["template"]["spec"]["containers"]:
+        if container["name"] == "pytorch":
+            for port in container.get("ports", []):
+                if port.get("name") == "pytorchjob-port":
+                    return int(port["containerPort"])
+    return DEFAULT_PORT
+
+
+def _nproc_int(value: Any) -> int:
+    text = str(value)
+    return int(text) if text.isdigit() else 1
+
+
+def operator_env(job: dict[str, Any], rtype: str, index: int) -> list[tuple[str, str]]:
+    """setPodEnv's additions for pod `index` of replica type `rtype` of a defaulted job, in order."""
+    spec, name = job["spec"], job["metadata"]["name"]
+    replicas = spec["pytorchReplicaSpecs"]
+    total = sum(int(r["replicas"]) for r in replicas.values())
+    env = [("PYTHONUNBUFFERED", "1")]
+    if "Master" in replicas:
+        port = str(_port(replicas["Master"]))
+        master = f"{name}-master-0"
+        rank = "0" if rtype == "Master" else str(index + 1)
+        env += [
+            ("MASTER_PORT", port),
+            ("PET_MASTER_PORT", port),
+            ("MASTER_ADDR", master),
+            ("PET_MASTER_ADDR", master),
+            ("WORLD_SIZE", str(total * _nproc_int(spec.get("nprocPerNode", "auto")))),
+            ("RANK", rank),
+            ("PET_NODE_RANK", rank),
+        ]
+    if "nprocPerNode" in spec:
+        env.append(("PET_NPROC_PER_NODE", str(spec["nprocPerNode"])))
+    elastic = spec.get("elasticPolicy")
+    if elastic is None:
+        env.append(("PET_NNODES", str(total)))
+    else:
+        env += _elastic_env(name, replicas, elastic)
+    return env
+
+
+def _elastic_env(name: str, replicas: dict[str, Any], elastic: dict[str, Any]) -> list[tuple[str, str]]:
+    workers = replicas["Worker"]
+    host = elastic.get("rdzvHost") or f"{name}-worker-0"
+    port = elastic.get("rdzvPort") or _port(workers)
+    low = elastic.get("minReplicas", elastic.get("maxReplicas"))
+    high = elastic.get("maxReplicas", elastic.get("minReplicas"))
+    nnodes = f"{low}:{high}" if low is not None else str(workers["replicas"])
+    env = [
+        ("PET_RDZV_ENDPOINT", f"{host}:{port}"),
+        ("PET_RDZV_BACKEND", elastic.get("rdzvBackend") or "c10d"),
+        ("PET_NNODES", nnodes),
+    ]
+    if "maxRestarts" in elastic:
+        env.append(("PET_MAX_RESTARTS", str(elastic["maxRestarts"])))
+    if "nProcPerNode" in elastic:
+        env.append(("PET_NPROC_PER_NODE", str(elastic["nProcPerNode"])))
+    if "rdzvId" in elastic:
+        env.append(("PET_RDZV_ID", str(elastic["rdzvId"])))
+    if elastic.get("rdzvConf"):
+        conf = ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])
+        env.append(("PET_RDZV_CONF", conf))
+    if elastic.get("standalone"):
+        env.append(("PET_STANDALONE", ""))
+    return env
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    rtype: str
+    index: int
+    command: list[str]
+    env: dict[str, str]
+    restart_policy: str
+    workdir: str | None
+
+
+def pods(job: dict[str, Any]) -> list[Pod]:
+    """The replica pods the operator would create, Master first."""
+    job = defaulted(job)
+    name = job["metadata"]["name"]
+    result = []
+    for rtype in sorted(job["spec"]["pytorchReplicaSpecs"], key=lambda r: r != "Master"):
+        replica = job["spec"]["pytorchReplicaSpecs"][rtype]
+        container = next(c for c in replica["template"]["spec"]["containers"] if c["name"] == "pytorch")
+        for index in range(int(replica["replicas"])):
+            env: dict[str, str] = {}
+            for item in container.get("env", []):
+                if "value" not in item:
+                    raise NotImplementedError(f"env {item['name']}: only plain values are played")
+                env[item["name"]] = item["value"]
+            env.update(operator_env(job, rtype, index))  # appended after: the operator's wins
+            result.append(
+                Pod(
+                    f"{name}-{rtype.lower()}-{index}",
+                    rtype,
+                    index,
+                    [*container.get("command", []), *container.get("args", [])],
+                    env,
+                    replica["restartPolicy"],
+                    container.get("workingDir"),
+                )
+            )
+    return result
+
+
+def retries(policy: str, code: int) -> bool:
+    """Whether the operator restarts a pod whose container exited with `code`."""
+    if policy == "Always":
+        return True
+    if policy == "OnFailure":
+        return code != 0
+    if policy == "ExitCode":
+        return code >= RETRYABLE_FROM
+    return False
+
+
+# -- the pods' network -----------------------------------------------------------------------
+
+
+def _ip(*args: str, check: bool = True) -> None:
+    subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+class PodNetwork:
+    """One network namespace per pod on a bridge, with /etc/hosts naming every pod."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.address = {n: f"{SUBNET}.{10 + i}" for i, n in enumerate(names)}
+
+    def namespace(self, pod: str) -> str:
+        return f"{NS_PREFIX}{self.names.index(pod)}"
+
+    def __enter__(self) -> PodNetwork:
+        self.teardown()  # a run killed before its cleanup left these behind
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("link", "set", BRIDGE, "up")
+        hosts = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
+            f"{addr} {pod}\n" for pod, addr in self.address.items()
+        )
+        for i, pod in enumerate(self.names):
+            ns, veth = self.namespace(pod), f"{NS_PREFIX}v{i}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", veth, "master", BRIDGE, "up")
+            _ip("-n", ns, "addr", "add", f"{self.address[pod]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            etc = Path("/etc/netns") / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(hosts)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.teardown()
+
+    def teardown(self) -> None:
+        for ns in Path("/run/netns").glob(f"{NS_PREFIX}*") if Path("/run/netns").exists() else []:
+            pids = subprocess.run(["ip", "netns", "pids", ns.name], capture_output=True, text=True)
+            for pid in pids.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _ip("netns", "del", ns.name, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns.name, ignore_errors=True)
+        _ip("link", "del", BRIDGE, check=False)
+
+    def argv(self, pod: str, command: list[str]) -> list[str]:
+        # The pod's hostname is its name, as the kubelet sets it; gloo binds to what it resolves to.
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace(pod),
+            "unshare",
+            "--uts",
+            "--",
+            "/bin/sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            pod,
+            *command,
+        ]
+
+
+# -- the controller loop ---------------------------------------------------------------------
+
+
+@dataclass
+class Attempt:
+    pod: str
+    number: int
+    log: Path
+    process: subprocess.Popen[bytes]
+    code: int | None = None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Operator:
+    """Runs the job's pods to the end, restarting them as the operator would."""
+
+    job: dict[str, Any]
+    logs: Path
+    path: str = os.path.dirname(sys.executable) + os.pathsep + "/usr/sbin:/usr/bin:/sbin:/bin"
+    attempts: list[Attempt] = field(default_factory=list)
+    phase: dict[str, str] = field(default_factory=dict)
+    failed: bool = False
+
+    def __post_init__(self) -> None:
+        self.pods = {pod.name: pod for pod in pods(self.job)}
+        self.backoff_limit = self.job["spec"].get("runPolicy", {}).get("backoffLimit")
+        self.network = PodNetwork(list(self.pods))
+
+    def __enter__(self) -> Operator:
+        self.network.__enter__()
+        for name in self.pods:
+            self._start(name)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for attempt in self.running():
+            os.killpg(attempt.process.pid, signal.SIGKILL)
+            attempt.process.wait()
+        self.network.__exit__()
+
+    def _start(self, name: str) -> None:
+        pod = self.pods[name]
+        number = sum(1 for a in self.attempts if a.pod == name)
+        log = self.logs / f"{name}.{number}.log"
+        env = {**pod.env, "PATH": self.path, "HOME": str(self.logs), "HOSTNAME": name}
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                self.network.argv(name, pod.command),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=pod.workdir or self.logs,
+                start_new_session=True,
+            )
+        self.attempts.append(Attempt(name, number, log, process))
+        self.phase[name] = "Running"
+
+    def running(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.code is None]
+
+    def current(self, pod: str) -> Attempt:
+        return [a for a in self.attempts if a.pod == pod][-1]
+
+    def evict(self, pod: str) -> None:
+        """What a node drain or preemption does: SIGTERM to the container's PID 1."""
+        os.kill(self.current(pod).process.pid, signal.SIGTERM)
+
+    def restarts(self) -> int:
+        return len(self.attempts) - len(self.pods)
+
+    def run(self, timeout: float) -> str:
+        """Reconcile until every pod has finished: 'Succeeded', 'Failed', or raise on timeout."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods still running after {timeout:.0f} s: {[a.pod for a in self.running()]}")
+            for attempt in self.running():
+                code = attempt.process.poll()
+                if code is not None:  # a container killed by signal N exits 128 + N
+                    self._finished(attempt, 128 - code if code < 0 else code)
+            time.sleep(0.1)
+        return "Succeeded" if all(p == "Succeeded" for p in self.phase.values()) else "Failed"
+
+    def _finished(self, attempt: Attempt, code: int) -> None:
+        attempt.code = code
+        pod = self.pods[attempt.pod]
+        if code == 0:
+            self.phase[pod.name] = "Succeeded"
+        elif (
+            not self.failed
+            and retries(pod.restart_policy, code)
+            and (self.backoff_limit is None or self.restarts() < self.backoff_limit)
+        ):
+            self._start(pod.name)
+        else:
+            self.phase[pod.name] = "Failed"
+            self.failed = True
+            for other in self.running():  # as cleanPodPolicy All would: nothing left to wait for
+                os.killpg(other.process.pid, signal.SIGKILL)

@@ -1,0 +1,53 @@
+"""Run a rendered sbatch script with stub `srun`/`scontrol` that record what they were given."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from support.paths import venv_bin
+
+STUB = """#!{python}
+import json, os, sys
+with open(os.environ["STUB_OUT"], "a") as f:
+    record = {{"prog": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "env": dict(os.environ)}}
+    f.write(json.dumps(record) + "\\n")
+sys.exit(int(os.environ.get("STUB_RC", "0")))
+"""
+
+
+def make_stubs(folder: Path, python: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("srun", "scontrol", "torchrun"):
+        path = folder / name
+        path.write_text(STUB.format(python=python))
+        path.chmod(0o755)
+    return folder
+
+
+def run_script(
+    script: str, workdir: Path, stubs: Path, extra_env: dict[str, str] | None = None, rc: int = 0
+) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """Run the batch script as SLURM would on the head node of a 2-node job."""
+    out = workdir / "stub-calls.jsonl"
+    out.unlink(missing_ok=True)
+    (workdir / "job.sbatch").write_text(script)
+    env = {
+        "PATH": f"{stubs}:{venv_bin()}:/usr/bin:/bin",
+        "HOME": str(workdir),
+        "STUB_OUT": str(out),
+        "STUB_RC": str(rc),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu[007-008]",
+        "SLURM_NNODES": "2",
+        **(extra_env or {}),
+    }
+    proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
+    calls = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return proc, calls
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DIST_JOBS_"))}

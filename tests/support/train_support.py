@@ -1,0 +1,274 @@
+"""Shared by the training tests (tests/*/test_train_*.py): a tiny model and data set, and 2-rank CPU launches.
+
+The model and data are `module:factory` targets for the entrypoint (this folder is put on the
+children's PYTHONPATH). Both draw from the global RNG while training (dropout, a random flip
+in __getitem__), so a resumed run is bit-identical only if every rank's RNG is restored.
+torch is imported inside the functions: collecting this file costs nothing.
+Every launch runs in its own session and `Launch.kill()` reaps the whole tree (torchrun starts
+its children in sessions of their own, so the tree is found through /proc).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from support.paths import REPO, TESTS
+
+PYTHON = sys.executable
+STEP_RE = re.compile(r"step (\d+)/(\d+) epoch")
+
+
+def test_launch_helpers_find_a_child_process(tmp_path: Path) -> None:
+    launch = Launch(
+        [PYTHON, "-c", "import subprocess,sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])"],
+        tmp_path / "log",
+        {},
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not launch.tree()[1:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(launch.tree()) == 2
+    finally:
+        launch.kill()
+    assert launch.proc.poll() is not None and not launch.tree()
+
+
+# -- factories the entrypoint imports as support.train_support:NAME -----------------------------
+def tiny_net(num_classes: int = 10) -> Any:
+    """conv-BN-ReLU-dropout-linear: buffers, RNG use, and a few thousand parameters."""
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.BatchNorm2d(8),
+                nn.ReLU(),
+                nn.Dropout(0.2),
+                nn.AdaptiveAvgPool2d(4),
+                nn.Flatten(),
+                nn.Linear(8 * 16, num_classes),
+            )
+            # Slows training (never the numbers) so a test can signal at a chosen step.
+            self.delay = float(os.environ.get("DJ_TEST_STEP_DELAY", "0"))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.delay and self.training:
+                time.sleep(self.delay)
+            return self.body(x)
+
+    return Tiny()
+
+
+def plain_net(num_classes: int = 10) -> Any:
+    """No BatchNorm, no dropout: the gradient of a batch is the mean of its halves' gradients."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, num_classes)
+    )
+
+
+def tiny_data(train: bool, config: Any) -> Any:
+    """Seeded random images; the training split flips half of them at random (global RNG)."""
+    import torch
+    from torch.utils.data import Dataset
+
+    size = config.fake_samples if train else max(config.fake_samples // 4, 1)
+    gen = torch.Generator().manual_seed(1234 + int(train))
+    images = torch.randn(size, 3, config.image_size, config.image_size, generator=gen)
+    labels = torch.randint(0, config.num_classes, (size,), generator=gen)
+
+    class Images(Dataset):
+        def __len__(self) -> int:
+            return size
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            image = images[index]
+            if train and torch.rand(()) < 0.5:
+                image = image.flip(-1)
+            return image, int(labels[index])
+
+    return Images()
+
+
+# -- launching ---------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment minus launcher variables, with the repo and tests/ importable."""
+    drop = re.compile(
+        r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|"
+        r"GROUP_RANK|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMIX_.*|PET_.*|DIST_JOBS_.*)$"
+    )
+    env = {k: v for k, v in os.environ.items() if not drop.match(k)}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+class Launch:
+    """One process (torchrun, or one rank) writing stdout+stderr to `log`."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+            )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def last_step(self) -> int:
+        steps = [int(m.group(1)) for m in STEP_RE.finditer(self.text())]
+        return max(steps, default=0)
+
+    def tree(self) -> list[int]:
+        """This process and all its living descendants (pids)."""
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            if not Path(f"/proc/{pid}").exists():
+                continue
+            found.append(pid)
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+                except OSError:
+                    pass
+        return [pid for pid in found if _alive(pid)]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.proc.args!r} still ran after {timeout}s:\n{self.text()[-3000:]}") from None
+
+    def kill(self) -> None:
+        for pid in reversed(self.tree()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def rank_of(pid: int) -> int | None:
+    """The RANK a torchrun child was given, read from its environment."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
+
+
+def start_ranks(
+    args: list[str], logs: Path, *, world: int = 2, command: list[str] | None = None, **extra: str
+) -> list[Launch]:
+    """`world` ranks of `command` (default python -m dist_jobs.train) + args, env:// by hand."""
+    command = command or [PYTHON, "-m", "dist_jobs.train"]
+    port = str(free_port())
+    launches = []
+    for rank in range(world):
+        env = child_env(
+            DIST_JOBS_ENV="torchrun",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            DIST_JOBS_RDZV_TIMEOUT="60",
+            **extra,
+        )
+        launches.append(Launch([*command, *args], logs / f"rank{rank}.log", env))
+    return launches
+
+
+def start_torchrun(args: list[str], log: Path, *, nproc: int = 2, **extra: str) -> Launch:
+    argv = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "dist_jobs.train",
+        *args,
+    ]
+    return Launch(argv, log, child_env(DIST_JOBS_RDZV_TIMEOUT="60", **extra))
+
+
+def wait_all(launches: list[Launch], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+        return [launch.wait(max(1.0, deadline - time.monotonic())) for launch in launches]
+    finally:
+        for launch in launches:
+            launch.kill()
+
+
+def final_state(run_dir: Path) -> dict[str, Any]:
+    """The shared part of the newest checkpoint in run_dir."""
+    from dist_jobs.train.checkpoint import Checkpointer
+
+    loaded = Checkpointer(run_dir, rank=1, world_size=2).latest()  # rank 1: removes nothing
+    assert loaded is not None, f"no complete checkpoint in {run_dir}"
+    return loaded.shared
+
+
+def assert_bit_identical(got: Any, want: Any, where: str = "state") -> None:
+    """torch.equal on every tensor, == on everything else, recursively."""
+    import torch
+
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype, where
+        assert torch.equal(got, want), f"{where} differs: max |diff| {(got - want).abs().max()}"
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), f"{where}: keys differ"
+        for key in want:
+            assert_bit_identical(got[key], want[key], f"{where}[{key!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), f"{where}: lengths differ"
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_bit_identical(a, b, f"{where}[{i}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"

@@ -1,0 +1,90 @@
+"""The CLI surface: version, schema, -o, the command after `--`, stdout for piping."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from dist_jobs import __version__
+from support.paths import PYTHON, REPO
+
+
+def dj(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_version() -> None:
+    assert dj("--version").stdout.strip() == f"dist-jobs {__version__}"
+
+
+def test_schema_is_json_schema_with_fields() -> None:
+    schema = json.loads(dj("schema").stdout)
+    assert {"name", "nodes", "gpus_per_node", "slurm", "k8s", "train"} <= set(schema["properties"])
+    assert schema["additionalProperties"] is False
+
+
+def test_schema_accepts_every_example_and_rejects_what_load_spec_rejects() -> None:
+    """What an editor checks against `dist-jobs schema` agrees with what dist-jobs accepts."""
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(json.loads(dj("schema").stdout))
+    examples = sorted((REPO / "slurm/examples").glob("*.yaml")) + [
+        p for p in sorted((REPO / "k8s/examples").glob("*.yaml")) if p.name.count(".") == 1
+    ]
+    assert len(examples) >= 6
+    for path in examples:
+        assert list(validator.iter_errors(yaml.safe_load(path.read_text()))) == [], path
+    bad = {
+        "nodes": 0,
+        "memory": "64G\n",
+        "slurm": {"partiton": "x"},
+        "env": {"1BAD": "v"},
+        "k8s": {"shm_size": "lots"},
+        "train": {"amp": "fp32"},
+    }
+    paths = sorted("/".join(map(str, e.absolute_path)) or e.message for e in validator.iter_errors(bad))
+    assert len(paths) == 6, paths
+
+
+def test_command_after_double_dash_replaces_default(tmp_path) -> None:
+    proc = dj(
+        "render",
+        "--backend",
+        "k8s",
+        "--image",
+        "i:1",
+        "--nodes",
+        "2",
+        "--gpus",
+        "4",
+        "--",
+        "python",
+        "train.py",
+        "--lr",
+        "0.1",
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = yaml.safe_load(proc.stdout)
+    cmd = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[4:] == ["torchrun", "--nproc-per-node=4", "train.py", "--lr", "0.1"]
+
+
+def test_output_file_and_stdout_identical(tmp_path) -> None:
+    example = str(REPO / "slurm/examples/cpu-only.yaml")
+    out = tmp_path / "job.sbatch"
+    assert dj("render", "--backend", "slurm", example, "-o", str(out)).returncode == 0
+    assert out.read_text() == dj("render", "--backend", "slurm", example).stdout
+
+
+def test_k8s_needs_image_with_hint() -> None:
+    proc = dj("render", "--backend", "k8s", "--procs-per-node", "1")
+    assert proc.returncode == 2 and "image" in proc.stderr and "--image" in proc.stderr
+
+
+def test_set_and_env_forms() -> None:
+    proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--env", "NOEQUALS")
+    assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
+    proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--set", "train.epochs=5")
+    assert proc.returncode == 0 and "--epochs 5" in proc.stdout

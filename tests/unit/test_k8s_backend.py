@@ -1,0 +1,438 @@
+"""The Kubernetes backend, driven through the real `kubernetes` client against the loopback
+stand-in apiserver (tests/kube_standin.py): what it sends, what ends up stored, and how every
+apiserver answer becomes a message with a hint."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from dist_jobs.backends.base import Prepared
+from dist_jobs.backends.k8s import MANAGED, K8sBackend, pytorchjob_selector
+from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.spec.load import load_spec
+from support.k8s_offline.validate import crd_path, prune_and_default
+from support.kube_standin import FakeKubeAPI, sample_pytorchjob
+
+kubernetes = pytest.importorskip("kubernetes")
+
+SEED = {
+    "name": "resnet50-ddp",
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "cpus_per_task": 8,
+    "memory": "256G",
+    "image": "reg.example/train:1",
+    "k8s": {"pvc": "ckpt"},
+}
+ELASTIC = {**SEED, "name": "elastic-ddp", "k8s": {"pvc": "ckpt", "min_nodes": 2, "max_nodes": 4}}
+TRAINJOB = {**SEED, "name": "resnet-trainjob", "k8s": {"api": "trainjob", "namespace": "ml", "pvc": "ckpt"}}
+JOB, NS, PLURAL = "resnet50-ddp", "default", "pytorchjobs"
+SERVER_META = {"uid", "resourceVersion", "generation", "creationTimestamp", "managedFields"}
+OP = "training.kubeflow.org/"
+
+
+@pytest.fixture()
+def api() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI([crd_path("PyTorchJob"), crd_path("TrainJob")]) as server:
+        yield server
+
+
+def _backend(url: str, **kwargs: Any) -> K8sBackend:
+    api_client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
+    return K8sBackend(api_client=api_client, **kwargs)
+
+
+@pytest.fixture()
+def backend(api: FakeKubeAPI) -> K8sBackend:
+    return _backend(api.url)
+
+
+def _prepared(backend: K8sBackend, data: dict[str, Any] = SEED) -> Prepared:
+    return backend.prepare(load_spec(data=data))
+
+
+def _edited(prepared: Prepared, edit: Any) -> Prepared:
+    """The same Prepared with its manifest changed by `edit(doc)`: a payload render() would never make."""
+    doc = yaml.safe_load(prepared.payload)
+    edit(doc)
+    return Prepared(prepared.backend, prepared.spec, yaml.safe_dump(doc), prepared.filename)
+
+
+def _error(call: Any, *args: Any, **kwargs: Any) -> BackendError:
+    with pytest.raises(BackendError) as info:
+        result = call(*args, **kwargs)
+        if isinstance(result, Iterator):
+            list(result)
+    return info.value
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _posts(api: FakeKubeAPI) -> list[Any]:
+    return [r for r in api.requests if r.method == "POST"]
+
+
+# --- submit -----------------------------------------------------------------------------------
+
+
+def test_submit_creates_with_strict_field_validation_and_stores_the_rendered_manifest(
+    api: FakeKubeAPI, backend: K8sBackend
+) -> None:
+    prepared = _prepared(backend)
+    assert backend.submit(prepared) == JOB
+    (post,) = _posts(api)
+    assert post.path == f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}"
+    assert post.query == {"fieldValidation": ["Strict"]}
+    manifest = yaml.safe_load(prepared.payload)
+    assert post.body == manifest, "the exact rendered manifest is the request body"
+    expected, pruned = prune_and_default(manifest)
+    assert pruned == []
+    stored = copy.deepcopy(api.store[(PLURAL, NS, JOB)])
+    assert SERVER_META <= set(stored["metadata"])
+    for key in SERVER_META:
+        del stored["metadata"][key]
+    assert stored == expected
+    assert stored != manifest and stored["spec"]["runPolicy"]["suspend"] is False  # the CRD's defaults
+
+
+def test_server_dry_run_is_checked_but_stores_nothing(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    prepared = _prepared(backend)
+    assert "dryRun=All" in backend.server_dry_run(prepared)
+    assert api.store == {}
+    assert _posts(api)[-1].query == {"fieldValidation": ["Strict"], "dryRun": ["All"]}
+    assert backend.submit(prepared) == JOB  # the dry run did not take the name
+
+
+def test_server_dry_run_reports_what_a_real_create_would(backend: K8sBackend) -> None:
+    bad = _edited(_prepared(backend), lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2))
+    assert "403" in _error(backend.server_dry_run, bad).message
+
+
+def test_second_submit_is_409_with_a_hint(backend: K8sBackend) -> None:
+    prepared = _prepared(backend)
+    backend.submit(prepared)
+    err = _error(backend.submit, prepared)
+    assert "409 AlreadyExists" in err.message and f'"{JOB}" already exists' in err.message
+    assert err.hint and "dist-jobs cancel --backend k8s" in err.hint
+
+
+def test_schema_violations_are_422_with_every_field_cause(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    def break_it(doc: dict[str, Any]) -> None:
+        worker = doc["spec"]["pytorchReplicaSpecs"]["Worker"]
+        worker["replicas"] = "two"
+        worker["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = "lots"
+
+    err = _error(backend.submit, _edited(_prepared(backend), break_it))
+    lines = err.message.splitlines()
+    assert "422 Invalid" in lines[0]
+    w = "spec.pytorchReplicaSpecs.Worker"
+    assert any(
+        line.startswith(f"  - {w}.replicas: Invalid value: ") and "must be of type integer" in line for line in lines
+    ), lines
+    assert any(
+        line.startswith(f'  - {w}.template.spec.containers[0].resources.limits.memory: Invalid value: "lots"')
+        for line in lines
+    ), lines
+    assert err.hint and "job.yaml" in err.hint
+    assert api.store == {}
+
+
+def test_unknown_field_is_refused_because_submit_asks_for_strict(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    def typo(doc: dict[str, Any]) -> None:
+        container = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        container["volumeMount"] = container.pop("volumeMounts")
+
+    err = _error(backend.submit, _edited(_prepared(backend), typo))
+    assert "400 BadRequest" in err.message and "strict decoding error" in err.message
+    assert 'unknown field "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].volumeMount"' in err.message
+    assert err.hint and "misspelled" in err.hint
+    assert api.store == {}, "the stand-in's default (Warn) would have stored it with the field dropped"
+
+
+def test_webhook_denial_is_403_with_the_webhooks_message(backend: K8sBackend) -> None:
+    bad = _edited(_prepared(backend), lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2))
+    err = _error(backend.submit, bad)
+    assert (
+        'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied the request: '
+        "spec.pytorchReplicaSpecs[Master].replicas: Forbidden: must be 1"
+    ) in err.message
+    assert "(403 Forbidden)" in err.message
+    assert err.hint and "webhook" in err.hint
+
+
+@pytest.mark.parametrize(
+    ("data", "kind", "hint"), [(SEED, "PyTorchJob", "training operator"), (TRAINJOB, "TrainJob", "Trainer v2")]
+)
+def test_crd_not_installed_is_the_plain_text_404(data: dict[str, Any], kind: str, hint: str) -> None:
+    with FakeKubeAPI([]) as bare:
+        backend = _backend(bare.url, kind=kind)
+        err = _error(backend.submit, _prepared(backend, data))
+        assert "404 page not found" in err.message and f"the {kind} CRD is not installed" in err.message
+        assert err.hint and hint in err.hint
+        status_err = _error(backend.status, "anything")
+        assert f"the {kind} CRD is not installed" in status_err.message
+
+
+def test_unreachable_server_is_a_clear_message_not_a_traceback() -> None:
+    url = _closed_port_url()
+    backend = _backend(url)
+    start = time.monotonic()
+    err = _error(backend.submit, _prepared(backend))
+    assert time.monotonic() - start < 10
+    assert err.message.startswith(f"cannot reach the Kubernetes apiserver at {url}: ")
+    assert "Connection refused" in err.message
+    assert err.hint and "kubectl cluster-info" in err.hint
+    assert "cannot reach" in _error(backend.list).message
+
+
+def test_a_silent_server_times_out_instead_of_hanging() -> None:
+    with socket.socket() as silent:  # accepts connections (kernel backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        backend = _backend(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=(0.3, 0.3))
+        start = time.monotonic()
+        err = _error(backend.submit, _prepared(backend))
+        assert "timed out" in err.message and time.monotonic() - start < 10
+
+
+# --- status, list, cancel ---------------------------------------------------------------------
+
+
+def _conditions(*pairs: tuple[str, str]) -> list[dict[str, str]]:
+    return [
+        {
+            "type": t,
+            "status": s,
+            "reason": f"PyTorchJob{t}",
+            "message": f"PyTorchJob {JOB} is {t.lower()}.",
+            "lastTransitionTime": "2025-01-01T00:00:00Z",
+        }
+        for t, s in pairs
+    ]
+
+
+def test_status_follows_the_operators_conditions_and_replica_counts(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    first = backend.status(JOB)
+    assert (first.job_id, first.state, first.extra, first.finished) == (JOB, "Pending", {}, False)
+
+    api.set_status(PLURAL, NS, JOB, {"conditions": _conditions(("Created", "True"))})
+    assert backend.status(JOB).state == "Created"
+
+    selector = f"{OP}job-name={JOB},{OP}replica-type=worker"
+    api.set_status(
+        PLURAL,
+        NS,
+        JOB,
+        {
+            "conditions": _conditions(("Created", "True"), ("Running", "True")),
+            "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1, "selector": selector}},
+        },
+    )
+    running = backend.status(JOB)
+    assert (running.state, running.finished) == ("Running", False)
+    assert running.detail == f"PyTorchJob {JOB} is running."
+    assert running.extra == {"Master": "active=1", "Worker": "active=1"}  # counts only, no selector
+
+    api.set_status(
+        PLURAL,
+        NS,
+        JOB,
+        {
+            "conditions": _conditions(("Created", "True"), ("Running", "False"), ("Succeeded", "True")),
+            "replicaStatuses": {"Master": {"succeeded": 1}, "Worker": {"succeeded": 1}},
+        },
+    )
+    done = backend.status(JOB)
+    assert (done.state, done.finished, done.extra["Worker"]) == ("Succeeded", True, "succeeded=1")
+
+
+def test_status_of_a_job_being_deleted_is_terminating(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    api.store[(PLURAL, NS, JOB)]["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    assert backend.status(JOB).state == "Terminating"
+
+
+def test_list_selects_the_jobs_dist_jobs_manages(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    backend.submit(_prepared(backend, {**SEED, "name": "second"}))
+    api_client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url))
+    kubernetes.client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        "kubeflow.org", "v1", NS, PLURAL, sample_pytorchjob("made-by-hand")
+    )
+    assert sorted(s.name for s in backend.list()) == ["resnet50-ddp", "second"]
+    listing = [r for r in api.requests if r.method == "GET" and r.path.endswith(f"/namespaces/{NS}/{PLURAL}")]
+    assert listing[-1].query["labelSelector"] == [MANAGED]
+    assert _backend(api.url, namespace="elsewhere").list() == []
+
+
+def test_cancel_deletes_then_status_is_404(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    backend.cancel(JOB)
+    delete = api.requests[-1]
+    assert (delete.method, delete.path) == ("DELETE", f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}/{JOB}")
+    assert delete.query["propagationPolicy"] == ["Foreground"]
+    assert api.store == {}
+    err = _error(backend.status, JOB)
+    assert f'pytorchjobs.kubeflow.org "{JOB}" not found (404 NotFound)' in err.message
+    assert err.hint and "dist-jobs list --backend k8s" in err.hint
+    assert "not found" in _error(backend.cancel, JOB).message
+
+
+# --- logs -------------------------------------------------------------------------------------
+
+
+def _operator_pod(api: FakeKubeAPI, job: str, rtype: str, index: int, text: str, ns: str = NS) -> str:
+    """A pod labelled the way training-operator v1.9 labels the pods it creates."""
+    name = f"{job}-{rtype}-{index}"
+    labels = {
+        f"{OP}job-name": job,
+        f"{OP}operator-name": "pytorchjob-controller",
+        f"{OP}replica-type": rtype,
+        f"{OP}replica-index": str(index),
+    }
+    if rtype == "master" or (rtype == "worker" and index == 0 and job.startswith("elastic")):
+        labels[f"{OP}job-role"] = "master"
+    api.pods[(ns, name)] = {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "pytorch", "image": "reg.example/train:1"}]},
+    }
+    api.pod_logs[(ns, name)] = text
+    return name
+
+
+def test_logs_by_pod_rank_use_the_operators_labels(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    _operator_pod(api, JOB, "master", 0, "master line 1\nmaster line 2\n")
+    worker = _operator_pod(api, JOB, "worker", 0, "worker line\n")
+    _operator_pod(api, "other-job", "worker", 0, "not this one\n")  # same replica labels, other job
+    assert list(backend.logs(JOB)) == ["master line 1", "master line 2"]
+    assert list(backend.logs(JOB, rank=1)) == ["worker line"]
+    read = api.requests[-1]
+    assert read.path == f"/api/v1/namespaces/{NS}/pods/{worker}/log" and read.query["container"] == ["pytorch"]
+    err = _error(backend.logs, JOB, rank=2)
+    assert "has no pod with rank 2" in err.message and f"{JOB}-master-0, {JOB}-worker-0" in err.message
+    with pytest.raises(UsageError):
+        list(backend.logs(JOB, rank=-1))
+
+
+def test_logs_before_the_pods_exist_and_of_a_missing_job(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    err = _error(backend.logs, JOB)
+    assert "no pod with rank 0 (its pods: none yet)" in err.message and err.hint and "status" in err.hint
+    assert "not found" in _error(backend.logs, "no-such-job").message
+    _operator_pod(api, JOB, "master", 0, "")  # nothing written yet: the apiserver answers 204, no body
+    assert list(backend.logs(JOB)) == []
+
+
+def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    prepared = _prepared(backend, ELASTIC)
+    assert "Master" not in yaml.safe_load(prepared.payload)["spec"]["pytorchReplicaSpecs"]
+    job = backend.submit(prepared)
+    _operator_pod(api, job, "worker", 0, "w0\n")
+    _operator_pod(api, job, "worker", 1, "w1\n")
+    assert list(backend.logs(job, rank=0)) == ["w0"]
+    assert list(backend.logs(job, rank=1)) == ["w1"]
+
+
+def test_selector_maps_rank_to_replica_type_and_index() -> None:
+    assert pytorchjob_selector("j", 0, True).endswith("replica-type=master,training.kubeflow.org/replica-index=0")
+    assert pytorchjob_selector("j", 3, True).endswith("replica-type=worker,training.kubeflow.org/replica-index=2")
+    assert pytorchjob_selector("j", 3, False).endswith("replica-type=worker,training.kubeflow.org/replica-index=3")
+
+
+@pytest.mark.timeout(60)
+def test_follow_streams_lines_as_the_container_writes_them(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    master = _operator_pod(api, JOB, "master", 0, "")
+    chunks: queue.Queue[str | None] = queue.Queue()
+    api.pod_logs[(NS, master)] = chunks
+    api.follow_timeout = 5.0  # if the client buffered to the end, the stream ends here and the test fails
+    lines = backend.logs(JOB, follow=True)
+    chunks.put("step 1 loss 2.3\n")
+    start = time.monotonic()
+    assert next(lines) == "step 1 loss 2.3"
+    assert time.monotonic() - start < 4, "the line only came when the stream ended: not followed"
+    chunks.put("step 2 ")
+    chunks.put("loss 2.1\n")
+    chunks.put(None)  # the container exits
+    assert list(lines) == ["step 2 loss 2.1"]
+    read = [r for r in api.requests if r.path.endswith("/log")][-1]
+    assert read.query["follow"] == ["true"] and read.query["container"] == ["pytorch"]
+
+
+def test_follow_errors_are_translated_too() -> None:
+    backend = _backend(_closed_port_url())
+    assert "cannot reach" in _error(backend.logs, JOB, follow=True).message
+
+
+# --- TrainJob -----------------------------------------------------------------------------------
+
+
+def test_trainjob_submit_picks_the_kind_from_the_manifest(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    assert backend.kind == "PyTorchJob"
+    job = backend.submit(_prepared(backend, TRAINJOB))
+    assert _posts(api)[-1].path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"
+    assert ("trainjobs", "ml", job) in api.store
+
+    trainer = _backend(api.url, kind="TrainJob", namespace="ml")
+    assert trainer.status(job).state == "Pending"
+    api.set_status(
+        "trainjobs",
+        "ml",
+        job,
+        {
+            "conditions": [
+                {
+                    "type": "Complete",
+                    "status": "True",
+                    "reason": "JobsCompleted",
+                    "message": "TrainJob is completed",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                }
+            ],
+            "jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 2, "failed": 0, "suspended": 0}],
+        },
+    )
+    done = trainer.status(job)
+    assert (done.state, done.detail) == ("Complete", "TrainJob is completed")
+    assert done.extra == {"node": "active=0 failed=0 ready=0 succeeded=2 suspended=0"}
+    assert [s.name for s in trainer.list()] == [job]
+    assert "not found" in _error(_backend(api.url, namespace="ml").status, job).message  # not a PyTorchJob
+    trainer.cancel(job)
+    assert api.store == {}
+
+
+def test_trainjob_logs_pick_the_node_pod_by_completion_index(api: FakeKubeAPI) -> None:
+    trainer = _backend(api.url, kind="TrainJob", namespace="ml")
+    job = trainer.submit(_prepared(trainer, TRAINJOB))
+    for index, suffix in ((0, "x7k2p"), (1, "b9qzt")):
+        name = f"{job}-node-0-{index}-{suffix}"
+        api.pods[("ml", name)] = {
+            "metadata": {
+                "labels": {"jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node"},
+                "annotations": {"batch.kubernetes.io/job-completion-index": str(index)},
+            },
+            "spec": {"containers": [{"name": "node", "image": "reg.example/train:1"}]},
+        }
+        api.pod_logs[("ml", name)] = f"node rank {index}\n"
+    assert list(trainer.logs(job, rank=1)) == ["node rank 1"]
+    assert api.requests[-1].query["container"] == ["node"]
+    assert "has no pod with rank 2" in _error(trainer.logs, job, rank=2).message
+
+
+def test_unknown_kind_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="TFJob"):
+        K8sBackend(kind="TFJob")

@@ -1,0 +1,222 @@
+"""`dist-jobs submit|status|list|cancel|logs --backend k8s` against the stand-in apiserver, through a
+kubeconfig file, the way a user runs them: output, exit codes, and errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dist_jobs.cli import main
+from dist_jobs.render import render
+from dist_jobs.spec.load import load_spec
+from support.k8s_offline.validate import crd_path
+from support.kube_standin import TOKEN, FakeKubeAPI, write_kubeconfig
+from support.paths import PYTHON, REPO
+
+pytest.importorskip("kubernetes")
+
+
+SPEC = {
+    "name": "cli-ddp",
+    "nodes": 2,
+    "gpus_per_node": 2,
+    "cpus_per_task": 4,
+    "memory": "32G",
+    "image": "reg.example/train:1",
+    "k8s": {"pvc": "ckpt"},
+}
+JOB, PLURAL = "cli-ddp", "pytorchjobs"
+OP = "training.kubeflow.org/"
+
+
+@pytest.fixture()
+def api() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI([crd_path("PyTorchJob")]) as server:
+        yield server
+
+
+@pytest.fixture()
+def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> Path:
+    return write_kubeconfig(tmp_path / "kubeconfig", api.url)
+
+
+def write_spec(tmp_path: Path, **changes: Any) -> Path:
+    path = tmp_path / f"job-{len(list(tmp_path.glob('job-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, **changes}))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def k8s(verb: str, kubeconfig: Path, *rest: str) -> list[str]:
+    return [verb, "--backend", "k8s", "--kubeconfig", str(kubeconfig), *rest]
+
+
+def test_submit_prints_the_job_name_and_uses_the_kubeconfig(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
+) -> None:
+    code, out, err = run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
+    assert (code, out, err) == (0, f"{JOB}\n", "")
+    (post,) = [r for r in api.requests if r.method == "POST"]
+    assert post.headers.get("authorization") == f"Bearer {TOKEN}"  # the kubeconfig's user
+    assert post.query["fieldValidation"] == ["Strict"]
+    assert (PLURAL, "default", JOB) in api.store
+
+
+def test_submit_dry_run_prints_the_manifest_and_the_server_check(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path)
+    code, out, err = run(capsys, *k8s("submit", kubeconfig, "--dry-run", str(spec)))
+    assert code == 0, err
+    assert out == render(load_spec(spec), "k8s")
+    assert "server-side dry run: accepted by the apiserver" in err
+    assert api.store == {}
+    assert [r.query.get("dryRun") for r in api.requests if r.method == "POST"] == [["All"]]
+
+
+def test_submit_dry_run_of_a_refused_manifest_exits_1(
+    capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, k8s={"pvc": "ckpt", "labels": {"bad key!": "x"}})
+    code, _, err = run(capsys, *k8s("submit", kubeconfig, "--dry-run", str(spec)))
+    assert code == 1 and "422 Invalid" in err and "metadata.labels" in err and "hint:" in err
+
+
+def test_errors_exit_1_with_message_and_hint_and_no_traceback(
+    capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
+) -> None:
+    spec = str(write_spec(tmp_path))
+    assert run(capsys, *k8s("submit", kubeconfig, spec))[0] == 0
+    code, out, err = run(capsys, *k8s("submit", kubeconfig, spec))
+    assert (code, out) == (1, "")
+    assert err.startswith(
+        f'dist-jobs submit: create PyTorchJob default/{JOB}: pytorchjobs.kubeflow.org "{JOB}" '
+        "already exists (409 AlreadyExists)"
+    )
+    assert "\n  hint: pick another --name" in err and "Traceback" not in err
+
+
+def test_crd_not_installed_and_server_down_are_messages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = str(write_spec(tmp_path))
+    with FakeKubeAPI([]) as bare:
+        config = write_kubeconfig(tmp_path / "bare", bare.url)
+        code, _, err = run(capsys, *k8s("submit", config, spec))
+    assert code == 1 and "404 page not found" in err and "CRD is not installed" in err and "hint:" in err
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = write_kubeconfig(tmp_path / "down", f"http://127.0.0.1:{sock.getsockname()[1]}")
+    code, _, err = run(capsys, *k8s("status", down, JOB))
+    assert code == 1 and "cannot reach the Kubernetes apiserver" in err and "Traceback" not in err
+
+
+def test_a_missing_kubeconfig_or_context_is_a_message(
+    capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, *k8s("list", tmp_path / "absent"))
+    assert code == 1 and "cannot load kubeconfig" in err and "--kubeconfig" in err
+    code, _, err = run(capsys, *k8s("list", kubeconfig, "--context", "nope"))
+    assert code == 1 and "context nope" in err
+
+
+def test_status_list_cancel(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
+    run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path, name="other-ddp"))))
+    api.set_status(
+        PLURAL,
+        "default",
+        JOB,
+        {
+            "conditions": [
+                {"type": "Created", "status": "True"},
+                {"type": "Running", "status": "True", "message": f"PyTorchJob {JOB} is running."},
+            ],
+            "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1}},
+        },
+    )
+
+    code, out, _ = run(capsys, *k8s("status", kubeconfig, JOB))
+    assert code == 0
+    assert out.splitlines() == [
+        f"{JOB}  {JOB}  Running  PyTorchJob {JOB} is running.",
+        "  Master: active=1",
+        "  Worker: active=1",
+    ]
+    code, out, _ = run(capsys, *k8s("status", kubeconfig, "--json", JOB))
+    assert json.loads(out) == {
+        "job_id": JOB,
+        "name": JOB,
+        "state": "Running",
+        "detail": f"PyTorchJob {JOB} is running.",
+        "Master": "active=1",
+        "Worker": "active=1",
+    }
+
+    code, out, _ = run(capsys, *k8s("list", kubeconfig))
+    assert code == 0
+    assert [line.split("\t")[:3] for line in out.splitlines()] == [
+        [JOB, JOB, "Running"],
+        ["other-ddp", "other-ddp", "Pending"],
+    ]
+
+    assert run(capsys, *k8s("cancel", kubeconfig, JOB))[:2] == (0, f"cancelled {JOB}\n")
+    code, out, err = run(capsys, *k8s("status", kubeconfig, JOB))
+    assert (code, out) == (1, "") and f'"{JOB}" not found (404 NotFound)' in err and "hint:" in err
+
+
+def test_namespace_comes_from_the_flag_or_the_kubeconfig_context(
+    capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, k8s={"pvc": "ckpt", "namespace": "ml"})
+    assert run(capsys, *k8s("submit", kubeconfig, str(spec)))[0] == 0
+    assert run(capsys, *k8s("status", kubeconfig, JOB))[0] == 1  # current context: namespace default
+    assert run(capsys, *k8s("status", kubeconfig, "--namespace", "ml", JOB))[0] == 0
+    code, out, _ = run(capsys, *k8s("status", kubeconfig, "--context", "team-ml", JOB))
+    assert code == 0 and out.startswith(f"{JOB}  {JOB}  Pending")
+
+
+def test_logs_of_rank_1_are_the_first_workers(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
+    for rtype, index, text in (("master", 0, "rank 0 here\n"), ("worker", 0, "rank 1 here\nepoch 1 done")):
+        name = f"{JOB}-{rtype}-{index}"
+        api.pods[("default", name)] = {
+            "metadata": {"labels": {f"{OP}job-name": JOB, f"{OP}replica-type": rtype, f"{OP}replica-index": str(index)}}
+        }
+        api.pod_logs[("default", name)] = text
+    code, out, err = run(capsys, *k8s("logs", kubeconfig, "--rank", "1", JOB))
+    assert (code, out, err) == (0, "rank 1 here\nepoch 1 done\n", "")
+    assert run(capsys, *k8s("logs", kubeconfig, JOB))[1] == "rank 0 here\n"
+    code, _, err = run(capsys, *k8s("logs", kubeconfig, "--rank", "5", JOB))
+    assert code == 1 and "no pod with rank 5" in err
+
+
+def test_the_installed_entry_point_in_a_subprocess(api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(REPO)}
+    spec = str(write_spec(tmp_path))
+
+    def dj(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYTHON, "-m", "dist_jobs", *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+        )
+
+    ok = dj("submit", "--backend", "k8s", spec)  # $KUBECONFIG, as kubectl reads it
+    assert (ok.returncode, ok.stdout) == (0, f"{JOB}\n"), ok.stderr
+    again = dj("submit", "--backend", "k8s", spec)
+    assert again.returncode == 1 and "409 AlreadyExists" in again.stderr
+    assert "Traceback" not in again.stderr and again.stdout == ""

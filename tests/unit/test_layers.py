@@ -1,0 +1,78 @@
+"""The architecture, enforced: imports go one way between layers and no module cycle exists."""
+
+from __future__ import annotations
+
+import ast
+
+from support import layers
+from support.paths import REPO
+
+
+def test_every_module_belongs_to_a_known_layer() -> None:
+    unknown = sorted({layers.layer(m) for m in layers.modules()} - set(layers.ALLOWED))
+    assert not unknown, f"modules outside the design card's layers: {unknown}"
+
+
+def test_imports_go_one_way() -> None:
+    bad = layers.wrong_way(list(layers.edges()))
+    assert not bad, "wrong-way imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle() -> None:
+    found = layers.cycles(list(layers.edges()))
+    assert not found, f"import cycles: {found}"
+
+
+def test_ranks_and_the_bottom_import_only_the_standard_library() -> None:
+    import sys
+
+    third_party = []
+    for path in [
+        *(REPO / "dist_jobs" / "ranks").glob("*.py"),
+        REPO / "dist_jobs" / "errors.py",
+        REPO / "dist_jobs" / "constants.py",
+    ]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("dist_jobs", "__future__"):
+                    third_party.append(f"{path.name}: {name}")
+    assert not third_party, third_party
+
+
+def test_the_checker_catches_a_wrong_way_edge_and_a_cycle() -> None:
+    # The checks above pass on the tree; this shows they would fail on a bad one.
+    up = layers.Edge("dist_jobs.spec.model", "dist_jobs.render.common", 1)
+    torch_side = layers.Edge("dist_jobs.backends.local", "dist_jobs.train.loop", 1)
+    assert len(layers.wrong_way([up, torch_side])) == 2
+    loop = [
+        layers.Edge("dist_jobs.backends.base", "dist_jobs.backends.slurm", 1),
+        layers.Edge("dist_jobs.backends.slurm", "dist_jobs.backends.base", 2),
+    ]
+    assert layers.cycles(loop) == [["dist_jobs.backends.base", "dist_jobs.backends.slurm"]]
+
+
+MAX_MODULE_LINES = 310  # the card's "~300"
+MAX_FUNCTION_LINES = 50
+
+
+def test_modules_and_functions_stay_small() -> None:
+    too_long = []
+    for path in sorted((REPO / "dist_jobs").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(REPO)
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}(): {lines} lines")
+    assert not too_long, "split these:\n" + "\n".join(too_long)

@@ -1,0 +1,192 @@
+"""Property tests: arbitrary text in names, env values, arguments and paths survives rendering.
+
+The sbatch script must pass `bash -n`, and running it with stub srun/torchrun must hand them the
+exact argv and environment values; `yaml.safe_load` of the manifest must give the exact values.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dist_jobs.render import render
+from dist_jobs.render.quoting import dns1035, sh, yaml_value
+from dist_jobs.spec import run_id
+from dist_jobs.spec.load import load_spec
+from support.render_helpers import make_stubs, run_script
+
+# Any text a user could type or paste, minus NUL (no argv or env value can carry it).
+text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=40)
+one_line = st.text(
+    st.characters(min_codepoint=32, blacklist_characters="\x7f", blacklist_categories=("Cs",)), min_size=1, max_size=30
+)
+env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True).filter(
+    lambda n: (
+        not n.startswith(
+            (
+                "SLURM",
+                "DIST_JOBS",
+                "MASTER",
+                "PATH",
+                "STUB",
+                "HOME",
+                "BASH",
+                "SHELL",
+                "IFS",
+                "PS",
+                "OPT",
+                "UID",
+                "EUID",
+                "PPID",
+                "PWD",
+                "RANDOM",
+                "LINENO",
+                "SECONDS",
+                "HOST",
+                "GROUPS",
+                "NCCL",
+                "OLDPWD",
+                "TMOUT",
+                "CDPATH",
+                "ENV",
+                "FUNCNAME",
+                "PIPESTATUS",
+                "LANG",
+                "LC_",
+                "TERM",
+                "COLUMNS",
+                "LINES",
+                "EPOCH",
+                "SRANDOM",
+                "HIST",
+                "MAIL",
+                "POSIXLY",
+                "GLOBIGNORE",
+                "FIGNORE",
+                "COMP",
+                "READLINE",
+                "INPUTRC",
+                "SHLVL",
+            )
+        )
+    )
+)
+names = text.filter(lambda s: bool(run_id(s)) and bool(dns1035(run_id(s))))
+PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_STUBS = Path(tempfile.mkdtemp(prefix="dj-stubs-"))
+make_stubs(_STUBS, sys.executable)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=text)
+def test_sh_round_trip(value: str) -> None:
+    out = subprocess.run(["bash", "-c", f"printf %s {sh(value)}"], capture_output=True).stdout
+    assert out.decode("utf-8", "surrogateescape") == value
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    value=st.recursive(
+        text | st.integers() | st.booleans(),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(text, c, max_size=3),
+        max_leaves=8,
+    )
+)
+def test_yaml_value_round_trip(value: object) -> None:
+    assert yaml.safe_load("k: " + yaml_value(value))["k"] == value
+
+
+@PROPS
+@given(
+    name=names,
+    env=st.dictionaries(env_names, text, max_size=3),
+    args=st.lists(text, max_size=4),
+    ckpt=text,
+    log=one_line,
+    launcher=st.sampled_from(["srun", "torchrun"]),
+)
+def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: str, log: str, launcher: str) -> None:
+    ckpt_rel = "ck-" + ckpt.replace("/", "_")  # relative and inside the test folder: the script mkdirs it
+    log_rel = "lg-" + log.replace("/", "_")
+    spec = load_spec(
+        data={
+            "name": name,
+            "nodes": 2,
+            "procs_per_node": 2,
+            "launcher": launcher,
+            "env": env,
+            "command": ["python3", "user script.py", *args],
+            "checkpoint_dir": ckpt_rel,
+            "log_dir": log_rel,
+        }
+    )
+    script = render(spec, "slurm")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "job.sbatch").write_text(script)
+        assert subprocess.run(["bash", "-n", str(work / "job.sbatch")]).returncode == 0
+        proc, calls = run_script(script, work, _STUBS)
+        assert proc.returncode == 0, proc.stderr
+        (srun,) = [c for c in calls if c["prog"] == "srun"]
+        expected_tail = ["user script.py", *args] if launcher == "torchrun" else ["python3", "user script.py", *args]
+        assert srun["argv"][-len(expected_tail) :] == expected_tail
+        for key, value in env.items():
+            assert srun["env"][key] == value
+        assert srun["env"]["DIST_JOBS_RUN"] == run_id(name)
+        assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == str(work / ckpt_rel)
+        assert srun["env"]["DIST_JOBS_LOG_DIR"] == str(work / log_rel)
+
+
+@PROPS
+@given(
+    name=names,
+    env=st.dictionaries(env_names, text, max_size=4),
+    args=st.lists(text, max_size=4),
+    ckpt=text.filter(bool),
+    workdir=one_line,
+    labels=st.dictionaries(one_line, one_line, max_size=2),
+    annotations=st.dictionaries(one_line, text, max_size=2),
+)
+def test_manifest_yaml_round_trip(
+    name: str, env: dict, args: list, ckpt: str, workdir: str, labels: dict, annotations: dict
+) -> None:
+    spec = load_spec(
+        data={
+            "name": name,
+            "nodes": 2,
+            "procs_per_node": 1,
+            "image": "img:1",
+            "env": env,
+            "command": ["python3", "t.py", *args],
+            "checkpoint_dir": "/" + ckpt,
+            "workdir": workdir,
+            "k8s": {"labels": labels, "annotations": annotations, "launch": "direct"},
+        }
+    )
+    doc = yaml.safe_load(render(spec, "k8s"))
+    assert doc["metadata"]["name"] == dns1035(run_id(name), 63 - len("-worker-2"))
+    for rtype in ("Master", "Worker"):
+        tmpl = doc["spec"]["pytorchReplicaSpecs"][rtype]["template"]
+        container = tmpl["spec"]["containers"][0]
+        assert container["command"][4:] == ["python3", "t.py", *args]
+        got_env = {e["name"]: e["value"] for e in container["env"]}
+        assert {k: got_env[k] for k in env} == env
+        assert got_env["DIST_JOBS_CHECKPOINT_DIR"] == "/" + ckpt
+        assert container["workingDir"] == workdir
+        assert {k: tmpl["metadata"]["labels"][k] for k in labels} == labels
+        assert tmpl["metadata"].get("annotations", {}) == annotations
+
+
+def test_dns1035_rule() -> None:
+    assert dns1035("ResNet_50 DDP!") == "resnet-50-ddp"
+    assert dns1035("123abc") == "j-123abc"
+    long = dns1035("x" * 100, 50)
+    assert len(long) == 50 and long != dns1035("x" * 101, 50)
+    assert dns1035("---") == ""

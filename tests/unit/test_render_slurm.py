@@ -1,0 +1,143 @@
+"""The sbatch script: directives, launch lines, requeue logic, bash -n and shellcheck."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dist_jobs.render import render
+from dist_jobs.spec.load import load_spec
+from support.paths import REPO
+from support.render_helpers import make_stubs, run_script
+from support.tiers import require_tool
+
+SEED = {
+    "name": "resnet50-ddp",
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "cpus_per_task": 8,
+    "memory": "256G",
+    "time": "4:00:00",
+    "slurm": {"partition": "gpu", "account": "ml"},
+}
+
+
+def directives(script: str) -> list[str]:
+    return [line[len("#SBATCH ") :] for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_seed_directives_sorted() -> None:
+    got = directives(render(load_spec(data=SEED), "slurm"))
+    assert got == sorted(got)
+    for want in (
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--gpus-per-node=4",
+        "--cpus-per-task=8",
+        "--mem=256G",
+        "--time=04:00:00",
+        "--partition=gpu",
+        "--account=ml",
+        "--requeue",
+        "--open-mode=append",
+        "--signal=B:USR1@120",
+        "--job-name=resnet50-ddp",
+        "--output=logs/%x-%j.out",
+    ):
+        assert want in got, want
+
+
+def test_torchrun_mode_one_task_per_node() -> None:
+    spec = load_spec(data={**SEED, "launcher": "torchrun"})
+    script = render(spec, "slurm")
+    got = directives(script)
+    assert "--ntasks-per-node=1" in got and "--cpus-per-task=32" in got
+    assert "--nproc-per-node=4" in script and '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in script
+    assert '--rdzv-id="$SLURM_JOB_ID"' in script and "-m dist_jobs.train" in script
+
+
+def test_quoted_values_and_percent_in_log_dir() -> None:
+    spec = load_spec(data={**SEED, "log_dir": "my logs/100%", "slurm": {"constraint": "a100&ib", "partition": "gpu"}})
+    got = directives(render(spec, "slurm"))
+    assert "--output='my logs/100%%/%x-%j.out'" in got
+    assert "--constraint='a100&ib'" in got
+
+
+def test_gres_and_array_forms() -> None:
+    spec = load_spec(data={**SEED, "slurm": {"gpus_flag": "gres", "array": "0-3%2"}})
+    script = render(spec, "slurm")
+    got = directives(script)
+    assert "--gres=gpu:4" in got and "--array=0-3%2" in got and "--output=logs/%x-%A_%a.out" in got
+    assert "SLURM_ARRAY_TASK_ID" in script
+
+
+def test_render_is_deterministic() -> None:
+    spec = load_spec(data=SEED)
+    assert render(spec, "slurm") == render(spec, "slurm")
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_bash_n_and_shellcheck(tmp_path, launcher: str) -> None:
+    script = render(load_spec(data={**SEED, "launcher": launcher, "setup": ["module load cuda"]}), "slurm")
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    shellcheck = require_tool("shellcheck")
+    proc = subprocess.run([shellcheck, "-s", "bash", "-S", "warning", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_head_node_from_nodelist_and_derived_port(tmp_path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs)
+    assert proc.returncode == 0, proc.stderr
+    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    assert srun["env"]["MASTER_ADDR"] == "gpu007"  # never localhost
+    port = int(srun["env"]["MASTER_PORT"])
+    assert 1024 <= port <= 65535
+    assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints")
+    assert srun["argv"][-3:] == ["python3", "-m", "dist_jobs.train"]
+    assert any(a.startswith("--output=") and a.endswith("-attempt0-rank%t.out") for a in srun["argv"])
+
+
+def test_requeue_on_requeue_exit_code(tmp_path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, rc=200)
+    assert proc.returncode == 200
+    assert [c["argv"] for c in calls if c["prog"] == "scontrol"] == [["requeue", "4242"]]
+
+
+def test_no_requeue_past_max_or_on_failure(tmp_path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    spec = load_spec(data={**SEED, "preemption": {"max_requeues": 2}})
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "2"}, rc=200)
+    assert proc.returncode == 200 and not [c for c in calls if c["prog"] == "scontrol"]
+    assert "maximum of 2 requeues" in proc.stderr
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, rc=1)
+    assert proc.returncode == 1 and not [c for c in calls if c["prog"] == "scontrol"]
+
+
+def test_preempted_marker_maps_to_requeue(tmp_path) -> None:
+    """torchrun hides the child's exit code: the marker written during this attempt decides."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    srun = stubs / "srun"
+    srun.write_text(
+        '#!/bin/sh\nsleep 0.05\nmkdir -p "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN"\n'
+        'echo 7 > "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/PREEMPTED"\nexit 1\n'
+    )
+    spec = load_spec(data={**SEED, "launcher": "torchrun"})
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs)
+    assert proc.returncode == 200, proc.stdout + proc.stderr
+    assert [c["argv"] for c in calls if c["prog"] == "scontrol"] == [["requeue", "4242"]]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "slurm" / "examples").glob("*.sbatch")))
+def test_checked_in_examples_pass_shellcheck(example: str) -> None:
+    path = REPO / "slurm" / "examples" / example
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    proc = subprocess.run(
+        [require_tool("shellcheck"), "-s", "bash", "-S", "warning", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout

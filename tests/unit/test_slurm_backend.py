@@ -1,0 +1,381 @@
+"""SlurmBackend through a fake command runner that answers with real captured SLURM output.
+
+The answers come from tests/fixtures/slurm/ (verbatim output of Slurm 22.05, see its INDEX.md);
+the few outputs that are not there are quoted inline with the command that produced them on
+the local test cluster. Each test checks what the backend asks SLURM (argv) and what it makes
+of the answer. tests/integration/test_slurm_cluster.py runs the same verbs against the real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dist_jobs.backends.slurm import SlurmBackend, run_command
+from dist_jobs.backends.slurm_output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
+from dist_jobs.errors import BackendError
+from dist_jobs.spec.load import load_spec
+from support.paths import TESTS
+
+FIXTURES = TESTS / "fixtures" / "slurm"
+SPEC = {"name": "tiny job", "nodes": 2, "procs_per_node": 2, "time": "10"}
+RUN = "tiny-job"  # run_id of SPEC's name
+# `scancel --verbose 99999` (no such job) and `scancel --verbose 186` (ended 3 s before): exit 0 both.
+SCANCEL_UNKNOWN = (
+    "scancel: Terminating job 99999\nscancel: error: Kill job error on job id 99999: Invalid job id specified\n"
+)
+SCANCEL_ENDED = (
+    "scancel: Terminating job 186\n"
+    "scancel: error: Kill job error on job id 186: Job/step already completing or completed\n"
+)
+# `sbatch --test-only --gpus-per-node=4 --wrap true` on the GPU-less cluster (exit 1).
+SBATCH_NO_GRES = "sbatch: error: Invalid generic resource (gres) specification\n"
+# Trimmed `scontrol show job 185` of a running `sbatch -J fx-show -N2 -o .../fx-show-%j.out` job.
+SCONTROL_SHOW_JOB = """JobId=185 JobName=fx-show
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   NodeList=n[1-2]
+   WorkDir={logs}
+   StdErr={logs}/fx-show-185.out
+   StdIn=/dev/null
+   StdOut={logs}/fx-show-185.out
+"""
+
+Answer = tuple[int, str, str]  # returncode, stdout, stderr
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+class FakeRunner:
+    """Answers each program from a queue (the last answer repeats); records every argv."""
+
+    def __init__(self, **answers: Answer | list[Answer] | Callable[[list[str]], Answer]) -> None:
+        self.answers = {
+            name: value if isinstance(value, list) or callable(value) else [value] for name, value in answers.items()
+        }
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(argv))
+        answer = self.answers.get(argv[0])
+        if answer is None:
+            raise AssertionError(f"unexpected command {argv}")
+        if callable(answer):
+            code, out, err = answer(argv)
+        else:
+            code, out, err = answer.pop(0) if len(answer) > 1 else answer[0]
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    def programs(self) -> list[str]:
+        return [argv[0] for argv in self.calls]
+
+
+def backend(tmp_path: Path, runner: FakeRunner) -> SlurmBackend:
+    return SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+
+
+def submit(tmp_path: Path, runner: FakeRunner, **spec: object) -> tuple[SlurmBackend, str]:
+    slurm = backend(tmp_path, runner)
+    return slurm, slurm.submit(slurm.prepare(load_spec(data={**SPEC, **spec})))
+
+
+# --- submit -----------------------------------------------------------------------------------
+
+
+def test_submit_writes_the_job_dir_and_parses_the_id(tmp_path: Path) -> None:
+    seen: dict[str, str] = {}
+
+    def sbatch(argv: list[str]) -> Answer:
+        seen["script"] = Path(argv[-1]).read_text()  # what sbatch read, at the moment it read it
+        return 0, fixture("sbatch_parsable.txt"), ""
+
+    slurm = backend(tmp_path, FakeRunner(sbatch=sbatch))
+    prepared = slurm.prepare(load_spec(data=SPEC))
+    assert slurm.submit(prepared) == "26"
+    (call,) = slurm.run.calls  # type: ignore[attr-defined]
+    assert call[:3] == ["sbatch", "--parsable", f"--chdir={tmp_path}"]
+    assert seen["script"] == prepared.payload
+    job_dir = tmp_path / "runs" / f"{RUN}-26"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"{RUN}-26"]  # no staging left
+    assert (job_dir / f"{RUN}.sbatch").read_text() == prepared.payload
+    assert load_spec(data=yaml.safe_load((job_dir / "spec.yaml").read_text())) == prepared.spec
+    meta = json.loads((job_dir / "job.json").read_text())
+    assert meta["job_id"] == "26" and meta["run"] == RUN and meta["launcher"] == "srun"
+    assert meta["log_dir"] == str(tmp_path / "logs")
+    # slurmd opens --output=logs/... before the script runs: the folder must exist already.
+    assert (tmp_path / "logs").is_dir()
+
+
+def test_submit_with_workdir_keeps_its_chdir_and_logs_there(tmp_path: Path) -> None:
+    runner = FakeRunner(sbatch=(0, fixture("sbatch_parsable_cluster.txt"), ""))
+    _, job_id = submit(tmp_path, runner, workdir=str(tmp_path / "work"), log_dir="out")
+    assert job_id == "27"  # "27;distjobs"
+    assert not [a for a in runner.calls[0] if a.startswith("--chdir")]  # the script's #SBATCH --chdir rules
+    assert (tmp_path / "work" / "out").is_dir()
+    meta = json.loads((tmp_path / "runs" / f"{RUN}-27" / "job.json").read_text())
+    assert meta["log_dir"] == str(tmp_path / "work" / "out")
+
+
+@pytest.mark.parametrize(
+    "fixture_name,message,hint",
+    [
+        ("sbatch_err_invalid_partition.txt", "SLURM has no partition 'nosuch'", "sinfo -s"),
+        ("sbatch_err_too_many_nodes.txt", "more nodes than the partition has", "sinfo -N"),
+        ("sbatch_err_too_many_cpus.txt", "more CPUs/tasks requested than the nodes have", "procs_per_node"),
+        ("sbatch_err_memory.txt", "Memory specification can not be satisfied", "memory"),
+        ("sbatch_err_no_controller.txt", "cannot reach the SLURM controller", "slurm/cluster/up.sh"),
+        ("sbatch_err_munge_down.txt", "munge failed", "munge -n"),
+    ],
+)
+def test_sbatch_errors_become_clear_backend_errors(tmp_path: Path, fixture_name: str, message: str, hint: str) -> None:
+    runner = FakeRunner(sbatch=(1, "", fixture(fixture_name)))
+    with pytest.raises(BackendError) as caught:
+        submit(tmp_path, runner)
+    assert message in caught.value.message and "sbatch said:" in caught.value.message
+    assert hint in (caught.value.hint or "")
+    assert not list((tmp_path / "runs").iterdir()), "a failed submit must not leave a job directory"
+
+
+def test_gres_error_names_the_gpu_request(tmp_path: Path) -> None:
+    with pytest.raises(BackendError, match="GPU request") as caught:
+        submit(tmp_path, FakeRunner(sbatch=(1, "", SBATCH_NO_GRES)), gpus_per_node=4)
+    assert "sinfo -o '%P %G'" in (caught.value.hint or "")
+
+
+def test_unparsable_sbatch_output_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(BackendError, match="printed no job id"):
+        submit(tmp_path, FakeRunner(sbatch=(0, "Submitted batch job 12\n", "")))
+    assert not list((tmp_path / "runs").iterdir())
+
+
+def test_sbatch_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    slurm = SlurmBackend(jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    with pytest.raises(BackendError, match=r"SLURM is not installed here: `sbatch` is not on PATH") as caught:
+        slurm.submit(slurm.prepare(load_spec(data=SPEC)))
+    assert "bash slurm/cluster/up.sh" in (caught.value.hint or "")
+    assert not list((tmp_path / "runs").iterdir())
+
+
+def test_runner_timeout_names_the_command() -> None:
+    with pytest.raises(BackendError, match=r"`sleep 5` did not answer within 0 s") as caught:
+        run_command(["sleep", "5"], timeout=0.2)
+    assert "scontrol ping" in (caught.value.hint or "")
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+def test_status_from_squeue_while_known(tmp_path: Path) -> None:
+    runner = FakeRunner(squeue=(0, fixture("squeue_requeued_running_long.txt"), ""))
+    status = backend(tmp_path, runner).status("38")
+    assert (status.job_id, status.name, status.state, status.finished) == ("38", "fx-requeued", "RUNNING", False)
+    assert status.extra == {"nodes": "n[1-2]", "time_used": "0:01", "restarts": "1"}
+    assert runner.calls == [["squeue", "--noheader", "--jobs", "38", "--Format", SQUEUE_FORMAT_LONG]]
+
+
+def test_status_of_a_requeued_job_waiting_for_its_begin_time(tmp_path: Path) -> None:
+    runner = FakeRunner(squeue=(0, fixture("squeue_requeued_pending_long.txt"), ""))
+    status = backend(tmp_path, runner).status("38")
+    assert (status.state, status.detail, status.extra["restarts"]) == ("PENDING", "BeginTime", "1")
+
+
+@pytest.mark.parametrize(
+    "sacct,job_id,state,detail,attempts",
+    [
+        ("sacct_completed.txt", "30", "COMPLETED", "exit 0", "1"),
+        ("sacct_completed_just_finished.txt", "30", "COMPLETED", "exit 0", "1"),
+        ("sacct_failed.txt", "31", "FAILED", "exit 3", "1"),
+        ("sacct_cancelled.txt", "32", "CANCELLED", "exit 0", "1"),
+        ("sacct_timeout.txt", "37", "TIMEOUT", "exit 0", "1"),
+        ("sacct_requeued.txt", "38", "COMPLETED", "exit 0", "2"),  # the later attempt wins
+        ("sacct_requeued_pending.txt", "38", "REQUEUED", "exit 0", "1"),
+    ],
+)
+def test_status_from_sacct_after_the_job_left_squeue(
+    tmp_path: Path, sacct: str, job_id: str, state: str, detail: str, attempts: str
+) -> None:
+    runner = FakeRunner(squeue=(1, "", fixture("squeue_err_unknown_job.txt")), sacct=(0, fixture(sacct), ""))
+    status = backend(tmp_path, runner).status(job_id)
+    assert (status.job_id, status.state, status.detail, status.extra["attempts"]) == (job_id, state, detail, attempts)
+    assert status.finished == (state != "REQUEUED")
+    assert runner.calls[1] == [
+        "sacct",
+        "--parsable2",
+        "--noheader",
+        "--duplicates",
+        "--jobs",
+        job_id,
+        "--format",
+        SACCT_FIELDS,
+    ]
+
+
+def test_status_of_an_unknown_job(tmp_path: Path) -> None:
+    runner = FakeRunner(
+        squeue=(1, "", fixture("squeue_err_unknown_job.txt")),
+        sacct=(0, fixture("sacct_pending_just_submitted.txt"), ""),
+    )
+    with pytest.raises(BackendError, match="SLURM knows no job 34") as caught:
+        backend(tmp_path, runner).status("34")
+    assert "sacct" in (caught.value.hint or "")
+
+
+def test_status_while_squeue_knows_the_job_never_asks_sacct(tmp_path: Path) -> None:
+    runner = FakeRunner(squeue=(0, fixture("squeue_format_long.txt"), ""))
+    status = backend(tmp_path, runner).status("34")
+    assert (status.name, status.state, status.detail) == ("fx-pending|pipe name", "PENDING", "Resources")
+    assert runner.programs() == ["squeue"]
+
+
+# --- list, cancel -----------------------------------------------------------------------------
+
+
+def test_list_reads_squeue(tmp_path: Path) -> None:
+    runner = FakeRunner(squeue=(0, fixture("squeue_format.txt"), ""))
+    jobs = backend(tmp_path, runner).list()
+    assert [(j.job_id, j.name, j.state, j.detail) for j in jobs] == [
+        ("34", "fx-pending|pipe name", "PENDING", "Resources"),
+        ("35", "fx-pending-2", "PENDING", "Priority"),
+        ("36", "fx-held", "PENDING", "JobHeldUser"),
+        ("33", "fx-running", "RUNNING", "None"),
+    ]
+    assert jobs[3].extra == {"nodes": "n[1-2]"}
+    argv = runner.calls[0]
+    assert argv[:3] == ["squeue", "--noheader", "--user"] and argv[-2:] == ["--format", SQUEUE_FORMAT]
+
+
+def test_list_fails_clearly_without_a_controller(tmp_path: Path) -> None:
+    runner = FakeRunner(squeue=(1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"))
+    with pytest.raises(BackendError, match="squeue failed: slurm_load_jobs error: Unable to contact"):
+        backend(tmp_path, runner).list()
+
+
+def test_cancel_asks_scancel(tmp_path: Path) -> None:
+    runner = FakeRunner(scancel=(0, "", "scancel: Terminating job 187\n"))
+    backend(tmp_path, runner).cancel("187")
+    assert runner.calls == [["scancel", "--verbose", "187"]]
+
+
+@pytest.mark.parametrize(
+    "stderr,job_id,message",
+    [
+        (SCANCEL_UNKNOWN, "99999", "SLURM knows no job 99999"),
+        (SCANCEL_ENDED, "186", "job 186 has already ended"),
+    ],
+)
+def test_cancel_of_an_unknown_or_ended_job_is_an_error(tmp_path: Path, stderr: str, job_id: str, message: str) -> None:
+    with pytest.raises(BackendError, match=message):
+        backend(tmp_path, FakeRunner(scancel=(0, "", stderr))).cancel(job_id)
+
+
+def test_cancel_of_a_malformed_id(tmp_path: Path) -> None:
+    runner = FakeRunner(scancel=(1, "", "scancel: error: Invalid job id 185abc\n"))
+    with pytest.raises(BackendError, match="SLURM knows no job 185abc"):
+        backend(tmp_path, runner).cancel("185abc")
+
+
+# --- logs -------------------------------------------------------------------------------------
+
+
+def write_logs(folder: Path, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
+def test_logs_stitch_attempts_in_order(tmp_path: Path) -> None:
+    slurm, job_id = submit(tmp_path, FakeRunner(sbatch=(0, "26\n", "")))
+    write_logs(
+        tmp_path / "logs",
+        {
+            f"{RUN}-26-attempt0-rank1.out": "a0 line1\na0 line2\n",
+            f"{RUN}-26-attempt10-rank1.out": "a10\n",  # numeric order: 10 comes after 2
+            f"{RUN}-26-attempt2-rank1.out": "a2 no newline at the end",
+            f"{RUN}-26-attempt0-rank11.out": "rank 11, not rank 1\n",
+            f"{RUN}-126-attempt0-rank1.out": "job 126, not 26\n",
+            f"{RUN}-26-attempt0-rank0.out": "rank 0\n",
+            f"{RUN}-26.out": "batch log\n",
+        },
+    )
+    assert list(slurm.logs(job_id, rank=1)) == [
+        f"==> {RUN}-26-attempt0-rank1.out <==",
+        "a0 line1",
+        "a0 line2",
+        f"==> {RUN}-26-attempt2-rank1.out <==",
+        "a2 no newline at the end",
+        f"==> {RUN}-26-attempt10-rank1.out <==",
+        "a10",
+    ]
+    assert list(slurm.logs(job_id)) == [f"==> {RUN}-26-attempt0-rank0.out <==", "rank 0"]
+
+
+def test_logs_in_torchrun_mode_read_the_node_file_of_the_rank(tmp_path: Path) -> None:
+    """One SLURM task per node runs torchrun: SLURM's %t in the file name is the node's index."""
+    slurm, job_id = submit(tmp_path, FakeRunner(sbatch=(0, "26\n", "")), launcher="torchrun")
+    write_logs(
+        tmp_path / "logs",
+        {f"{RUN}-26-attempt0-rank0.out": "ranks 0 and 1\n", f"{RUN}-26-attempt0-rank1.out": "ranks 2 and 3\n"},
+    )
+    assert list(slurm.logs(job_id, rank=3))[1:] == ["ranks 2 and 3"]
+    assert list(slurm.logs(job_id, rank=1))[1:] == ["ranks 0 and 1"]
+
+
+def test_logs_before_the_job_wrote_any(tmp_path: Path) -> None:
+    slurm, job_id = submit(tmp_path, FakeRunner(sbatch=(0, "26\n", "")))
+    with pytest.raises(BackendError, match="no logs for job 26 rank 2") as caught:
+        list(slurm.logs(job_id, rank=2))
+    assert "--follow" in (caught.value.hint or "")
+
+
+def test_logs_follow_until_the_job_ends(tmp_path: Path) -> None:
+    """With --follow, lines written later and a new attempt's file both show up."""
+    logs = tmp_path / "logs"
+    squeue = [(0, fixture("squeue_requeued_running_long.txt").replace("38|", "26|", 1), "")]
+
+    def job_writes_then_ends(argv: list[str]) -> Answer:
+        if squeue:  # first poll: still running; it writes more and starts another attempt
+            with (logs / f"{RUN}-26-attempt0-rank0.out").open("a") as fh:
+                fh.write("later\n")
+            (logs / f"{RUN}-26-attempt1-rank0.out").write_text("resumed\n")
+            return squeue.pop()
+        return 1, "", fixture("squeue_err_unknown_job.txt")
+
+    sacct = fixture("sacct_completed.txt").replace("30|30|", "26|26|")
+    runner = FakeRunner(sbatch=(0, "26\n", ""), squeue=job_writes_then_ends, sacct=(0, sacct, ""))
+    slurm, job_id = submit(tmp_path, runner)
+    write_logs(logs, {f"{RUN}-26-attempt0-rank0.out": "first\n"})
+    assert list(slurm.logs(job_id, follow=True)) == [
+        f"==> {RUN}-26-attempt0-rank0.out <==",
+        "first",
+        "later",
+        f"==> {RUN}-26-attempt1-rank0.out <==",
+        "resumed",
+    ]
+
+
+def test_logs_of_a_job_submitted_elsewhere_found_through_scontrol(tmp_path: Path) -> None:
+    logs = tmp_path / "elsewhere" / "logs"
+    write_logs(logs, {"fx-show-185-attempt0-rank0.out": "hello\n"})
+    runner = FakeRunner(scontrol=(0, SCONTROL_SHOW_JOB.format(logs=logs), ""))
+    assert list(backend(tmp_path, runner).logs("185"))[1:] == ["hello"]
+    assert runner.calls == [["scontrol", "show", "job", "185"]]
+
+
+def test_logs_of_an_unknown_job(tmp_path: Path) -> None:
+    runner = FakeRunner(scontrol=(1, "", "slurm_load_jobs error: Invalid job id specified\n"))
+    with pytest.raises(BackendError, match="cannot find the log folder of job 99"):
+        list(backend(tmp_path, runner).logs("99"))
+
+
+def test_default_runner_runs_the_program_and_captures_both_streams() -> None:
+    proc = run_command(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
