@@ -25,12 +25,16 @@ ALLOWED: dict[str, set[str]] = {
     "errors": {"constants"},
     "constants": set(),
     "ranks": BOTTOM,
+    # The run directory on shared storage (lock, attempts, progress): stdlib only, like ranks.
+    "rundir": BOTTOM,
     "spec": BOTTOM,
     "render": {"spec"} | BOTTOM,
-    "backends": {"render", "spec", "ranks"} | BOTTOM,
-    "api": {"backends", "render", "spec", "ranks"} | BOTTOM,
-    "cli": {"api", "backends", "render", "spec", "ranks"} | BOTTOM,
-    "train": {"spec", "ranks"} | BOTTOM,
+    "backends": {"render", "spec", "ranks", "rundir"} | BOTTOM,
+    "api": {"backends", "render", "spec", "ranks", "rundir"} | BOTTOM,
+    "cli": {"api", "backends", "render", "spec", "ranks", "rundir"} | BOTTOM,
+    "train": {"spec", "ranks", "rundir"} | BOTTOM,
+    # `python3 -m dist_jobs.launch -- CMD`: per-task launcher in the job (stdlib only, no spec).
+    "launch": {"ranks", "rundir"} | BOTTOM,
     # `python3 -m dist_jobs.nodelist` / `.ports`: stable entry points of rendered scripts.
     "nodelist": {"ranks"},
     "ports": {"ranks"},
