@@ -19,6 +19,7 @@ from typing import TextIO
 
 from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.local_procs import ProcessGroup
+from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import torchrun_tail
 from dist_jobs.render.quoting import sh_argv
 from dist_jobs.spec import JobSpec
@@ -58,7 +59,13 @@ def free_port() -> int:
 
 def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict[str, str]:
     ckpt = Path(spec.checkpoint_dir)
-    launch = {"MASTER_ADDR": MASTER, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    # Every "node" is this host: all processes share its CPUs (the launcher's thread count).
+    launch = {
+        "MASTER_ADDR": MASTER,
+        "MASTER_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+        SHARING_VAR: str(spec.world_size),
+    }
     if not use_gpus:
         launch["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, even where a smaller GPU count exists
     # The user's env (inside job_env) wins over the launch defaults, as on a cluster.
@@ -94,10 +101,10 @@ def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per
     }
 
 
-def _local_argv(argv: list[str]) -> list[str]:
-    # `python3` on a cluster is the job's activated environment; here it is the interpreter that
-    # runs dist-jobs, whatever PATH says.
-    return [sys.executable, *argv[1:]] if argv[0] in ("python", "python3") else argv
+def _launched(argv: list[str]) -> list[str]:
+    # The per-task launcher exports torch's env:// variables and a thread count, then execs argv;
+    # it also makes `python3` the interpreter that runs dist-jobs, whatever PATH says.
+    return [sys.executable, "-m", "dist_jobs.launch", "--", *argv]
 
 
 def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -> list[LocalProc]:
@@ -108,7 +115,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
         for node in range(spec.nodes):
             for local in range(spec.procs):
                 env = {**common, **_slurm_task_env(spec, node, local, job_id, spec.procs)}
-                procs.append(LocalProc(f"rank {node * spec.procs + local}", _local_argv(spec.argv), env))
+                procs.append(LocalProc(f"rank {node * spec.procs + local}", _launched(spec.argv), env))
         return procs
     for node in range(spec.nodes):
         argv = [

@@ -8,10 +8,13 @@ and runs `sbatch --parsable` on those same bytes. Output parsing lives in the pu
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +34,7 @@ from dist_jobs.backends.slurm_output import (
     sacct_job_state,
 )
 from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, sbatch_error
-from dist_jobs.errors import BackendError
+from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
 
@@ -49,6 +52,26 @@ def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedP
             f"`{' '.join(argv)}` did not answer within {timeout:.0f} s",
             "is slurmctld up? try `sinfo` or `scontrol ping`",
         ) from None
+
+
+def job_python_export(spec: JobSpec) -> list[str]:
+    """`--export=ALL,DIST_JOBS_PYTHON=...`: the interpreter running this submit is the job's python.
+
+    It has dist-jobs by definition, so a job submitted from a shell without the venv active
+    still finds it (the script falls back to python3 on PATH without it). A spec that names its
+    `python`, or one set in the environment, wins. Raises when the built-in trainer would start
+    in a python without torch: it would fail in its first second on every node.
+    """
+    chosen = os.environ.get("DIST_JOBS_PYTHON") or sys.executable
+    if spec.command is None and not spec.python and importlib.util.find_spec("torch") is None:
+        if chosen == sys.executable:
+            raise UsageError(
+                f"the job's python ({chosen}) has no torch, which the built-in trainer needs",
+                "pip install 'dist-jobs[train]' into it, or set python: in the job spec to one that has torch",
+            )
+    if spec.python or "," in chosen:  # sbatch splits --export at commas
+        return []
+    return [f"--export=ALL,DIST_JOBS_PYTHON={chosen}"]
 
 
 class SlurmBackend:
@@ -79,7 +102,7 @@ class SlurmBackend:
             # Without a workdir in the spec, the job runs where sbatch runs: make that self.cwd,
             # which relative log and checkpoint folders were resolved against above.
             chdir = [] if spec.workdir else [f"--chdir={self.cwd}"]
-            proc = self.run(["sbatch", "--parsable", *chdir, str(script)])
+            proc = self.run(["sbatch", "--parsable", *chdir, *job_python_export(spec), str(script)])
             if proc.returncode != 0:
                 raise sbatch_error(proc.stderr, proc.returncode)
             job_id = parse_sbatch_job_id(proc.stdout)

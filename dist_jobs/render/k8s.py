@@ -73,7 +73,9 @@ def container_command(spec: JobSpec) -> list[str]:
     text = (template_dir() / "pod-entrypoint.sh").read_text().replace("@REQUEUE@", str(REQUEUE_EXIT_CODE))
     wrapper = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
     if spec.k8s.launch == "direct":
-        program = spec.argv
+        # One python per pod: the launcher turns the operator's pod RANK and WORLD_SIZE into the
+        # whole env:// set (LOCAL_RANK, LOCAL_WORLD_SIZE, ...) before the program runs.
+        program = ["python3", "-m", "dist_jobs.launch", "--", *spec.argv]
     else:
         program = ["torchrun", f"--nproc-per-node={spec.procs}", *torchrun_tail(spec.argv)]
     return ["/bin/sh", "-c", wrapper, "dist-jobs-entrypoint", *program]

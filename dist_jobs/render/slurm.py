@@ -6,7 +6,7 @@ from typing import Any
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.render.common import header_lines, torchrun_tail
-from dist_jobs.render.quoting import sbatch_value, slurm_filename
+from dist_jobs.render.quoting import sbatch_value, sh, slurm_filename
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 from dist_jobs.spec.slurm_time import format_time, parse_time
@@ -64,37 +64,50 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     return sorted(lines + list(slurm.extra_sbatch))
 
 
-def _step(spec: JobSpec) -> tuple[list[str], list[str]]:
-    """(srun flags, program argv) of the one job step; shell-variable parts stay unquoted in the template."""
-    srun = ["--kill-on-bad-exit=1", "--wait=60"]
-    argv = spec.argv
-    if spec.launcher == "torchrun":
-        srun.append("--ntasks-per-node=1")
-        argv = torchrun_tail(argv)
-    prefix: list[str] = []
+def _container(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(srun flags, argv prefix) that run the step's program in `image`, if a container is asked for."""
     slurm = spec.slurm
     if slurm.container == "pyxis" and spec.image:
-        srun.append(f"--container-image={spec.image}")
-        if slurm.container_mounts:
-            srun.append("--container-mounts=" + ",".join(slurm.container_mounts))
-    elif slurm.container == "apptainer" and spec.image:
-        prefix = ["apptainer", "exec", "--nv"]
-        if slurm.container_mounts:
-            prefix += ["--bind", ",".join(slurm.container_mounts)]
-        prefix.append(spec.image)
-    return srun, prefix + argv if spec.launcher == "srun" else prefix
+        mounts = ["--container-mounts=" + ",".join(slurm.container_mounts)] if slurm.container_mounts else []
+        return [f"--container-image={spec.image}", *mounts], []
+    if slurm.container == "apptainer" and spec.image:
+        binds = ["--bind", ",".join(slurm.container_mounts)] if slurm.container_mounts else []
+        return [], ["apptainer", "exec", "--nv", *binds, spec.image]
+    return [], []
+
+
+def _pythons(spec: JobSpec) -> tuple[str, str]:
+    """Shell words for the batch shell's python and the tasks' python.
+
+    Without `python:` the batch shell takes DIST_JOBS_PYTHON, which `dist-jobs submit` sets to its
+    own interpreter: a job submitted from a shell without the venv active still finds dist-jobs.
+    Inside a container the host's interpreter means nothing: the image's python3 runs the tasks.
+    """
+    batch = sh(spec.python) if spec.python else '"${DIST_JOBS_PYTHON:-python3}"'
+    in_container = any(_container(spec))
+    return batch, (sh(spec.python or "python3") if in_container else '"$DJ_PY"')
 
 
 def slurm_context(spec: JobSpec) -> dict[str, Any]:
-    srun_flags, program = _step(spec)
+    container_flags, prefix = _container(spec)
+    srun_flags = [
+        "--kill-on-bad-exit=1",
+        "--wait=60",
+        *(["--ntasks-per-node=1"] if spec.launcher == "torchrun" else []),
+    ]
+    python, task_python = _pythons(spec)
     return {
         "header": header_lines(spec, "Submit with: sbatch THIS_FILE  (or: dist-jobs submit --backend slurm job.yaml)"),
         "directives": sbatch_directives(spec),
         "env": list(job_env(spec, "slurm").items()),
         "setup": spec.setup,
         "launcher": spec.launcher,
-        "srun_flags": srun_flags,
-        "program": program,
+        "srun_flags": srun_flags + container_flags,
+        "prefix": prefix,
+        "python": python,
+        "task_python": task_python,
+        "check_python": not (container_flags or prefix),
+        "program": spec.argv,
         "torchrun_args": torchrun_tail(spec.argv) if spec.launcher == "torchrun" else [],
         "procs": spec.procs,
         "master_port": spec.master_port,

@@ -186,6 +186,13 @@ class JobSpec(_Section, frozen=True):
     nccl: NcclSpec = field(default_factory=NcclSpec)
     preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
     image: Annotated[Line | None, doc("container image (Kubernetes; SLURM with slurm.container)")] = None
+    python: Annotated[
+        Line | None,
+        doc(
+            "the job's Python on SLURM: default, the interpreter running `dist-jobs submit` (passed as "
+            "DIST_JOBS_PYTHON), else python3 on the nodes' PATH; in a container, python3 of the image"
+        ),
+    ] = None
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     k8s: K8sSpec = field(default_factory=K8sSpec)
 

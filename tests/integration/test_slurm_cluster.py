@@ -492,3 +492,74 @@ def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
     assert {"train_loss", "eval_loss", "eval_accuracy"} <= metrics.keys()
     assert every_rank == [metrics] * 4
     assert (tmp_path / "checkpoints" / "submitit" / "step-8" / "COMPLETE").exists()
+
+
+# --- your own unmodified script: torch's env:// contract in every mode ------------------------
+
+ENV_SCRIPT = TESTS / "support" / "envscript.py"
+FABRIC_SCRIPT = """\
+import json, socket
+import torch
+from lightning.fabric import Fabric
+fabric = Fabric(accelerator="cpu", strategy="ddp", num_nodes=2, devices=2)
+fabric.launch()
+total = fabric.all_reduce(torch.tensor([float(fabric.global_rank)]), reduce_op="sum")
+print("RESULT " + json.dumps({"rank": fabric.global_rank, "world": fabric.world_size,
+      "local_rank": fabric.local_rank, "node": fabric.node_rank, "host": socket.gethostname(),
+      "cluster": type(fabric._connector.cluster_environment).__name__, "sum": total.item()}), flush=True)
+"""
+
+
+def results(root: Path, job_id: str) -> list[dict[str, Any]]:
+    found = []
+    for rank in range(4):
+        text = logs(root, job_id, rank)
+        found += [json.loads(line[len("RESULT ") :]) for line in text.splitlines() if line.startswith("RESULT ")]
+    # In torchrun mode a rank's log is its node's (one task per node): each line shows up twice.
+    unique = {json.dumps(r, sort_keys=True): r for r in found}
+    return sorted(unique.values(), key=lambda r: r["rank"])
+
+
+def env_spec(root: Path, name: str, **fields: Any) -> Path:
+    # No `setup` line putting the venv on PATH: the job's python comes from `dist-jobs submit`.
+    data = spec_data(root, name, **fields)
+    data["setup"] = []
+    data["env"] = {"PYTHONUNBUFFERED": "1"}
+    return write_spec(root, data)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_unmodified_env_script_gets_torchs_contract(tmp_path: Path, cleanup: list[str], launcher: str) -> None:
+    name = f"env-{launcher}"
+    job_id = submit(tmp_path, env_spec(tmp_path, name, launcher=launcher), "python", str(ENV_SCRIPT))
+    cleanup.append(job_id)
+    assert wait_finished(tmp_path, name, job_id).state == "COMPLETED", batch_log(tmp_path, name, job_id)
+    got = results(tmp_path, job_id)
+    assert [r["rank"] for r in got] == [0, 1, 2, 3], got
+    for r in got:
+        node = r["rank"] // 2
+        assert (r["world"], r["local_rank"], r["host"], r["group_rank"], r["node_rank"]) == (
+            4,
+            r["rank"] % 2,
+            f"n{node + 1}",
+            str(node),
+            str(node),
+        ), r
+        assert (r["master_addr"], r["local_world_size"], r["sum"]) == ("n1", "2", 6.0), r
+        assert r["omp_num_threads"] == "1"  # --cpus-per-task=1: one thread, not one per core
+
+
+def test_lightning_fabric_detects_slurm_itself_in_srun_mode(tmp_path: Path, cleanup: list[str]) -> None:
+    pytest.importorskip("lightning")
+    (tmp_path / "fabric_script.py").write_text(FABRIC_SCRIPT)
+    job_id = submit(tmp_path, env_spec(tmp_path, "env-fabric"), "python3", str(tmp_path / "fabric_script.py"))
+    cleanup.append(job_id)
+    assert wait_finished(tmp_path, "env-fabric", job_id).state == "COMPLETED", batch_log(tmp_path, "env-fabric", job_id)
+    got = results(tmp_path, job_id)
+    assert [(r["rank"], r["local_rank"], r["node"], r["host"]) for r in got] == [
+        (0, 0, 0, "n1"),
+        (1, 1, 0, "n1"),
+        (2, 0, 1, "n2"),
+        (3, 1, 1, "n2"),
+    ], got
+    assert {(r["world"], r["cluster"], r["sum"]) for r in got} == {(4, "SLURMEnvironment", 6.0)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import yaml
 
 from dist_jobs.backends.slurm import SlurmBackend, run_command
 from dist_jobs.backends.slurm_output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
-from dist_jobs.errors import BackendError
+from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec.load import load_spec
 from support.paths import TESTS
 
@@ -112,6 +113,43 @@ def test_submit_writes_the_job_dir_and_parses_the_id(tmp_path: Path) -> None:
     assert meta["log_dir"] == str(tmp_path / "logs")
     # slurmd opens --output=logs/... before the script runs: the folder must exist already.
     assert (tmp_path / "logs").is_dir()
+
+
+def test_submit_makes_its_own_python_the_jobs_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job submitted with .venv/bin/dist-jobs from a shell without the venv active: the script's
+    # PATH has no dist-jobs, so the submitting interpreter travels as DIST_JOBS_PYTHON.
+    monkeypatch.delenv("DIST_JOBS_PYTHON", raising=False)
+    slurm, _ = submit(tmp_path, FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), "")))
+    (call,) = slurm.run.calls  # type: ignore[attr-defined]
+    assert f"--export=ALL,DIST_JOBS_PYTHON={sys.executable}" in call
+    assert 'DJ_PY="${DIST_JOBS_PYTHON:-python3}"' in (tmp_path / "runs" / f"{RUN}-26" / f"{RUN}.sbatch").read_text()
+    # A spec that names the job's python renders it and exports nothing.
+    slurm, _ = submit(
+        tmp_path / "named",
+        FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), "")),
+        python="/opt/envs/train/bin/python",
+    )
+    (call,) = slurm.run.calls  # type: ignore[attr-defined]
+    assert not [a for a in call if a.startswith("--export")]
+    named = tmp_path / "named" / "runs" / f"{RUN}-26" / f"{RUN}.sbatch"
+    assert "DJ_PY=/opt/envs/train/bin/python\n" in named.read_text()
+
+
+def test_submit_refuses_a_python_without_torch_for_the_builtin_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.delenv("DIST_JOBS_PYTHON", raising=False)
+    runner = FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), ""))
+    with pytest.raises(UsageError, match="has no torch") as caught:
+        submit(tmp_path, runner)
+    assert "dist-jobs[train]" in (caught.value.hint or "")
+    assert not runner.calls  # nothing submitted
+    # Your own command decides what it needs: no check.
+    submit(tmp_path, runner, command=["python3", "train.py"])
 
 
 def test_submit_with_workdir_keeps_its_chdir_and_logs_there(tmp_path: Path) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from dist_jobs.launch import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""An unmodified DDP script (tests/support/envscript.py: `init_process_group("gloo")`, LOCAL_RANK)
+gets torch's env:// contract from every launch mode dist-jobs has: the local backend (srun and
+torchrun emulation) and Kubeflow pods played by the operator harness (one python per pod through
+the launcher, and torchrun per pod). The real SLURM cluster's modes are in test_slurm_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dist_jobs.render import render
+from dist_jobs.spec import load_spec
+from support.operator_harness import Operator
+from support.paths import PYTHON, TESTS
+from support.tiers import requires
+
+ENV_SCRIPT = TESTS / "support" / "envscript.py"
+
+
+def results(text: str) -> list[dict[str, Any]]:
+    found = [json.loads(line[line.index("RESULT ") + 7 :]) for line in text.splitlines() if "RESULT " in line]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def check_world(got: list[dict[str, Any]], nodes: int, procs: int) -> None:
+    world = nodes * procs
+    assert [r["rank"] for r in got] == list(range(world)), got
+    for r in got:
+        node = r["rank"] // procs
+        assert (r["world"], r["local_rank"], r["local_world_size"]) == (world, r["rank"] % procs, str(procs)), r
+        # torchrun names the node rank GROUP_RANK only; dist-jobs' launcher sets both names.
+        assert r["group_rank"] == str(node) and r["node_rank"] in (None, str(node)), r
+        assert r["sum"] == sum(range(world)), r
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_local_backend_gives_an_unmodified_script_its_ranks(tmp_path: Path, launcher: str) -> None:
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "dist_jobs",
+            "run",
+            "--backend",
+            "local",
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--launcher",
+            launcher,
+            "--",
+            "python",
+            str(ENV_SCRIPT),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = results(proc.stdout)
+    check_world(got, nodes=2, procs=2)
+    # 4 processes share this host's CPUs: none may take a thread per core.
+    assert {r["omp_num_threads"] for r in got} == {"1"}
+
+
+def test_users_thread_setting_wins(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "dist_jobs",
+            "run",
+            "--backend",
+            "local",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "2",
+            "--env",
+            "OMP_NUM_THREADS=3",
+            "--",
+            "python",
+            str(ENV_SCRIPT),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {r["omp_num_threads"] for r in results(proc.stdout)} == {"3"}
+
+
+def _job(tmp_path: Path, **fields: Any) -> dict[str, Any]:
+    data = {
+        "name": "env-pods",
+        "nodes": 2,
+        "procs_per_node": 1,
+        "image": "local/dist-jobs:test",
+        "command": ["python3", str(ENV_SCRIPT)],
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"},
+        "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared")},
+        **fields,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return yaml.safe_load(render(load_spec(path), "k8s"))
+
+
+@requires("pods")
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("launch", "procs"), [("direct", 1), ("torchrun", 2)])
+def test_pytorchjob_pods_give_an_unmodified_script_its_ranks(tmp_path: Path, launch: str, procs: int) -> None:
+    job = _job(
+        tmp_path, procs_per_node=procs, k8s={"pvc": "shared", "mount_path": str(tmp_path / "shared"), "launch": launch}
+    )
+    (tmp_path / "logs").mkdir()
+    with Operator(job, tmp_path / "logs") as operator:
+        assert operator.run(timeout=200) == "Succeeded", operator.attempts[-1].text()[-3000:]
+    got = results("\n".join(a.text() for a in operator.attempts))
+    check_world(got, nodes=2, procs=procs)
+    assert {r["master_addr"] for r in got} == {"env-pods-master-0"}
+    assert {r["host"] for r in got} == {"env-pods-master-0", "env-pods-worker-0"}
