@@ -16,10 +16,14 @@ from dist_jobs.spec.validate import convert, description, plain_type
 
 
 class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    model: Annotated[str, Meta(description="torchvision model name, or module:factory")] = "resnet18"
+    model: Annotated[
+        str, Meta(description="torchvision model name, gpt (the built-in language model), or module:factory")
+    ] = "resnet18"
     num_classes: Annotated[int, Meta(ge=2)] = 10
-    data: Annotated[str, Meta(description="fake | cifar10 | mnist | imagefolder | module:factory")] = "fake"
-    data_root: Annotated[str | None, Meta(description="local dataset root (no download unless asked)")] = None
+    data: Annotated[str, Meta(description="fake | text | cifar10 | mnist | imagefolder | module:factory")] = "fake"
+    data_root: Annotated[
+        str | None, Meta(description="local dataset root (no download unless asked); text: a UTF-8 file")
+    ] = None
     download: bool = False
     image_size: Annotated[int, Meta(ge=8)] = 32
     fake_samples: Annotated[int, Meta(ge=1, description="FakeData size for the demo and tests")] = 512
@@ -45,6 +49,15 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     log_every: Annotated[int, Meta(ge=1)] = 10
     progress: bool = True
     tensorboard: bool = False
+    grad_clip: Annotated[float, Meta(gt=0, description="clip the gradient norm to this (after unscaling)")] | None = (
+        None
+    )
+    compile: Annotated[bool, Meta(description="torch.compile the model (opt-in: compiling takes a while)")] = False
+    gpt_layers: Annotated[int, Meta(ge=1, description="gpt: transformer blocks")] = 4
+    gpt_heads: Annotated[int, Meta(ge=1, description="gpt: attention heads per block")] = 4
+    gpt_width: Annotated[int, Meta(ge=8, description="gpt: embedding width (a multiple of gpt_heads)")] = 128
+    seq_len: Annotated[int, Meta(ge=2, description="gpt: tokens per sample (the context length)")] = 128
+    text_chars: Annotated[int, Meta(ge=1000, description="text: size of the generated corpus")] = 200_000
     procs_per_device: Annotated[int, Meta(ge=1, description="processes sharing one GPU")] = 1
     device: Annotated[Literal["auto", "cuda", "cpu"], Meta(description="auto: cuda if available")] = "auto"
     checkpoint_dir: Annotated[str | None, Meta(description="default: $DIST_JOBS_CHECKPOINT_DIR")] = None

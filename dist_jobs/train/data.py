@@ -30,7 +30,7 @@ from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.models import is_factory, load_factory
 
-_BUILTIN = ("fake", "cifar10", "mnist", "imagefolder")
+_BUILTIN = ("fake", "text", "cifar10", "mnist", "imagefolder")
 _CIFAR_NORM = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 _IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -84,6 +84,10 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
         )
     if config.data == "fake":
         return _fake(config)
+    if config.data == "text":
+        from dist_jobs.train.lm import text_datasets
+
+        return text_datasets(config)
     if config.data_root is None and not (config.download and config.data != "imagefolder"):
         fetch = "" if config.data == "imagefolder" else ", or --download to fetch it there"
         raise UsageError(

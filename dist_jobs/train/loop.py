@@ -16,13 +16,13 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -30,6 +30,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models, signals
+from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
 from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll, session
 from dist_jobs.train.metrics import Meter, Reporter, evaluate
@@ -48,14 +49,25 @@ class Preempted(DistJobsError):
 
 
 def fit(
-    config: TrainConfig, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None
+    config: TrainConfig,
+    model: nn.Module | None = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    *,
+    loss: LossFn | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Train `model` (default: config.model) on `train_data` (default: config.data).
 
-    Returns the final metrics, the same on every rank. The model maps images to logits
-    [batch, num_classes]; the data sets yield (image tensor, class index). Your own script
-    should exit with a DistJobsError's exit_code, so a preempted run (200) gets requeued:
-        try: fit(config, model, train_set, val_set)
+    `loss(model, batch)` returns the loss, or (loss, {name: value}) with metrics to average over
+    samples and ranks; batches may be tensors, tuples, dicts or dataclasses (moved to the device
+    for you). The default is classification: (inputs, class index) batches, cross-entropy and
+    accuracy (next-token cross-entropy for the built-in language model). Objects in `state` with
+    state_dict()/load_state_dict() (an EMA, a data-loader cursor) are checkpointed and restored.
+
+    Returns the final metrics, the same on every rank. Your own script should exit with a
+    DistJobsError's exit_code, so a preempted run (200) gets requeued:
+        try: fit(config, model, train_set, val_set, loss=my_loss)
         except DistJobsError as error: sys.exit(error.exit_code)
     """
     seed_all(config.seed)  # the same model init on every rank
@@ -67,8 +79,9 @@ def fit(
             train_data, built_eval = data.build_datasets(config)
             eval_data = built_eval if eval_data is None else eval_data
         if model is None:
-            model = models.build_model(config.model, config.num_classes)
-        run = _build(config, dist, flag, model, train_data, eval_data)
+            model = models.build_model(config.model, config.num_classes, config)
+        loss_fn = loss or models.default_loss(config.model)
+        run = _build(config, dist, flag, model, train_data, eval_data, loss_fn, dict(state or {}))
         try:
             resume(run)
             return _train(run)
@@ -78,7 +91,14 @@ def fit(
 
 
 def _build(
-    c: TrainConfig, dist: Dist, flag: signals.PreemptFlag, model: nn.Module, train_data: Any, eval_data: Any
+    c: TrainConfig,
+    dist: Dist,
+    flag: signals.PreemptFlag,
+    model: nn.Module,
+    train_data: Any,
+    eval_data: Any,
+    loss_fn: LossFn,
+    user_state: dict[str, Any],
 ) -> Run:
     on_gpu = dist.device.type == "cuda"
     if c.amp == "fp16" and not on_gpu:
@@ -86,6 +106,9 @@ def _build(
             f"amp: fp16 needs a CUDA GPU (GradScaler), this run is on {dist.device}", hint="use --amp bf16 on CPU"
         )
     model, ddp = models.place(model, c, dist.device, dist.world_size, warn=dist.is_main)
+    no_sync = ddp.no_sync if isinstance(ddp, DistributedDataParallel) else nullcontext
+    if c.compile:
+        ddp = cast(nn.Module, torch.compile(ddp))
     where: dict[str, Any] = {"rank": dist.rank, "world_size": dist.world_size, "pin_memory": on_gpu}
     loader = data.train_loader(train_data, c, **where)
     evaluating = eval_data is not None and c.eval_every_epoch
@@ -122,6 +145,9 @@ def _build(
         ckpt=ckpt,
         reporter=Reporter(enabled=dist.is_main, progress=c.progress, tensorboard_dir=board, total_steps=total),
         poll=FlagPoll(dist.control, 2),
+        loss_fn=loss_fn,
+        no_sync=no_sync,
+        user_state=user_state,
     )
 
 
@@ -131,7 +157,7 @@ def _train(run: Run) -> dict[str, float]:
         while pos.epoch < c.epochs and not _max_steps_reached(run):
             finished, train = _train_epoch(run)
             if run.eval_loader is not None:
-                run.metrics.update(evaluate(run.model, run.eval_loader, run.dist.device, run.autocast))
+                run.metrics.update(evaluate(run.model, run.eval_loader, run.loss_fn, run.dist.device, run.autocast))
             run.metrics.update({"train_" + k: v for k, v in train.items()})
             run.metrics.update(epoch=float(pos.epoch), step=float(pos.step))
             run.reporter.report(pos.step, "epoch", run.metrics, title=f"epoch {pos.epoch} done")
@@ -155,19 +181,20 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
     meter = Meter(dist.device)
     samples_per_step = c.batch_size * c.grad_accum * dist.world_size
     batches = itertools.islice(run.loader, todo)
-    for micro, (images, target) in enumerate(batches, start=1):
-        images = images.to(dist.device, non_blocking=True)
-        target = target.to(dist.device, non_blocking=True)
+    for micro, raw in enumerate(batches, start=1):
+        batch = to_device(raw, dist.device)
         last = micro % c.grad_accum == 0
         # Only the last micro-batch of an accumulation group all_reduces gradients.
-        with nullcontext() if last or run.ddp is run.model else cast(DistributedDataParallel, run.ddp).no_sync():
+        with nullcontext() if last else run.no_sync():
             with run.autocast():
-                logits = run.ddp(images)
-                loss = F.cross_entropy(logits, target)
+                loss, metrics = call_loss(run.loss_fn, run.ddp, batch)
             run.scaler.scale(loss / c.grad_accum).backward()
-        meter.add(loss, logits, target)
+        meter.add(batch_size(batch), {"loss": loss, **metrics})
         if not last:
             continue
+        if c.grad_clip is not None:
+            run.scaler.unscale_(run.optimizer)  # clip the true gradients, not the scaled ones
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), c.grad_clip)
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)

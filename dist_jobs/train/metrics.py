@@ -12,7 +12,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
@@ -20,65 +20,91 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from dist_jobs.errors import UsageError
+from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
 from dist_jobs.train.distributed import all_reduce
 
 log = logging.getLogger("dist_jobs.train")
+# Metrics that are totals (and get a rate), not means per sample.
+SUMMED = frozenset({"tokens"})
 
 
 class Meter:
-    """Running loss, accuracy and throughput of one phase (an epoch, an evaluation)."""
+    """Running loss, metrics and throughput of one phase (an epoch, an evaluation).
+
+    Metrics are means per sample (each batch weighted by its size), except `tokens`, a total.
+    Every rank must report the same metric names: they are summed across ranks in one tensor.
+    """
 
     def __init__(self, device: torch.device) -> None:
-        self._sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, correct
+        self._device = device
+        self._names: list[str] = []
+        self._sums: torch.Tensor | None = None
         self._count = 0
         self._start = time.perf_counter()
 
     @torch.no_grad()
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
-        n = target.shape[0]
-        self._sums[0] += loss.detach() * n
-        self._sums[1] += (logits.argmax(dim=1) == target).sum()
-        self._count += n
+    def add(self, samples: int, values: Mapping[str, torch.Tensor | float]) -> None:
+        if self._sums is None:
+            self._names = list(values)
+            self._sums = torch.zeros(len(self._names), dtype=torch.float64, device=self._device)
+        elif list(values) != self._names:
+            raise UsageError(
+                f"the loss function's metrics changed from {self._names} to {list(values)}",
+                hint="return the same metric names for every batch",
+            )
+        weights = [1.0 if name in SUMMED else float(samples) for name in self._names]
+        row = [
+            torch.as_tensor(values[n], dtype=torch.float64, device=self._device).detach().reshape(()) * w
+            for n, w in zip(self._names, weights)
+        ]
+        self._sums += torch.stack(row)
+        self._count += samples
 
     def reduce(self) -> dict[str, float]:
         """Totals over all ranks; a collective, so every rank must call it at the same point."""
         elapsed = time.perf_counter() - self._start
-        extra = torch.tensor([self._count, elapsed], dtype=torch.float64, device=self._sums.device)
-        packed = torch.cat((self._sums, extra))
+        sums = self._sums if self._sums is not None else torch.zeros(0, dtype=torch.float64, device=self._device)
+        extra = torch.tensor([self._count, elapsed], dtype=torch.float64, device=self._device)
+        packed = torch.cat((sums, extra))
         all_reduce(packed)
-        loss_sum, correct, count, elapsed_sum = packed.tolist()
+        *totals, count, elapsed_sum = packed.tolist()
         mean_elapsed = elapsed_sum / dist.get_world_size()
-        return {
-            "loss": loss_sum / max(count, 1.0),
-            "accuracy": correct / max(count, 1.0),
-            "samples": count,
-            "samples_per_s": count / mean_elapsed if mean_elapsed > 0 else 0.0,
-        }
+        result: dict[str, float] = {}
+        for name, total in zip(self._names, totals):
+            result[name] = total if name in SUMMED else total / max(count, 1.0)
+            if name in SUMMED:
+                result[f"{name}_per_s"] = total / mean_elapsed if mean_elapsed > 0 else 0.0
+        result["samples"] = count
+        result["samples_per_s"] = count / mean_elapsed if mean_elapsed > 0 else 0.0
+        return result
 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: Any, device: torch.device, autocast: Callable[[], AbstractContextManager[Any]]
+    model: nn.Module,
+    loader: Any,
+    loss_fn: LossFn,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager[Any]],
 ) -> dict[str, float]:
-    """Loss and accuracy over the held-out set, reduced over ranks (a collective).
+    """The loss function's loss and metrics over the held-out set, reduced over ranks (a collective).
 
     Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank to
     run the same number of batches, which an unpadded evaluation split does not promise.
     """
     model.eval()
     meter = Meter(device)
-    for images, target in loader:
-        images = images.to(device, non_blocking=True)
-        target = target.to(device, non_blocking=True)
+    for raw in loader:
+        batch = to_device(raw, device)
         with autocast():
-            logits = model(images)
-            meter.add(F.cross_entropy(logits, target), logits, target)
+            loss, values = call_loss(loss_fn, model, batch)
+        meter.add(batch_size(batch), {"loss": loss, **values})
     model.train()
     result = meter.reduce()
-    return {"eval_loss": result["loss"], "eval_accuracy": result["accuracy"]}
+    return {f"eval_{k}": v for k, v in result.items() if k not in ("samples", "samples_per_s")}
 
 
 class Reporter:

@@ -24,6 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.batches import LossFn, classification_loss, language_model_loss
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,17 @@ def load_factory(spec: str, field: str) -> Callable[..., Any]:
     return obj
 
 
-def build_model(name: str, num_classes: int) -> nn.Module:
+def default_loss(model: str) -> LossFn:
+    """The loss of the built-in workloads: next-token for `gpt`, classification otherwise."""
+    return language_model_loss if model == "gpt" else classification_loss
+
+
+def build_model(name: str, num_classes: int, config: TrainConfig | None = None) -> nn.Module:
     """A freshly initialised model (no pretrained weights: the run trains it)."""
+    if name == "gpt":
+        from dist_jobs.train.lm import build_gpt
+
+        return build_gpt(config or TrainConfig())
     if is_factory(name):
         factory = load_factory(name, "model")
         model = factory(num_classes=num_classes) if _takes(factory, "num_classes") else factory()

@@ -67,6 +67,7 @@ def shared_state(run: Run) -> dict[str, Any]:
         "config": msgspec.to_builtins(c),
         "version": VERSION,
         "metrics": dict(run.metrics),
+        "user": {name: obj.state_dict() for name, obj in run.user_state.items()},
     }
 
 
@@ -83,6 +84,7 @@ def _restore(run: Run, loaded: Loaded) -> None:
         ) from exc
     if s["scaler"] and run.scaler.is_enabled():
         run.scaler.load_state_dict(s["scaler"])
+    _restore_user_state(run, s.get("user", {}), loaded)
     run.loader.sampler.seed = s["sampler_seed"]  # type: ignore[attr-defined]
     batches = data.resume_batches(s["samples_in_epoch"], c, world, run.steps_per_epoch)
     run.pos = Position(s["epoch"], batches, s["step"], s["samples_seen"])
@@ -113,6 +115,17 @@ def _restore(run: Run, loaded: Loaded) -> None:
                 c.batch_size,
                 resumed_at,
             )
+
+
+def _restore_user_state(run: Run, saved: dict[str, Any], loaded: Loaded) -> None:
+    missing = sorted(set(run.user_state) - set(saved))
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {loaded.path} holds no state for {missing} (it has {sorted(saved)})",
+            hint="pass the same `state=` objects to fit() as the run that wrote it, or use another --run-name",
+        )
+    for name, obj in run.user_state.items():
+        obj.load_state_dict(saved[name])
 
 
 def refuse_old_checkpoints(folder: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import signals
+from dist_jobs.train.batches import LossFn
 from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll
 from dist_jobs.train.metrics import Reporter
@@ -45,6 +46,9 @@ class Run:
     ckpt: Checkpointer | None
     reporter: Reporter
     poll: FlagPoll
+    loss_fn: LossFn
+    no_sync: Callable[[], AbstractContextManager[Any]]  # skips DDP's gradient all_reduce (accumulation)
+    user_state: Mapping[str, Any]  # the caller's objects with state_dict()/load_state_dict()
     pos: Position = field(default_factory=Position)
     metrics: dict[str, float] = field(default_factory=dict)
     last_save: float = field(default_factory=time.monotonic)
