@@ -16,7 +16,19 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE, VERSION
 
 __version__ = VERSION
 
-_API = ("backend", "cancel", "list_jobs", "load_spec", "logs", "prepare", "render", "run_local", "status", "submit")
+_API = (
+    "backend",
+    "call_local",
+    "cancel",
+    "list_jobs",
+    "load_spec",
+    "logs",
+    "prepare",
+    "render",
+    "run_local",
+    "status",
+    "submit",
+)
 _ERRORS = ("DistJobsError", "SpecError", "UsageError", "RankError", "BackendError")
 
 __all__ = ["REQUEUE_EXIT_CODE", "__version__", *_API, *_ERRORS]

@@ -6,15 +6,30 @@ Everything heavy (kubernetes, submitit, torch) is imported inside the verbs that
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import pickle
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dist_jobs.errors import DistJobsError, UsageError
 
 if TYPE_CHECKING:  # each verb imports only what it uses: `status` needs no jinja2 or yaml
     from dist_jobs.backends import Backend, JobStatus, Prepared
     from dist_jobs.spec import JobSpec
 
-__all__ = ["backend", "cancel", "list_jobs", "load_spec", "logs", "prepare", "render", "run_local", "status", "submit"]
+__all__ = [
+    "backend",
+    "call_local",
+    "cancel",
+    "list_jobs",
+    "load_spec",
+    "logs",
+    "prepare",
+    "render",
+    "run_local",
+    "status",
+    "submit",
+]
 
 
 def load_spec(
@@ -67,6 +82,35 @@ def logs(
     job_id: str, backend_name: str, rank: int | None = None, follow: bool = False, **options: Any
 ) -> Iterator[str]:
     return backend(backend_name, **options).logs(job_id, rank=rank, follow=follow)
+
+
+def call_local(spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run `fn(*args, **kwargs)` on every rank of `spec` as local processes; rank 0's return value.
+
+    Each rank gets torch's env:// variables and the job environment, as on a cluster, so a
+    function that calls fit() resumes from the run's latest checkpoint. A rank that fails raises
+    DistJobsError with its exit code (200: preempted and checkpointed; call again to resume).
+    """
+    try:
+        import cloudpickle
+    except ImportError:
+        raise UsageError("call_local needs cloudpickle", hint="pip install 'dist-jobs[train]'") from None
+    import tempfile
+
+    import msgspec
+
+    with tempfile.TemporaryDirectory(prefix=".dist-jobs-call-", dir=Path.cwd()) as folder:
+        call, out = Path(folder) / "call.pkl", Path(folder) / "result.pkl"
+        call.write_bytes(cloudpickle.dumps((fn, args, kwargs)))
+        command = ["python3", "-m", "dist_jobs.train.call", str(call), str(out)]
+        code = run_local(msgspec.structs.replace(spec, command=command))
+        if code != 0:
+            raise DistJobsError(
+                f"{getattr(fn, '__name__', 'the function')} failed: exit code {code}",
+                hint="its ranks' output above says why",
+            )
+        with out.open("rb") as f:
+            return pickle.load(f)
 
 
 def run_local(spec: JobSpec, workdir: Path | None = None) -> int:

@@ -74,7 +74,7 @@ def fit(
     if config.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not config.deterministic
-    with signals.PreemptFlag(config.preempt_signals) as flag, session(config) as dist:
+    with signals.PreemptFlag(signals.preempt_signals(config.preempt_signals)) as flag, session(config) as dist:
         if train_data is None:
             train_data, built_eval = data.build_datasets(config)
             eval_data = built_eval if eval_data is None else eval_data

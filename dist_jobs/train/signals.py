@@ -9,9 +9,10 @@ an attribute and nothing else. The loop polls it, all ranks agree, then they che
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -20,6 +21,16 @@ from dist_jobs.errors import UsageError
 log = logging.getLogger(__name__)
 
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+# Signals a launch mode adds to `train.preempt_signals` (submitit warns with SIGUSR2), so that
+# your own function calling fit() checkpoints on them too.
+LAUNCH_SIGNALS_VAR = "DIST_JOBS_PREEMPT_SIGNALS"
+
+
+def preempt_signals(configured: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The configured signals plus the launch mode's, in order, each once."""
+    env = os.environ if environ is None else environ
+    extra = [s for s in env.get(LAUNCH_SIGNALS_VAR, "").split(",") if s.strip()]
+    return tuple(dict.fromkeys([*configured, *extra]))
 
 
 def parse_signal(name: str) -> signal.Signals:

@@ -1,32 +1,36 @@
-"""The training entrypoint as a submitit checkpointable callable (built by
-dist_jobs.backends.submitit_backend.make_executor's caller, run on the compute node).
+"""Work for submitit, built from a job spec: the training entrypoint (`TrainTask`) or any function
+of yours (`FunctionTask`), with the same ranks, resume and requeue contract.
 
-Preemption: the training loop owns the signal (flag, all ranks agree, checkpoint at the step
-boundary), then hands the signal back to submitit, whose handler calls `TrainTask.checkpoint`
-and requeues the job; the requeued task resumes from the latest checkpoint.
+    job = make_executor(spec, "logs").submit(FunctionTask(spec, my_train, lr=0.1))
+
+On the node each task exports torch's env:// variables and the job environment, then runs. A
+function that calls fit() checkpoints on submitit's warning signal (SIGUSR2) as well as the
+spec's; fit() then raises Preempted, and the task hands the signal back to submitit, whose
+handler calls `checkpoint()` and requeues the job; the requeued task resumes from the latest
+checkpoint. A function that does not call fit() is requeued the same way and starts again.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
+from dist_jobs.train.signals import LAUNCH_SIGNALS_VAR
 
 # submitit's default preemption/timeout signal (SUBMITIT_PREEMPT_SIGNAL overrides it).
 SUBMITIT_SIGNAL = "SIGUSR2"
 
 
-class TrainTask:
-    """The training entrypoint as a submitit checkpointable callable (picklable: spec only)."""
+class FunctionTask:
+    """`fn(*args, **kwargs)` on every task of the job (picklable when fn is: submitit uses cloudpickle)."""
 
-    def __init__(self, spec: JobSpec) -> None:
-        self.spec = spec
+    def __init__(self, spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.spec, self.fn, self.args, self.kwargs = spec, fn, args, kwargs
 
     def _export_env(self) -> None:
         import submitit
@@ -43,19 +47,22 @@ class TrainTask:
                 # submitit sets the env:// variables itself, as torchrun would for its children.
                 "TORCHELASTIC_RUN_ID": f"submitit-{env.job_id}",
                 "GROUP_RANK": str(env.node),
+                "NODE_RANK": str(env.node),
                 "LOCAL_WORLD_SIZE": str(dist.local_world_size),
+                LAUNCH_SIGNALS_VAR: SUBMITIT_SIGNAL,
                 **job_env(self.spec, "submitit", str(ckpt if ckpt.is_absolute() else Path.cwd() / ckpt)),
             }
         )
 
-    def __call__(self) -> dict[str, Any]:
-        from dist_jobs.train.loop import Preempted, fit
+    def run(self) -> Any:
+        return self.fn(*self.args, **self.kwargs)
+
+    def __call__(self) -> Any:
+        from dist_jobs.train.loop import Preempted
 
         self._export_env()
-        signals = tuple(dict.fromkeys((*self.spec.train.preempt_signals, SUBMITIT_SIGNAL)))
-        config = msgspec.structs.replace(self.spec.train, preempt_signals=signals)
         try:
-            return fit(config)
+            return self.run()
         except Preempted:
             # The checkpoint is committed and fit() has put submitit's handler back: hand the
             # signal to it, so it calls checkpoint() and requeues the job.
@@ -65,4 +72,17 @@ class TrainTask:
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
 
-        return submitit.helpers.DelayedSubmission(TrainTask(self.spec))
+        return submitit.helpers.DelayedSubmission(self)
+
+
+class TrainTask(FunctionTask):
+    """The built-in training entrypoint: fit() on the spec's `train` section."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        super().__init__(spec, _fit_spec, spec)
+
+
+def _fit_spec(spec: JobSpec) -> dict[str, float]:
+    from dist_jobs.train.loop import fit
+
+    return fit(spec.train)

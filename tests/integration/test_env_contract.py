@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,71 @@ def test_pytorchjob_pods_give_an_unmodified_script_its_ranks(tmp_path: Path, lau
     check_world(got, nodes=2, procs=procs)
     assert {r["master_addr"] for r in got} == {"env-pods-master-0"}
     assert {r["host"] for r in got} == {"env-pods-master-0", "env-pods-worker-0"}
+
+
+def test_call_local_runs_your_function_on_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dist_jobs
+    from support.envscript import report
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # the children unpickle `support.envscript.report`
+    spec = dist_jobs.load_spec(data={"nodes": 2, "procs_per_node": 2})
+    got = dist_jobs.call_local(spec, report)
+    assert (got["rank"], got["world"], got["sum"], got["local_world_size"]) == (0, 4, 6.0, "2")
+    assert not list(tmp_path.glob(".dist-jobs-call-*"))  # nothing left behind
+
+
+def _preemptible(checkpoints: str, stop_after: int) -> dict[str, float]:
+    """A notebook's training function on fit(): the first call is preempted after `stop_after` steps."""
+    import os
+    import signal
+
+    from dist_jobs.spec.train import TrainConfig
+    from dist_jobs.train.loop import fit
+    from support.regression_job import Points, Regressor, mse
+
+    class Preempt:  # a user object in fit's state: sends the preemption signal once, mid-run
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def state_dict(self) -> dict[str, int]:
+            self.calls += 1
+            if self.calls == stop_after and os.environ["RANK"] == "0" and not os.path.exists(checkpoints + "/once"):
+                open(checkpoints + "/once", "w").close()
+                os.kill(os.getpid(), signal.SIGTERM)
+            return {}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            pass
+
+    config = TrainConfig(
+        batch_size=8,
+        epochs=2,
+        checkpoint_dir=checkpoints,
+        run_name="nb",
+        progress=False,
+        checkpoint_every_steps=1,
+        device="cpu",
+        eval_every_epoch=False,
+    )
+    return fit(config, Regressor(), Points(64), loss=mse, state={"tick": Preempt()})
+
+
+def test_call_local_preempted_function_resumes_when_called_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dist_jobs
+    from dist_jobs.constants import REQUEUE_EXIT_CODE
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    # A notebook's functions live in __main__, which cloudpickle sends by value: do the same here.
+    cloudpickle = pytest.importorskip("cloudpickle")
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spec = dist_jobs.load_spec(data={"nodes": 1, "procs_per_node": 2})
+    ckpt = str(tmp_path / "ckpt")
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(dist_jobs.DistJobsError, match=f"exit code {REQUEUE_EXIT_CODE}"):
+        dist_jobs.call_local(spec, _preemptible, ckpt, 2)
+    metrics = dist_jobs.call_local(spec, _preemptible, ckpt, 2)
+    assert metrics["step"] == 8  # 64 samples / 2 ranks / batch 8 = 4 steps an epoch, 2 epochs

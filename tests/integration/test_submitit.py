@@ -16,7 +16,7 @@ import pytest
 from dist_jobs.backends.submitit_backend import executor_parameters, make_executor
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.load import load_spec
-from dist_jobs.train.task import SUBMITIT_SIGNAL, TrainTask
+from dist_jobs.train.task import SUBMITIT_SIGNAL, FunctionTask, TrainTask
 from support.paths import REPO, TESTS
 
 submitit = pytest.importorskip("submitit")
@@ -155,3 +155,31 @@ def test_train_task_under_the_local_executor_returns_every_ranks_metrics(
     assert results[0]["step"] == 4.0 and results[0]["epoch"] == 0.0  # 32 samples / 2 ranks / batch 4
     assert {"train_loss", "eval_loss", "eval_accuracy"} <= results[0].keys()
     assert (tmp_path / "checkpoints" / "local" / "step-4" / "COMPLETE").exists()
+
+
+def test_your_own_function_gets_the_ranks_under_the_local_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.envscript import report
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(TESTS)]))  # `support` for the children
+    spec = load_spec(
+        data={"name": "fn", "nodes": 1, "procs_per_node": 2, "time": "5", "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"}}
+    )
+    job = make_executor(spec, tmp_path / "jobs" / "%j", cluster="local").submit(FunctionTask(spec, report))
+    try:
+        results = sorted(job.results(), key=lambda r: r["rank"])
+    finally:
+        job.cancel(check=False)
+    assert [(r["rank"], r["local_rank"], r["world"], r["sum"]) for r in results] == [(0, 0, 2, 1.0), (1, 1, 2, 1.0)]
+    assert {(r["local_world_size"], r["group_rank"], r["node_rank"]) for r in results} == {("2", "0", "0")}
+
+
+def test_function_task_adds_submitits_signal_for_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dist_jobs.train.signals import LAUNCH_SIGNALS_VAR, preempt_signals
+
+    task = pickle.loads(pickle.dumps(FunctionTask(load_spec(data=SPEC), print, "hello", end="")))
+    assert (task.fn, task.args, task.kwargs) == (print, ("hello",), {"end": ""})
+    assert isinstance(task.checkpoint().function, FunctionTask)
+    monkeypatch.setenv(LAUNCH_SIGNALS_VAR, SUBMITIT_SIGNAL)
+    assert preempt_signals(("SIGUSR1", "SIGTERM")) == ("SIGUSR1", "SIGTERM", "SIGUSR2")

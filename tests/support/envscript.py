@@ -13,14 +13,15 @@ import torch
 import torch.distributed as dist
 
 
-def main() -> None:
+def report() -> dict:
+    """Join the group through env://, all_reduce the ranks, and say who and where this process is."""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
     total = torch.tensor([float(rank)])
     dist.all_reduce(total)
     names = ("LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
-    report = {
+    found = {
         "rank": rank,
         "world": world,
         "local_rank": local_rank,
@@ -28,8 +29,12 @@ def main() -> None:
         "host": socket.gethostname(),
         **{n.lower(): os.environ.get(n) for n in names},
     }
-    print("RESULT " + json.dumps(report, sort_keys=True), flush=True)
     dist.destroy_process_group()
+    return found
+
+
+def main() -> None:
+    print("RESULT " + json.dumps(report(), sort_keys=True), flush=True)
 
 
 if __name__ == "__main__":
