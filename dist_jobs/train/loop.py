@@ -80,7 +80,7 @@ def fit(
             eval_data = built_eval if eval_data is None else eval_data
         if model is None:
             model = models.build_model(config.model, config.num_classes, config)
-        loss_fn = loss or models.default_loss(config.model)
+        loss_fn = loss or models.default_loss(config)
         run = _build(config, dist, flag, model, train_data, eval_data, loss_fn, dict(state or {}))
         try:
             resume(run)

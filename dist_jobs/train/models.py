@@ -59,9 +59,9 @@ def load_factory(spec: str, field: str) -> Callable[..., Any]:
     return obj
 
 
-def default_loss(model: str) -> LossFn:
-    """The loss of the built-in workloads: next-token for `gpt`, classification otherwise."""
-    return language_model_loss if model == "gpt" else classification_loss
+def default_loss(config: TrainConfig) -> LossFn:
+    """The loss of the built-in workloads: next-token on `text` data, classification otherwise."""
+    return language_model_loss if config.data == "text" else classification_loss
 
 
 def build_model(name: str, num_classes: int, config: TrainConfig | None = None) -> nn.Module:
