@@ -25,37 +25,37 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
 
     p = sub.add_parser("render", help="print the sbatch script or Kubernetes manifest")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
+    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
     p.add_argument("-o", "--output", help="write to FILE instead of stdout")
     add_spec_flags(p)
 
     p = sub.add_parser("submit", help="submit the job (--dry-run prints what would be submitted)")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
+    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the scheduler to submit to")
     p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
     _backend_options(p, namespace=False)
     add_spec_flags(p)
 
     p = sub.add_parser("run", help="run the job here as local processes (gloo on CPU without GPUs)")
-    p.add_argument("--backend", choices=["local"], default="local")
+    p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
     add_spec_flags(p)
 
     for verb, text in (("status", "show a job's state"), ("cancel", "cancel a job"), ("logs", "print a job's logs")):
         p = sub.add_parser(verb, help=text)
-        p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
+        p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the job's scheduler")
         p.add_argument("job", help="job id (SLURM) or job name (Kubernetes)")
         _backend_options(p)
         if verb == "status":
-            p.add_argument("--json", action="store_true")
+            p.add_argument("--json", action="store_true", help="print JSON instead of text")
         if verb == "logs":
             p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0)")
-            p.add_argument("--follow", "-f", action="store_true")
+            p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
 
     p = sub.add_parser("list", help="list dist-jobs jobs")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
+    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the scheduler to ask")
     _backend_options(p)
 
     p = sub.add_parser("env", help="print the ranks this process resolves (run it under srun/torchrun)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
     return parser
 

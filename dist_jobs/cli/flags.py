@@ -44,7 +44,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--exclude", "slurm.exclude", "SLURM nodes to avoid"),
     Flag("--reservation", "slurm.reservation", "SLURM reservation"),
     Flag("--dependency", "slurm.dependency", "SLURM dependency, e.g. afterok:123"),
-    Flag("--array", "slurm.array", "SLURM array, e.g. 0-9%2"),
+    Flag("--array", "slurm.array", "SLURM array, e.g. 0-9%%2 (at most 2 at once)"),
     Flag("--mail-user", "slurm.mail_user", "SLURM mail address"),
     Flag("--mail-type", "slurm.mail_type", "SLURM mail events, e.g. END,FAIL"),
     Flag("--sbatch", "slurm.extra_sbatch", "raw extra #SBATCH flag (repeatable)", "append"),

@@ -88,3 +88,23 @@ def test_set_and_env_forms() -> None:
     assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--set", "train.epochs=5")
     assert proc.returncode == 0 and "--epochs 5" in proc.stdout
+
+
+def _subcommands() -> dict[str, object]:
+    import argparse
+
+    from dist_jobs.cli import _parser
+
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("verb", sorted(_subcommands()))
+def test_every_subcommands_help_works_and_every_flag_is_explained(verb: str) -> None:
+    proc = dj(verb, "--help")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith(f"usage: dist-jobs {verb}")
+    parser = _subcommands()[verb]
+    silent = [a.option_strings or [a.dest] for a in parser._actions if not a.help]  # type: ignore[attr-defined]
+    assert not silent, f"`dist-jobs {verb}` has arguments without help: {silent}"
