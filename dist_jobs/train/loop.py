@@ -116,16 +116,7 @@ def _build(
     steps = data.steps_per_epoch(loader, c, dist.world_size)
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
-    folder = checkpoint_folder(c)
-    if folder is not None and dist.is_main:
-        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
-    ckpt = (
-        None
-        if folder is None
-        else Checkpointer(
-            folder, rank=dist.rank, world_size=dist.world_size, keep=c.keep_checkpoints, async_write=c.async_checkpoint
-        )
-    )
+    folder, ckpt = _checkpointer(c, dist)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(
@@ -149,6 +140,16 @@ def _build(
         no_sync=no_sync,
         user_state=user_state,
     )
+
+
+def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer | None]:
+    folder = checkpoint_folder(c)
+    if folder is None:
+        return None, None
+    if dist.is_main:
+        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
+    keep, async_write = c.keep_checkpoints, c.async_checkpoint
+    return folder, Checkpointer(folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write)
 
 
 def _train(run: Run) -> dict[str, float]:

@@ -175,7 +175,7 @@ def test_manifest_yaml_round_trip(
     for rtype in ("Master", "Worker"):
         tmpl = doc["spec"]["pytorchReplicaSpecs"][rtype]["template"]
         container = tmpl["spec"]["containers"][0]
-        assert container["command"][4:] == ["python3", "t.py", *args]
+        assert container["command"][4:] == ["python3", "-m", "dist_jobs.launch", "--", "python3", "t.py", *args]
         got_env = {e["name"]: e["value"] for e in container["env"]}
         assert {k: got_env[k] for k in env} == env
         assert got_env["DIST_JOBS_CHECKPOINT_DIR"] == "/" + ckpt

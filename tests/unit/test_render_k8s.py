@@ -70,7 +70,15 @@ def test_python_per_pod_with_several_procs_refused() -> None:
         render(load_spec(data={**SEED, "k8s": {"launch": "direct"}}), "k8s")
     assert "torchrun" in str(err.value) and "k8s.launch" in str(err.value)
     doc = manifest({**SEED, "gpus_per_node": 1, "k8s": {"launch": "direct"}})
-    assert container(doc)["command"][4:] == ["python3", "-m", "dist_jobs.train"]
+    assert container(doc)["command"][4:] == [
+        "python3",
+        "-m",
+        "dist_jobs.launch",
+        "--",
+        "python3",
+        "-m",
+        "dist_jobs.train",
+    ]
 
 
 def test_name_converted_to_dns1035() -> None:
