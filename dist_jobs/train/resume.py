@@ -14,6 +14,7 @@ import logging
 import os
 import random
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
+from dist_jobs.train.distributed import max_over_ranks
 from dist_jobs.train.rng import set_rng_state
 from dist_jobs.train.state import Position, Run
 
@@ -39,7 +41,8 @@ def resume(run: Run) -> None:
     """
     if run.ckpt is not None and not run.config.resume:
         refuse_old_checkpoints(run.ckpt.directory)
-    loaded = run.ckpt.latest() if run.ckpt is not None and run.config.resume else None
+    agree = partial(max_over_ranks, group=run.dist.control)  # all ranks fall back together
+    loaded = run.ckpt.latest(agree) if run.ckpt is not None and run.config.resume else None
     if loaded is not None:
         _restore(run, loaded)
     if loaded is not None and loaded.rank_state is not None:
