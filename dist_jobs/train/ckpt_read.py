@@ -27,7 +27,7 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from dist_jobs.train.ckpt_async import crc32_mapped
+from dist_jobs.train.crc import crc32_file
 
 SHARED = "shared.pt"
 RECORD = 64  # bytes per rank record; "rank-4294967295.pt" + a 20-digit size + 8 hex digits fit
@@ -138,7 +138,7 @@ def load_verified(path: Path, want: Mapping[str, Any]) -> Any:
             data = f.read()
             _check(path, len(data), zlib.crc32(data), want)
             return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        _check(path, size, crc32_mapped(f.fileno(), size), want)
+        _check(path, size, crc32_file(f.fileno(), size), want)
     return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
 
 
