@@ -93,10 +93,11 @@ def encode_marker(head: Mapping[str, Any], shared: Mapping[str, Any], ranks: Seq
 def read_marker(path: Path, rank: int) -> Marker:
     """The JSON line and this rank's record only: two small reads, whatever the world size."""
     with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        chunk = f.read(_HEAD_MAX)
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        chunk = os.pread(fd, _HEAD_MAX, 0)
         if chunk.startswith(b"{\n"):  # written before rank records existed: all of it is JSON
-            return _legacy(json.loads(chunk + f.read()), rank)
+            return _legacy(json.loads(chunk + os.pread(fd, size, len(chunk))), rank)
         end = chunk.find(b"\n")
         if end < 0:
             raise ValueError(f"{path.name} has no header line")
@@ -105,10 +106,7 @@ def read_marker(path: Path, rank: int) -> Marker:
         start = end + 1
         if size != start + world * width:
             raise ValueError(f"{path.name} is {size} bytes, not the {start + world * width} it says")
-        mine = None
-        if rank < world:
-            f.seek(start + rank * width)
-            mine = _record(f.read(width), rank)
+        mine = _record(os.pread(fd, width, start + rank * width), rank) if rank < world else None
     return Marker(step, world, head["files"][SHARED], mine)
 
 
