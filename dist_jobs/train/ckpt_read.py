@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import stat
 import zlib
@@ -132,7 +133,8 @@ def load_verified(path: Path, want: Mapping[str, Any]) -> Any:
     with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         _check(path, size, None, want)  # a truncated file fails before it is read
-        if size < MAP_FROM:
+        # A shared map would write training's in-place updates back into the checkpoint.
+        if size < MAP_FROM or torch.serialization.get_default_mmap_options() != mmap.MAP_PRIVATE:
             data = f.read()
             _check(path, len(data), zlib.crc32(data), want)
             return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")

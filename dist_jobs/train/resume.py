@@ -84,6 +84,7 @@ def _restore(run: Run, loaded: Loaded) -> None:
             hint="it belongs to another model or optimizer: use another "
             f"--run-name, or delete {loaded.path.parent} to start over",
         ) from exc
+    _own_memory(run.optimizer, s["optimizer"])
     if s["scaler"] and run.scaler.is_enabled():
         run.scaler.load_state_dict(s["scaler"])
     run.loader.sampler.seed = s["sampler_seed"]  # type: ignore[attr-defined]
@@ -116,6 +117,20 @@ def _restore(run: Run, loaded: Loaded) -> None:
                 c.batch_size,
                 resumed_at,
             )
+
+
+def _own_memory(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
+    """Give memory of its own to optimizer state that torch kept as loaded (same device and dtype).
+
+    A large checkpoint is loaded memory-mapped (ckpt_read), so such a tensor still lives in the
+    file's pages: training would keep the file mapped, and a pruned file could not be freed
+    (NFS keeps it as .nfsXXXX). The copy costs what the first step's copy-on-write would.
+    """
+    loaded = {id(v) for s in saved.get("state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)}
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if id(value) in loaded:
+                state[key] = value.clone()
 
 
 def refuse_old_checkpoints(folder: Path) -> None:

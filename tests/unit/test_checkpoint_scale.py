@@ -202,3 +202,43 @@ def test_marker_written_before_rank_records_still_loads(tmp_path: Path) -> None:
         assert loaded.step == 3 and loaded.rank_state == {"rank": rank, "step": 3}
     _flip_middle_byte(step / "rank-1.pt")  # and it is still verified
     assert Checkpointer(tmp_path, rank=1, world_size=2).latest() is None
+
+
+def test_restored_optimizer_state_leaves_the_mapped_file(tmp_path: Path) -> None:
+    from dist_jobs.train.resume import _own_memory
+
+    def build() -> tuple[Any, Any]:
+        model = torch.nn.Linear(600, 600)  # 1.4 MB of weights: shared.pt is memory-mapped
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    model, opt = build()
+    model(torch.randn(4, 600)).sum().backward()
+    opt.step()
+    ck = Checkpointer(tmp_path, rank=0, world_size=1)
+    ck.save(1, {"model": model.state_dict(), "optimizer": opt.state_dict()}, {})
+    loaded = ck.latest()
+    clone, opt2 = build()
+    clone.load_state_dict(loaded.shared["model"])
+    opt2.load_state_dict(loaded.shared["optimizer"])
+    momentum = opt2.state[clone.weight]["momentum_buffer"]
+    assert momentum is loaded.shared["optimizer"]["state"][0]["momentum_buffer"]  # torch kept it as mapped
+    _own_memory(opt2, loaded.shared["optimizer"])
+    del loaded, momentum
+    assert str(tmp_path / "step-1" / "shared.pt") not in Path("/proc/self/maps").read_text()
+    want = opt.state[model.weight]["momentum_buffer"]
+    assert torch.equal(opt2.state[clone.weight]["momentum_buffer"], want)
+    clone(torch.randn(4, 600)).sum().backward()
+    opt2.step()  # updates its momentum in place: the checkpoint must not change
+    assert ck.latest().step == 1
+
+
+def test_a_shared_mmap_default_never_writes_into_the_checkpoint(tmp_path: Path) -> None:
+    import mmap
+
+    numel = MAP_FROM // 4 + 1000
+    _save(tmp_path, 1, (1, 2), numel=numel)
+    with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):  # a user's global choice
+        loaded = Checkpointer(tmp_path, rank=0, world_size=1).latest()
+    loaded.shared["w"].add_(1.0)  # training updates a loaded tensor in place
+    del loaded
+    assert Checkpointer(tmp_path, rank=0, world_size=1).latest().step == 2  # step-2 still verifies
