@@ -16,9 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import msgspec
-import yaml
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_output import (
@@ -32,8 +30,9 @@ from dist_jobs.backends.slurm_output import (
 )
 from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError
-from dist_jobs.render import render
-from dist_jobs.spec import JobSpec
+
+if TYPE_CHECKING:  # status, list, cancel and logs import no renderer, spec classes or yaml
+    from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 NOT_INSTALLED_HINT = "run this on a SLURM login node, or bring up the local test cluster: bash slurm/cluster/up.sh"
@@ -60,9 +59,14 @@ class SlurmBackend:
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
 
     def prepare(self, spec: JobSpec) -> Prepared:
+        from dist_jobs.render import render
+
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
+        import msgspec
+        import yaml
+
         spec = prepared.spec
         workdir = self._workdir(spec)
         log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
