@@ -7,12 +7,8 @@ and runs `sbatch --parsable` on those same bytes. Output parsing lives in the pu
 
 from __future__ import annotations
 
-import getpass
-import json
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +27,9 @@ from dist_jobs.backends.slurm_output import (
 from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError
 
-if TYPE_CHECKING:  # status, list, cancel and logs import no renderer, spec classes or yaml
+# Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer):
+# status, list, cancel and logs pay only for what they use.
+if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
@@ -64,6 +62,10 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
+        import json
+        import shutil
+        import tempfile
+
         import msgspec
         import yaml
 
@@ -154,6 +156,8 @@ class SlurmBackend:
         return jobs[0] if jobs else None
 
     def list(self) -> list[JobStatus]:
+        import getpass
+
         proc = self.run(["squeue", "--noheader", "--user", getpass.getuser(), "--format", SQUEUE_FORMAT])
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
@@ -200,6 +204,8 @@ class SlurmBackend:
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""
+        import json
+
         for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
             data = json.loads(meta.read_text())
             procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None
