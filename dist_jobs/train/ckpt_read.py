@@ -11,6 +11,8 @@ A large one is memory-mapped: the checksum pass brings its pages into the page c
 torch.load(mmap=True) maps those same pages, so the tensors are not copied into fresh memory
 (page faults on fresh memory cost more than the copy); load_state_dict then copies them into
 the live model, once. Loading stays weights_only=True.
+
+newest_agreed() is how the ranks settle on one checkpoint, each having checked only its part.
 """
 
 from __future__ import annotations
