@@ -7,8 +7,9 @@
     same tensors back to back, so machine load hits all alike. The memcpy is the floor the async
     save cannot beat on CPU. The sync Checkpointer (hashing, COMPLETE, renames, fsyncs) is shown
     for reference. Goal: ratio <= 0.10x.
-(2) `latest()` loading the committed checkpoint (verifies size + CRC32 of every file, then
-    torch.load(weights_only=True)) against a bare torch.load of the same shared.pt.
+(2) `latest()` loading the committed checkpoint (size + CRC32 of shared.pt and this rank's
+    file checked, loaded with weights_only=True, memory-mapped) against a bare torch.load of
+    the same shared.pt (into fresh memory, unchecked). bench_resume_load.py compares with DCP.
 
 State: --mb MiB in total, half float32 "parameters" and half an optimizer-like copy (momentum).
 Everything is written to one temporary folder (--dir, default: the system temp dir), removed at

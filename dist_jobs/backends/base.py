@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from dist_jobs.spec import JobSpec
+if TYPE_CHECKING:  # status, list, cancel and logs need no spec classes (msgspec)
+    from dist_jobs.spec import JobSpec
 
 
 @dataclass(frozen=True)

@@ -7,21 +7,15 @@ and runs `sbatch --parsable` on those same bytes. Output parsing lives in the pu
 
 from __future__ import annotations
 
-import getpass
 import importlib.util
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import msgspec
-import yaml
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_output import (
@@ -35,8 +29,11 @@ from dist_jobs.backends.slurm_output import (
 )
 from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError, UsageError
-from dist_jobs.render import render
-from dist_jobs.spec import JobSpec
+
+# Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer):
+# status, list, cancel and logs pay only for what they use.
+if TYPE_CHECKING:
+    from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 NOT_INSTALLED_HINT = "run this on a SLURM login node, or bring up the local test cluster: bash slurm/cluster/up.sh"
@@ -83,9 +80,18 @@ class SlurmBackend:
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
 
     def prepare(self, spec: JobSpec) -> Prepared:
+        from dist_jobs.render import render
+
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
+        import json
+        import shutil
+        import tempfile
+
+        import msgspec
+        import yaml
+
         spec = prepared.spec
         workdir = self._workdir(spec)
         log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
@@ -173,6 +179,8 @@ class SlurmBackend:
         return jobs[0] if jobs else None
 
     def list(self) -> list[JobStatus]:
+        import getpass
+
         proc = self.run(["squeue", "--noheader", "--user", getpass.getuser(), "--format", SQUEUE_FORMAT])
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
@@ -219,6 +227,8 @@ class SlurmBackend:
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""
+        import json
+
         for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
             data = json.loads(meta.read_text())
             procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None

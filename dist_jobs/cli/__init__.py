@@ -15,7 +15,10 @@ from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the verb being run, the 39 spec flags go only where they can be used
+    (they are most of its build time, which `status` should not pay: the output is the same)."""
+    spec_flags = lambda p, name: add_spec_flags(p) if verb in (None, name) else None
     parser = argparse.ArgumentParser(
         prog="dist-jobs",
         description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
@@ -27,17 +30,17 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the sbatch script or Kubernetes manifest")
     p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
     p.add_argument("-o", "--output", help="write to FILE instead of stdout")
-    add_spec_flags(p)
+    spec_flags(p, "render")
 
     p = sub.add_parser("submit", help="submit the job (--dry-run prints what would be submitted)")
     p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the scheduler to submit to")
     p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
     _backend_options(p, namespace=False)
-    add_spec_flags(p)
+    spec_flags(p, "submit")
 
     p = sub.add_parser("run", help="run the job here as local processes (gloo on CPU without GPUs)")
     p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
-    add_spec_flags(p)
+    spec_flags(p, "run")
 
     for verb, text in (("status", "show a job's state"), ("cancel", "cancel a job"), ("logs", "print a job's logs")):
         p = sub.add_parser(verb, help=text)
@@ -72,7 +75,7 @@ def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, command = split_command(list(sys.argv[1:] if argv is None else argv))
-    args = _parser().parse_args(own)
+    args = _parser(next((a for a in own if not a.startswith("-")), None)).parse_args(own)
     if command is not None and args.verb not in ("render", "submit", "run"):
         print(f"dist-jobs {args.verb}: a command after `--` only goes with render, submit or run", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ They print; only `dist_jobs.cli.main` turns errors into messages and exit codes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -71,6 +70,8 @@ def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
 def cmd_status(args: argparse.Namespace, _: Any) -> int:
     status = _backend(args).status(args.job)
     if args.json:
+        import json
+
         print(
             json.dumps(
                 {
@@ -119,6 +120,8 @@ def cmd_env(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, _: Any) -> int:
+    import json
+
     from dist_jobs.spec import json_schema
 
     print(json.dumps(json_schema(), indent=2, sort_keys=True))

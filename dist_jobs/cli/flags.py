@@ -6,8 +6,6 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from dist_jobs.errors import Problem, SpecError
 
 
@@ -103,6 +101,8 @@ def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[
 
 def _scalar(text: str) -> Any:
     # `--set train.epochs=5` should give an int and `--set slurm.exclusive=true` a bool, as in YAML.
+    import yaml  # here: the verbs without a spec (status, list, ...) must not pay for it
+
     try:
         return yaml.safe_load(text) if text else ""
     except yaml.YAMLError:

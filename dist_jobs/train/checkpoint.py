@@ -7,6 +7,11 @@ until every rank's file exists (no collective, so it also works from a backgroun
 `latest` pointer, and only then prunes old checkpoints and stale partial folders. A crash at any
 point leaves the previous complete checkpoint as the newest one that counts.
 
+Resuming: each rank verifies only the files it loads (`shared.pt` and its own), and the ranks
+agree with one all_reduce per checkpoint tried whether all of them could, so a bad part on any
+rank makes every rank fall back to the same older checkpoint. A rank opens a constant number of
+files, whatever the world size (ckpt_read has the marker format that makes this possible).
+
 Loading uses `torch.load(weights_only=True)` only (unpickling arbitrary objects runs code), so
 save() refuses anything else up front instead of failing at resume time.
 """
@@ -14,13 +19,11 @@ save() refuses anything else up front instead of failing at resume time.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,14 +33,14 @@ import torch
 from dist_jobs.constants import VERSION
 from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
+from dist_jobs.train.ckpt_read import SHARED, Agree, encode_marker, load_verified, newest_agreed, read_marker
 
-__all__ = ["COMPLETE", "CheckpointError", "Checkpointer", "Loaded"]
+__all__ = ["COMPLETE", "Agree", "CheckpointError", "Checkpointer", "Loaded"]
 
 log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
 LATEST = "latest"
-SHARED = "shared.pt"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _PARTIAL_RE = re.compile(r"^\.step-(\d+)\.(partial|corrupt-\d+)$")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -151,16 +154,23 @@ class Checkpointer:
             self._closed = True
             self.wait()
 
-    def latest(self) -> Loaded | None:
-        """Newest complete checkpoint that verifies and loads; bad newer ones are logged, skipped."""
-        for step in sorted(self._committed(), reverse=True):
-            folder = self._folder(step)
-            try:
-                return self._load(step, folder)
-            except Exception as exc:  # any failure makes it unusable; the next older one may do
-                log.warning("checkpoint %s is unusable, falling back to an older one: %s", folder, exc)
-                self._bad.add(step)
-        return None
+    def latest(self, agree: Agree | None = None) -> Loaded | None:
+        """Newest complete checkpoint whose parts verify and load on every rank; bad newer ones
+        are logged and skipped. Call it on every rank with `agree` (in a job of one rank, or to
+        read a checkpoint outside a job, leave it out: this rank then decides alone).
+
+        Usually one all_reduce: ckpt_read.newest_agreed says how the ranks fall back together.
+        """
+        return newest_agreed(sorted(self._committed()), self._load, self._reject, agree)
+
+    def _reject(self, step: int, got: Loaded | Exception | None) -> None:
+        """Every rank marks the same step bad (so all rewrite it); the rank that failed says why."""
+        self._bad.add(step)
+        folder = self._folder(step)
+        if isinstance(got, Exception):
+            log.warning("checkpoint %s is unusable on rank %d, falling back: %s", folder, self.rank, got)
+        elif self.rank == 0:
+            log.warning("checkpoint %s is not usable on every rank (that rank's log says why): falling back", folder)
 
     # -- layout ---------------------------------------------------------------------------
     def _folder(self, step: int) -> Path:
@@ -229,16 +239,14 @@ class Checkpointer:
     def _commit(self, step: int, files: dict[str, dict[str, Any]]) -> None:
         partial = self._partial(step)
         self._await_ranks(step)
-        for rank in range(1, self.world_size):
-            files[f"rank-{rank}.pt"] = disk.digest(partial / f"rank-{rank}.pt")
-        marker = {
+        ranks = [files["rank-0.pt"]] + [disk.digest(partial / f"rank-{r}.pt") for r in range(1, self.world_size)]
+        head = {
             "step": step,
             "world_size": self.world_size,
             "version": VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "files": files,
         }
-        payload = json.dumps(marker, indent=1).encode()
+        payload = encode_marker(head, files[SHARED], ranks)
         disk.write_atomic(partial / COMPLETE, lambda f: f.write(payload))  # last file: it makes it count
         disk.fsync_dir(partial)
         final = self._folder(step)
@@ -286,23 +294,12 @@ class Checkpointer:
         )
 
     # -- reading --------------------------------------------------------------------------
-    def _load(self, step: int, folder: Path) -> Loaded:
-        marker = json.loads((folder / COMPLETE).read_text())
-        world_size, files = int(marker["world_size"]), marker["files"]
-        if int(marker["step"]) != step:
-            raise ValueError(f"{COMPLETE} says step {marker['step']}")
-        # Checksum on a second thread while torch.load runs (zlib releases the GIL): verifying
-        # then costs little more than loading. A checksum error wins over a load error: clearer.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            verified = pool.submit(disk.verify, folder, files)
-            try:
-                shared = torch.load(folder / SHARED, weights_only=True, map_location="cpu")
-                mine = f"rank-{self.rank}.pt"
-                rank_state = None
-                if self.rank < world_size and mine in files:
-                    rank_state = torch.load(folder / mine, weights_only=True, map_location="cpu")
-            except Exception:
-                verified.result()
-                raise
-            verified.result()
-        return Loaded(step=step, path=folder, shared=shared, rank_state=rank_state, world_size=world_size)
+    def _load(self, step: int) -> Loaded:
+        """This rank's part only: the marker's header and own record, shared.pt, rank-<r>.pt."""
+        folder = self._folder(step)
+        marker = read_marker(folder / COMPLETE, self.rank)
+        if marker.step != step:
+            raise ValueError(f"{COMPLETE} says step {marker.step}")
+        shared = load_verified(folder / SHARED, marker.shared)
+        mine = None if marker.mine is None else load_verified(folder / f"rank-{self.rank}.pt", marker.mine)
+        return Loaded(step=step, path=folder, shared=shared, rank_state=mine, world_size=marker.world_size)

@@ -140,6 +140,13 @@ def all_reduce(tensor: torch.Tensor, *, op: Any = dist.ReduceOp.SUM, group: Any 
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
+def max_over_ranks(values: Sequence[int], group: Any = None) -> list[int]:
+    """Element-wise maximum over all ranks, on the CPU control group (checkpoint agreement)."""
+    tensor = torch.tensor(list(values), dtype=torch.int64)
+    all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in tensor.tolist()]
+
+
 class FlagPoll:
     """All ranks agree on a few booleans (any rank's True wins) without stalling a step.
 

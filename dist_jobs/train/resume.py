@@ -14,6 +14,7 @@ import logging
 import os
 import random
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
+from dist_jobs.train.distributed import max_over_ranks
 from dist_jobs.train.rng import set_rng_state
 from dist_jobs.train.state import Position, Run
 
@@ -39,7 +41,8 @@ def resume(run: Run) -> None:
     """
     if run.ckpt is not None and not run.config.resume:
         refuse_old_checkpoints(run.ckpt.directory)
-    loaded = run.ckpt.latest() if run.ckpt is not None and run.config.resume else None
+    agree = partial(max_over_ranks, group=run.dist.control)  # all ranks fall back together
+    loaded = run.ckpt.latest(agree) if run.ckpt is not None and run.config.resume else None
     if loaded is not None:
         _restore(run, loaded)
     if loaded is not None and loaded.rank_state is not None:
@@ -82,6 +85,7 @@ def _restore(run: Run, loaded: Loaded) -> None:
             hint="it belongs to another model or optimizer: use another "
             f"--run-name, or delete {loaded.path.parent} to start over",
         ) from exc
+    _own_memory(run.optimizer, s["optimizer"])
     if s["scaler"] and run.scaler.is_enabled():
         run.scaler.load_state_dict(s["scaler"])
     _restore_user_state(run, s.get("user", {}), loaded)
@@ -126,6 +130,20 @@ def _restore_user_state(run: Run, saved: dict[str, Any], loaded: Loaded) -> None
         )
     for name, obj in run.user_state.items():
         obj.load_state_dict(saved[name])
+
+
+def _own_memory(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
+    """Give memory of its own to optimizer state that torch kept as loaded (same device and dtype).
+
+    A large checkpoint is loaded memory-mapped (ckpt_read), so such a tensor still lives in the
+    file's pages: training would keep the file mapped, and a pruned file could not be freed
+    (NFS keeps it as .nfsXXXX). The copy costs what the first step's copy-on-write would.
+    """
+    loaded = {id(v) for s in saved.get("state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)}
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if id(value) in loaded:
+                state[key] = value.clone()
 
 
 def refuse_old_checkpoints(folder: Path) -> None:

@@ -181,6 +181,12 @@ def _flip_tensor_byte(path: Path) -> None:
     torch.load(path, weights_only=True, map_location="cpu")
 
 
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)  # opening it to read would wait for a writer forever
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("damage", "target"),
     [
@@ -190,6 +196,8 @@ def _flip_tensor_byte(path: Path) -> None:
         (_truncate, "rank-0.pt"),
         (Path.unlink, "shared.pt"),
         (_garbage, "COMPLETE"),
+        (_truncate, "COMPLETE"),
+        (_fifo, "rank-0.pt"),
     ],
 )
 def test_corrupt_newest_is_reported_and_skipped(

@@ -65,10 +65,14 @@ def test_layout_marker_and_pointer(tmp_path: Path) -> None:
     assert (tmp_path / "latest").read_text().strip() == "step-7"
     folder = tmp_path / "step-7"
     assert _names(folder) == ["COMPLETE", "rank-0.pt", "shared.pt"]  # no temporary file left
-    marker = json.loads((folder / "COMPLETE").read_text())
+    # A JSON line, then one fixed-width record per rank: a rank reads only its own.
+    head, record, end = (folder / "COMPLETE").read_bytes().split(b"\n")
+    marker = json.loads(head)
     assert marker["step"] == 7 and marker["world_size"] == 1 and marker["version"] == VERSION
-    for name in ("shared.pt", "rank-0.pt"):
-        assert marker["files"][name] == ckpt_async.digest(folder / name)
+    assert marker["files"]["shared.pt"] == ckpt_async.digest(folder / "shared.pt")
+    digest = ckpt_async.digest(folder / "rank-0.pt")
+    assert record.split() == [b"rank-0.pt", str(digest["size"]).encode(), digest["crc32"].encode()]
+    assert len(record) + 1 == marker["rank_record_bytes"] and end == b""
     loaded = ck.latest()
     assert isinstance(loaded, Loaded) and loaded.step == 7 and loaded.path == folder
     assert loaded.world_size == 1
