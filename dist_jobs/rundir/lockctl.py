@@ -8,7 +8,11 @@ command is covered as well as the built-in trainer:
     ... the job, with DIST_JOBS_LOCK_TOKEN="$token" exported so the trainer joins the lock ...
     python3 -m dist_jobs.rundir.lockctl release RUN_DIR "$token"
 
-`acquire` prints the token, or the refusal (exit 2). `heartbeat` keeps the lock fresh until it
+(The pod entrypoint cannot write `$$`, which Kubernetes turns into `$`: it makes the token itself,
+passes `--token`, and relies on the default --pid, the parent, which is the shell when
+lockctl runs as a plain command, not inside `$(...)`.)
+
+`acquire` prints the token (unless --token gave it), or the refusal (exit 2). `heartbeat` keeps the lock fresh until it
 is released or taken over, or process --pid is gone; it ignores the signals that stop a job
 (TERM, INT, HUP, USR1, USR2), since the ranks may still be writing their preemption checkpoint.
 """
@@ -35,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--backend", default="shell", help="what holds it: slurm, k8s, ... (for messages)")
     p.add_argument("--pid", type=int, default=os.getppid(), help="the process that holds it (default: parent)")
-    p.add_argument("--job-id", default=None, help="scheduler job id (default: $SLURM_JOB_ID)")
+    p.add_argument("--job-id", default=None, help="scheduler job id (default: $SLURM_JOB_ID, else the owner)")
+    p.add_argument("--token", default=None, help="the lock's token, made by the caller (default: printed)")
     for verb in ("heartbeat", "release"):
         p = sub.add_parser(verb, help=f"{verb} the lock taken with TOKEN")
         p.add_argument("run_dir", type=Path)
@@ -56,12 +61,14 @@ def _mine(run_dir: Path, token: str) -> Lock | None:
 
 
 def _acquire(args: argparse.Namespace) -> int:
-    job_id = args.job_id if args.job_id is not None else os.environ.get("SLURM_JOB_ID", "")
-    me = Holder.this(new_token(), owner_from_env(os.environ), args.backend, job_id, pid=args.pid)
+    owner = owner_from_env(os.environ)
+    job_id = args.job_id if args.job_id is not None else os.environ.get("SLURM_JOB_ID", "") or owner.split(":")[-1]
+    me = Holder.this(args.token or new_token(), owner, args.backend, job_id, pid=args.pid)
     lock = acquire(args.run_dir, me)
     if lock.took_over:
         print(f"dist-jobs: took over the lock of {args.run_dir}: {lock.took_over}", file=sys.stderr)
-    print(lock.token)
+    if not args.token:
+        print(lock.token)
     return 0
 
 
