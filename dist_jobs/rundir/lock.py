@@ -9,6 +9,7 @@ every HEARTBEAT_SECONDS. Another run takes it over only when
 - the holder is provably gone (its process, on this machine, is not running), or
 - its heartbeat is older than the stale limit (DIST_JOBS_LOCK_STALE_SECONDS, default 90 s),
   measured against the file server's clock (the mtime of a file we just wrote), not ours.
+  Holders beat every DIST_JOBS_LOCK_HEARTBEAT_SECONDS (default 10 s).
 
 Otherwise it is refused with LockHeld (exit 2) naming the holder. Breaking a stale lock goes
 through a second lock file, so two newcomers cannot both break it and both believe they hold it.
@@ -53,12 +54,20 @@ class LockHeld(UsageError):
         self.age = age
 
 
-def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
+def _seconds(name: str, default: float, environ: Mapping[str, str] | None) -> float:
     env = os.environ if environ is None else environ
     try:
-        return max(1.0, float(env.get("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS)))
+        return max(0.05, float(env.get(name, default)))
     except ValueError:
-        return STALE_SECONDS
+        return default
+
+
+def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
+    return _seconds("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS, environ)
+
+
+def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
+    return _seconds("DIST_JOBS_LOCK_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS, environ)
 
 
 def new_token() -> str:
@@ -215,14 +224,14 @@ def acquire(run_dir: Path, me: Holder, inherited: str = "", stale_after: float |
 
 
 class Heartbeat:
-    """Touches a lock every `every` seconds from a daemon thread; `on_lost` runs once if the lock
-    stops being ours (another run took it over because this one looked dead)."""
+    """Touches a lock every `every` seconds (default: heartbeat_seconds()) from a daemon thread;
+    `on_lost` runs once if the lock stops being ours (another run took it over: we looked dead)."""
 
     def __init__(
-        self, lock: Lock, every: float = HEARTBEAT_SECONDS, on_lost: Callable[[Holder | None], None] | None = None
+        self, lock: Lock, every: float | None = None, on_lost: Callable[[Holder | None], None] | None = None
     ) -> None:
         self.lock = lock
-        self.every = every
+        self.every = heartbeat_seconds() if every is None else every
         self.on_lost = on_lost
         self.lost = False
         self._stop = threading.Event()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
-from dist_jobs.rundir.lock import HEARTBEAT_SECONDS, LOCK_NAME, Lock, acquire, new_token
+from dist_jobs.rundir.lock import LOCK_NAME, Lock, acquire, heartbeat_seconds, new_token
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("token")
         if verb == "heartbeat":
             p.add_argument("--pid", type=int, default=os.getppid(), help="stop when this process is gone")
-            p.add_argument("--every", type=float, default=HEARTBEAT_SECONDS)
+            p.add_argument("--every", type=float, help="seconds (default: $DIST_JOBS_LOCK_HEARTBEAT_SECONDS or 10)")
     return parser
 
 
@@ -77,8 +77,9 @@ def _heartbeat(args: argparse.Namespace) -> int:
         signal.signal(sig, signal.SIG_IGN)
     lock = _mine(args.run_dir, args.token)
     watched = process_start(args.pid)
+    every = heartbeat_seconds() if args.every is None else args.every
     while lock is not None and lock.beat():
-        time.sleep(args.every)
+        time.sleep(every)
         if watched is None or process_start(args.pid) != watched:
             return 0  # the job's shell is gone: the lock goes stale unless released
     if lock is not None and lock.current() is not None:
