@@ -154,7 +154,7 @@ class ProcessGroup:
                 deadline = self._stop(f"got {outcome.cause.name}")
             if self.lost is not None:
                 self.say(self.lost)
-                outcome.failure = outcome.failure or 1
+                outcome.failure, outcome.why = 1, "lost the run directory lock; every process was killed"
                 return outcome.forced_end()
             bad = next((c for c in codes if c not in (None, 0, REQUEUE_EXIT_CODE)), None)
             if bad is not None and deadline is None:  # a failure of its own, not our stop's effect
@@ -176,13 +176,14 @@ class ProcessGroup:
             all(c == REQUEUE_EXIT_CODE for c in codes) or (self.preempted is not None and self.preempted(started))
         )
         if outcome.failure is not None:
-            code, what = outcome.failure, "a process failed; the others were stopped"
+            code, what = outcome.failure, outcome.why or "a process failed; the others were stopped"
         elif checkpointed:
             code, what = REQUEUE_EXIT_CODE, "preempted: every rank checkpointed; run it again to resume"
         elif outcome.cause is not None:
             code, what = 128 + outcome.cause, f"stopped by {outcome.cause.name} before every rank checkpointed"
         else:
-            code = next((c for c in codes if c), 1)
+            # A rank that failed says more than one that checkpointed beside it.
+            code = next((c for c in codes if c and c != REQUEUE_EXIT_CODE), next((c for c in codes if c), 1))
             what = "killed after the grace period" if outcome.forced else "a process failed"
         self.say(f"exit code {code}: {what}")
         return code
@@ -194,7 +195,10 @@ class ProcessGroup:
 
     def _signal_all(self, sig: int) -> None:
         # The whole group: the keeper and its process (torchrun's workers get it from torchrun).
+        # A keeper exits after its tree, so a reaped one leaves nothing, and its pid may be reused.
         for proc in self._procs:
+            if USE_KEEPER and proc.poll() is not None:
+                continue
             try:
                 os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -214,6 +218,7 @@ class _Outcome:
     cause: signal.Signals | None = None  # the launcher's first stop signal
     failure: int | None = None  # the first process's own failure
     forced: bool = False  # the end was forced: killed, not waited for
+    why: str | None = None  # what the exit code means, where a failure is not a process's own
 
     def forced_end(self) -> _Outcome:
         self.forced = True

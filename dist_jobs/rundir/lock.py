@@ -192,7 +192,16 @@ def acquire(run_dir: Path, me: Holder, inherited: str = "", stale_after: float |
     """Take `run_dir`'s lock for `me`, or join it when it holds the `inherited` token (exported
     as DIST_JOBS_LOCK_TOKEN by the launcher that took it). Raises LockHeld when another live
     run holds it."""
-    stale_after = stale_seconds() if stale_after is None else stale_after
+    try:
+        return _acquire(run_dir, me, inherited, stale_seconds() if stale_after is None else stale_after)
+    except OSError as exc:
+        raise BackendError(
+            f"cannot lock the run directory {run_dir}: {exc.strerror or exc}",
+            "check that checkpoint_dir exists on a writable (shared) filesystem",
+        ) from exc
+
+
+def _acquire(run_dir: Path, me: Holder, inherited: str, stale_after: float) -> Lock:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
     took_over: str | None = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -303,3 +305,45 @@ def test_a_second_run_in_the_same_run_directory_is_refused(tmp_path: Path) -> No
     assert first.returncode == 200
     third = _run(["--procs-per-node", "1", "--", PYTHON, "-c", "print('third run')"], tmp_path)
     assert third.returncode == 0 and "took over" not in third.stdout, third.stdout + third.stderr
+
+
+def test_a_launcher_that_lost_its_lock_ends_its_run(tmp_path: Path) -> None:
+    """Another run took the lock over (this launcher looked dead to it, say after a long stop):
+    the launcher ends its own run at once, without a checkpoint, rather than share the directory."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    (tmp_path / f"rank-{marker}.py").write_text(PREEMPTIBLE)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "dist_jobs", "run", "--procs-per-node", "2", "--", PYTHON, f"rank-{marker}.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "0.2"},
+    )
+    _wait_up(proc, 2)
+    lock = tmp_path / "checkpoints" / "dist-job" / "LOCK"
+    record = json.loads(lock.read_text())
+    lock.write_text(json.dumps({**record, "token": "someone-else", "pid": 1}))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert f"dist-jobs: lost the lock of {lock.parent} (it is now held by local run, pid 1 on host " in out
+    assert "checkpointed after" not in out and _left(marker) == []
+    assert json.loads(lock.read_text())["token"] == "someone-else"  # the new holder's lock stays
+
+
+@pytest.mark.parametrize(
+    ("codes", "want"),
+    [((0, 0), 0), ((200, 200), 200), ((200, 3), 3), ((0, 7), 7), ((0, -9), 137)],
+    ids=["done", "preempted", "failed-beside-a-checkpoint", "failed", "killed"],
+)
+def test_the_launchers_exit_code_says_what_happened(tmp_path: Path, codes: tuple[int, int], want: int) -> None:
+    from dist_jobs.backends.local_procs import ProcessGroup
+
+    def program(code: int) -> list[str]:
+        end = f"os.kill(os.getpid(), {-code})" if code < 0 else f"sys.exit({code})"
+        return [PYTHON, "-c", f"import os, sys; {end}"]
+
+    out = io.StringIO()
+    jobs = [(f"p{i}", program(code), dict(os.environ)) for i, code in enumerate(codes)]
+    assert ProcessGroup(out, grace=30).run(jobs, cwd=tmp_path) == want, out.getvalue()
+    assert want == 0 or f"dist-jobs: exit code {want}: " in out.getvalue()
