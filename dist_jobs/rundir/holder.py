@@ -122,8 +122,8 @@ class Holder:
 
     def stop_hint(self) -> str:
         """How to stop this holder's run, in its scheduler's words."""
-        if self.backend == "slurm" and self.job_id:
-            return f"scancel {self.job_id}"
+        if self.owner.startswith("slurm:"):  # the batch script, or a trainer under SLURM (submitit)
+            return f"scancel {self.owner[6:]}"
         parts = self.owner.split(":", 1)[-1].split("/")
         if self.owner.startswith("k8s:") and len(parts) == 3:  # k8s:KIND/NAMESPACE/NAME
             return f"kubectl delete {parts[0]} {parts[2]} -n {parts[1]}"
