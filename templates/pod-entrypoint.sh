@@ -5,6 +5,21 @@
 stamp=$(mktemp)
 child=""
 trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
+# One live run per run directory: pod rank 0 takes the lock (a replaced pod of the same job takes
+# it over; DIST_JOBS_LOCK_OWNER names the job). Elastic jobs have no pod rank: the trainer's rank 0
+# takes it there. No `$$` here: Kubernetes turns `$$` in a command into `$`.
+lock=""
+if [ "${PET_NODE_RANK:-}" = 0 ]; then
+  if python3 -c 'import dist_jobs.rundir.lockctl' 2>/dev/null; then
+    lock=$(cat /proc/sys/kernel/random/uuid)
+    python3 -m dist_jobs.rundir.lockctl acquire "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" --backend k8s --token "$lock" || exit 2
+    export DIST_JOBS_LOCK_TOKEN="$lock"
+    python3 -m dist_jobs.rundir.lockctl heartbeat "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock" &
+    beat=$!
+  else
+    echo "dist-jobs: python3 has no dist_jobs: running without the run directory lock" >&2
+  fi
+fi
 "$@" &
 child=$!
 while :; do
@@ -17,4 +32,8 @@ if [ -e "$marker" ] && [ "$marker" -nt "$stamp" ]; then
   rc=@REQUEUE@
 fi
 rm -f "$stamp"
+if [ -n "$lock" ]; then
+  { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
+  python3 -m dist_jobs.rundir.lockctl release "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"
+fi
 exit "$rc"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,9 +20,12 @@ from typing import TextIO
 
 from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.local_procs import ProcessGroup
+from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.ranks.threads import SHARING_VAR
-from dist_jobs.render.common import torchrun_tail
+from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
+from dist_jobs.rundir.holder import Holder
+from dist_jobs.rundir.lock import held, new_token
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 
@@ -167,12 +171,35 @@ class LocalBackend:
         return Prepared("local", spec, "".join(lines), "local-plan.txt")
 
     def run(self, spec: JobSpec) -> int:
-        """Run to completion; the first failing process's exit code, 0, or 130 on Ctrl-C."""
+        """Run to completion under the run directory's lock; the exit code is local_procs' (0, 200
+        preempted and checkpointed, 128+N stopped by signal N, or the first failure's code)."""
         use_gpus, note = self._gpu_mode(spec)
         if note:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
         procs = plan(spec, self.workdir, free_port(), job_id, use_gpus)
-        (self.workdir / spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        group = ProcessGroup(self.out)
-        return group.run([(p.label, p.argv, {**os.environ, **p.env}) for p in procs], cwd=self.workdir)
+        run_dir = self.workdir / spec.checkpoint_dir / spec.run_id  # an absolute checkpoint_dir wins
+        group = ProcessGroup(
+            self.out,
+            grace=spec.preemption.grace_seconds,
+            stop_signal=signal.Signals["SIG" + step_signal(spec)],
+            preempted=lambda since: _newer(run_dir / PREEMPTED_MARKER, since),
+        )
+
+        def lost(holder: Holder | None) -> None:
+            now = holder.describe() if holder else "nobody: the lock file was removed"
+            group.lost = f"lost the lock of {run_dir} (it is now held by {now}): ending this run without a checkpoint"
+
+        me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
+        with held(run_dir, me, on_lost=lost) as lock:
+            if lock.took_over:
+                print(f"dist-jobs: took over the lock of {run_dir}: {lock.took_over}", file=self.out, flush=True)
+            token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
+            return group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=self.workdir)
+
+
+def _newer(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except FileNotFoundError:
+        return False

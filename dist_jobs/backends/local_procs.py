@@ -1,9 +1,21 @@
-"""Run a set of processes as one job: prefixed output, first failure tears the rest down.
+"""Run a set of processes as one job: prefixed output, one end for all of them, no orphans.
 
-Each process gets its own session (process group) so that torchrun's children go with it and
-a terminal's Ctrl-C reaches only us: we turn it into SIGTERM, which the training treats as a
-preemption (checkpoint, exit), then SIGKILL whatever is left after a grace period. Nothing is
-left running when `run` returns.
+Each process runs under a keeper (local_keeper.py, Linux) in its own session, so that a
+terminal's Ctrl-C reaches only us. SIGINT, SIGTERM and SIGHUP to the launcher all mean the
+same: every process gets the job's preemption signal (the training checkpoints at the next step
+boundary and exits with REQUEUE_EXIT_CODE), whatever is left after the grace period is killed,
+and the launcher exits last. A second such signal kills at once. The keepers watch a pipe only
+the launcher holds: when the launcher dies, even by SIGKILL, every keeper kills its process
+tree (torchrun's workers included) within a fraction of a second.
+
+Exit codes of `run` (the launcher's exit code):
+  0                     every process exited 0
+  200 (REQUEUE)         stopped by a preemption signal, and every process exited 200 (or rank 0
+                        left a PREEMPTED marker newer than the start): checkpointed, run it again
+  128+N                 the launcher got signal N (130 INT, 143 TERM, 129 HUP) and the processes
+                        did not all checkpoint: some were killed or had no checkpointing
+  the process's code    the first process that failed (128+N when signal N killed it); the
+                        others were stopped
 """
 
 from __future__ import annotations
@@ -11,21 +23,61 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TextIO
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 
 GRACE_SECONDS = 30.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KEEPER = Path(__file__).with_name("local_keeper.py")
+# The keeper needs prctl (parent-death signal, child subreaper) and /proc: Linux.
+USE_KEEPER = sys.platform.startswith("linux")
+
+
+class _Signals:
+    """The launcher's stop signals, recorded by a handler that does nothing else."""
+
+    def __init__(self) -> None:
+        self.received: list[signal.Signals] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, lambda n, _: self.received.append(signal.Signals(n)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
 
 
 class ProcessGroup:
-    def __init__(self, out: TextIO, grace: float = GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        grace: float = GRACE_SECONDS,
+        stop_signal: int = signal.SIGTERM,
+        preempted: Callable[[float], bool] | None = None,
+    ) -> None:
         self.out = out
         self.grace = grace
+        self.stop_signal = signal.Signals(stop_signal)
+        self.preempted = preempted  # given the start time: did rank 0 commit a preemption checkpoint?
+        self.lost: str | None = None  # set from another thread: end the run now, with this message
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[bytes]] = []
+
+    def say(self, text: str) -> None:
+        with self._lock:
+            self.out.write(f"dist-jobs: {text}\n")
+            self.out.flush()
 
     def _pump(self, label: str, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
@@ -36,18 +88,20 @@ class ProcessGroup:
         stream.close()
 
     def _start(
-        self, jobs: list[tuple[str, list[str], dict[str, str]]], cwd: os.PathLike[str]
+        self, jobs: list[tuple[str, list[str], dict[str, str]]], cwd: os.PathLike[str], watch: int
     ) -> list[threading.Thread]:
         pumps = []
         for label, argv, env in jobs:
+            wrapped = [sys.executable, "-I", str(KEEPER), str(watch), "--", *argv] if USE_KEEPER else argv
             proc = subprocess.Popen(
-                argv,
+                wrapped,
                 env=env,
                 cwd=cwd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                pass_fds=(watch,) if USE_KEEPER else (),
             )
             self._procs.append(proc)
             pump = threading.Thread(target=self._pump, args=(label, proc.stdout), daemon=True)
@@ -56,44 +110,95 @@ class ProcessGroup:
         return pumps
 
     def run(self, jobs: list[tuple[str, list[str], dict[str, str]]], cwd: os.PathLike[str]) -> int:
+        """Start every job, supervise them to the end; the launcher's exit code (module doc)."""
+        started = time.time()
+        watch, hold = os.pipe()  # `hold` stays here: its closing is the keepers' signal to kill
         pumps: list[threading.Thread] = []
-        try:
-            pumps = self._start(jobs, cwd)
-            return self._wait()
-        except KeyboardInterrupt:
-            self._signal_all(signal.SIGTERM)
-            self._reap(self.grace)
-            return 130
-        finally:
-            self._signal_all(signal.SIGTERM)
-            self._reap(self.grace)
-            self._signal_all(signal.SIGKILL)
-            self._reap(5.0)
-            for pump in pumps:
-                pump.join(timeout=5.0)
+        with _Signals() as signals:  # also through the teardown: a Ctrl-C there must not cut it short
+            try:
+                try:
+                    pumps = self._start(jobs, cwd, watch)
+                finally:
+                    os.close(watch)
+                outcome = self._supervise(signals)
+            finally:
+                os.close(hold)
+                self._reap(5.0)
+                self._signal_all(signal.SIGKILL)  # no keeper (not Linux), or one that did not answer
+                self._reap(5.0)
+                for pump in pumps:
+                    pump.join(timeout=5.0)
+        return self._verdict(outcome, started)
 
-    def _wait(self) -> int:
-        """Until all exit 0, or the first non-zero exit; then the others get the same end."""
+    def _stop(self, why: str) -> float:
+        self.say(
+            f"{why}: sending {self.stop_signal.name} to every process (the training checkpoints at "
+            f"its next step boundary and exits {REQUEUE_EXIT_CODE}); what is left in {self.grace:.0f} s is killed"
+        )
+        self._signal_all(self.stop_signal)
+        return time.monotonic() + self.grace
+
+    def _supervise(self, signals: _Signals) -> _Outcome:
+        """Until every process has exited, or the end must be forced; what happened on the way."""
+        outcome = _Outcome()
+        deadline: float | None = None
         while True:
-            codes = [p.poll() for p in self._procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                first = failed[0]
-                if first != REQUEUE_EXIT_CODE:
-                    self._signal_all(signal.SIGTERM)
-                self._reap(self.grace)
-                return self._exit_code(first)
-            if all(c == 0 for c in codes):
-                return 0
+            codes = [self._code(p) for p in self._procs]
+            if all(c is not None for c in codes):
+                return outcome
+            if len(signals.received) > 1:
+                self.say(f"got {signals.received[-1].name} again: killing every process now")
+                return outcome.forced_end()
+            if signals.received and outcome.cause is None:
+                outcome.cause = signals.received[0]
+                deadline = self._stop(f"got {outcome.cause.name}")
+            if self.lost is not None:
+                self.say(self.lost)
+                outcome.failure, outcome.why = 1, "lost the run directory lock; every process was killed"
+                return outcome.forced_end()
+            bad = next((c for c in codes if c not in (None, 0, REQUEUE_EXIT_CODE)), None)
+            if bad is not None and deadline is None:  # a failure of its own, not our stop's effect
+                outcome.failure = bad
+                deadline = self._stop(f"a process failed with exit code {bad}")
+            if deadline is None and REQUEUE_EXIT_CODE in codes:
+                deadline = time.monotonic() + self.grace  # preempted: the others are checkpointing too
+            if deadline is not None and time.monotonic() > deadline:
+                left = sum(c is None for c in codes)
+                self.say(f"{left} of {len(codes)} processes still running after {self.grace:.0f} s: killing them")
+                return outcome.forced_end()
             time.sleep(0.05)
 
+    def _verdict(self, outcome: _Outcome, started: float) -> int:
+        codes = [self._code(p) for p in self._procs]
+        if all(c == 0 for c in codes):
+            return 0
+        checkpointed = not outcome.forced and (
+            all(c == REQUEUE_EXIT_CODE for c in codes) or (self.preempted is not None and self.preempted(started))
+        )
+        if outcome.failure is not None:
+            code, what = outcome.failure, outcome.why or "a process failed; the others were stopped"
+        elif checkpointed:
+            code, what = REQUEUE_EXIT_CODE, "preempted: every rank checkpointed; run it again to resume"
+        elif outcome.cause is not None:
+            code, what = 128 + outcome.cause, f"stopped by {outcome.cause.name} before every rank checkpointed"
+        else:
+            # A rank that failed says more than one that checkpointed beside it.
+            code = next((c for c in codes if c and c != REQUEUE_EXIT_CODE), next((c for c in codes if c), 1))
+            what = "killed after the grace period" if outcome.forced else "a process failed"
+        self.say(f"exit code {code}: {what}")
+        return code
+
     @staticmethod
-    def _exit_code(code: int) -> int:
-        return 128 - code if code < 0 else code  # killed by signal N -> 128+N, like a shell
+    def _code(proc: subprocess.Popen[bytes]) -> int | None:
+        code = proc.poll()
+        return None if code is None else 128 - code if code < 0 else code  # signal N -> 128+N, like a shell
 
     def _signal_all(self, sig: int) -> None:
-        # The whole group, even when its leader has exited: torchrun's workers may outlive it.
+        # The whole group: the keeper and its process (torchrun's workers get it from torchrun).
+        # A keeper exits after its tree, so a reaped one leaves nothing, and its pid may be reused.
         for proc in self._procs:
+            if USE_KEEPER and proc.poll() is not None:
+                continue
             try:
                 os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -106,3 +211,15 @@ class ProcessGroup:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+
+
+@dataclass
+class _Outcome:
+    cause: signal.Signals | None = None  # the launcher's first stop signal
+    failure: int | None = None  # the first process's own failure
+    forced: bool = False  # the end was forced: killed, not waited for
+    why: str | None = None  # what the exit code means, where a failure is not a process's own
+
+    def forced_end(self) -> _Outcome:
+        self.forced = True
+        return self

@@ -91,7 +91,7 @@ def main() -> int:
     print("    " + " ".join(COMMAND[1:]), flush=True)
     code = _first_run(ckpt)
     saved = ", ".join(_committed(ckpt)) or "none"
-    _say(f"first run stopped with exit code {code} (130: interrupted); committed checkpoints: {saved}")
+    _say(f"first run stopped with exit code {code} (200: every rank checkpointed); committed checkpoints: {saved}")
     if not _committed(ckpt):
         return 1
     _say("starting the same command again: it resumes from the latest checkpoint")

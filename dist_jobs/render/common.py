@@ -72,3 +72,9 @@ def torchrun_tail(argv: list[str]) -> list[str]:
     if first.startswith("python") and len(argv) > 1:
         return argv[1:]
     return ["--no-python", *argv]
+
+
+def step_signal(spec: JobSpec) -> str:
+    """The signal a job's processes get to checkpoint and stop (USR1, USR2 or TERM): the spec's in
+    srun mode; TERM for torchrun, which passes TERM on to its workers (and dies of USR1)."""
+    return spec.preemption.signal if spec.launcher == "srun" else "TERM"

@@ -65,7 +65,10 @@ def _memory(value: str | None) -> str | None:
 
 
 def _env(spec: JobSpec) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in job_env(spec, "k8s", checkpoint_path(spec)).items()]
+    env = job_env(spec, "k8s", checkpoint_path(spec))
+    # The job across replaced pods: who may take over the run directory lock (dist_jobs.rundir).
+    env.setdefault("DIST_JOBS_LOCK_OWNER", f"k8s:{spec.k8s.api}/{spec.k8s.namespace}/{k8s_name(spec)}")
+    return [{"name": k, "value": v} for k, v in env.items()]
 
 
 def container_command(spec: JobSpec) -> list[str]:

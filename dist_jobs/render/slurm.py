@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.render.common import header_lines, torchrun_tail
+from dist_jobs.render.common import header_lines, step_signal, torchrun_tail
 from dist_jobs.render.quoting import sbatch_value, sh, slurm_filename
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
@@ -112,7 +112,7 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "procs": spec.procs,
         "master_port": spec.master_port,
         "array": bool(spec.slurm.array),
-        "forward_signal": spec.preemption.signal if spec.launcher == "srun" else "TERM",
+        "forward_signal": step_signal(spec),
         "warning_signal": _BATCH_WARNING,
         "requeue_code": REQUEUE_EXIT_CODE,
     }

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models, signals
@@ -36,10 +36,11 @@ from dist_jobs.train.distributed import Dist, FlagPoll, session
 from dist_jobs.train.metrics import Meter, Reporter, evaluate
 from dist_jobs.train.resume import checkpoint_folder, resume, run_name, seed_all, shared_state
 from dist_jobs.train.rng import rng_state
+from dist_jobs.train.runlock import run_lock
 from dist_jobs.train.state import Run
 
 log = logging.getLogger("dist_jobs.train")
-PREEMPTED = "PREEMPTED"
+PREEMPTED = PREEMPTED_MARKER
 
 
 class Preempted(DistJobsError):
@@ -74,7 +75,11 @@ def fit(
     if config.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not config.deterministic
-    with signals.PreemptFlag(signals.preempt_signals(config.preempt_signals)) as flag, session(config) as dist:
+    with (
+        signals.PreemptFlag(signals.preempt_signals(config.preempt_signals)) as flag,
+        session(config) as dist,
+        run_lock(checkpoint_folder(config), dist),
+    ):
         if train_data is None:
             train_data, built_eval = data.build_datasets(config)
             eval_data = built_eval if eval_data is None else eval_data

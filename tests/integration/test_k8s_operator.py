@@ -5,6 +5,7 @@ and recovers from a preempted pod through restartPolicy ExitCode and the shared 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.crds import crd_path
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
+from support.paths import REPO
 from support.tiers import requires
 
 pytest.importorskip("kubernetes")
@@ -37,7 +39,8 @@ def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
         "procs_per_node": 2,
         "checkpoint_dir": "ckpt",
         "image": "local/dist-jobs:test",
-        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"},
+        # PYTHONPATH: the pods run this checkout's dist_jobs, as an image built from it would.
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": str(REPO)},
         "train": {**TRAIN, **train},
         "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared"), "backoff_limit": 4},
     }
@@ -159,6 +162,8 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
         while not committed(run_dir) and time.monotonic() < deadline:
             assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
             time.sleep(0.05)
+        held = json.loads((run_dir / "LOCK").read_text())  # pod rank 0's entrypoint holds the run directory
+        assert (held["backend"], held["owner"]) == ("k8s", f"k8s:pytorchjob/default/{JOB}"), held
         operator.evict(f"{JOB}-master-0")
         phase = operator.run(timeout=300)
     codes = {(a.pod, a.number): a.code for a in operator.attempts}
@@ -177,3 +182,6 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
     assert resumed is not None, second[-3000:]
     assert 0 < stopped == int(resumed.group(2)) < 64  # nothing since the last step boundary lost
     assert committed(run_dir)[-1] == 64
+    # Pod rank 0's entrypoint held the run directory lock in both attempts and released it.
+    assert "without the run directory lock" not in first + second
+    assert not (run_dir / "LOCK").exists()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
 import signal
 import subprocess
 import textwrap
 import time
 import uuid
 from pathlib import Path
+
+import pytest
 
 from dist_jobs.backends.local import plan
 from dist_jobs.ranks import resolve
@@ -137,3 +142,208 @@ def test_dry_run_plan_names_every_process(tmp_path) -> None:
     spec = load_spec(data={"name": "x", "nodes": 2, "procs_per_node": 2})
     payload = LocalBackend(workdir=tmp_path).prepare(spec).payload
     assert payload.count("# rank ") == 4 and "SLURM_PROCID=3" in payload
+
+
+# -- signals, orphans and the run directory lock ----------------------------------------------------
+
+# A rank that checkpoints the way the training does: the preemption signal sets a flag, the rank
+# finishes its "step", says so and exits with the requeue code.
+PREEMPTIBLE = textwrap.dedent("""
+    import os, signal, sys, time
+    got = []
+    signal.signal(signal.SIGUSR1, lambda n, f: got.append(n))
+    print("up", os.environ["SLURM_PROCID"], flush=True)
+    while not got:
+        time.sleep(0.05)
+    print("checkpointed after", signal.Signals(got[0]).name, flush=True)
+    sys.exit(200)
+""")
+
+
+def _start(args: list[str], cwd: Path, marker: str, script: str = PREEMPTIBLE) -> subprocess.Popen[str]:
+    # The marker in the file name puts it on every rank's command line, where pgrep finds it.
+    (cwd / f"rank-{marker}.py").write_text(script)
+    return subprocess.Popen(
+        [PYTHON, "-m", "dist_jobs", "run", "--backend", "local", *args, "--", PYTHON, f"rank-{marker}.py"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_up(proc: subprocess.Popen[str], count: int) -> list[str]:
+    lines: list[str] = []
+    assert proc.stdout is not None
+    while sum(bool(re.search(r"[\]:] ?up\b", line)) for line in lines) < count:
+        line = proc.stdout.readline()
+        assert line, "launcher ended early:\n" + "".join(lines)
+        lines.append(line)
+    return lines
+
+
+def _left(marker: str, within: float = 0.0) -> list[str]:
+    """pids whose command line holds `marker`, after waiting up to `within` s for them to go."""
+    deadline = time.monotonic() + within
+    while True:
+        found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_term_hup_and_int_reach_every_rank_as_the_preemption_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    """What a scheduler, `timeout`, systemd, a closed terminal or Ctrl-C sends to the launcher
+    becomes the job's preemption signal (USR1) for every rank; all checkpoint and exit 200, and
+    so does the launcher, last."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    proc = _start(["--nodes", "2", "--procs-per-node", "2"], tmp_path, marker)
+    lines = _wait_up(proc, 4)
+    assert len(_left(marker)) >= 4
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    text = "".join(lines) + out
+    assert proc.returncode == 200, text
+    assert f"dist-jobs: got {sig.name}: sending SIGUSR1 to every process" in text
+    assert text.count("checkpointed after SIGUSR1") == 4, text
+    assert "dist-jobs: exit code 200: preempted: every rank checkpointed; run it again to resume" in text
+    assert _left(marker) == []
+    assert not (tmp_path / "checkpoints" / "dist-job" / "LOCK").exists()  # released
+
+
+def test_ranks_without_checkpointing_end_in_128_plus_the_signal(tmp_path: Path) -> None:
+    marker = f"djtest-{uuid.uuid4().hex}"
+    sleeper = "import time; print('up', flush=True); time.sleep(600)"
+    proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, sleeper)
+    _wait_up(proc, 2)
+    assert len(_left(marker)) >= 2
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out
+    assert "exit code 143: stopped by SIGTERM before every rank checkpointed" in out
+    assert _left(marker) == []
+
+
+def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
+    """A rank that ignores the preemption signal would be waited for during the grace period
+    (120 s here); a second SIGTERM ends it now."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    stubborn = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('up', flush=True)\n"
+    stubborn += "time.sleep(600)"
+    proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, stubborn)
+    _wait_up(proc, 2)
+    assert len(_left(marker)) >= 2
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None  # still in its grace period
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 15
+    assert proc.returncode == 143 and "got SIGTERM again: killing every process now" in out, out
+    assert _left(marker) == []
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_sigkill_of_the_launcher_leaves_no_process_and_the_next_run_takes_over(tmp_path: Path, launcher: str) -> None:
+    """The launcher SIGKILLed mid-run: every rank (torchrun's workers too, which torchrun puts in
+    sessions of their own) is gone within seconds, and the next run in the same run directory
+    takes the dead launcher's lock over at once."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    proc = _start(["--nodes", "2", "--procs-per-node", "2", "--launcher", launcher], tmp_path, marker)
+    _wait_up(proc, 4)
+    assert len(_left(marker)) >= 4
+    killed = time.monotonic()
+    proc.kill()
+    proc.wait()
+    left = _left(marker, within=5.0)
+    assert left == [], f"processes left running: {left}"
+    print(f"{launcher}: every rank gone {time.monotonic() - killed:.2f} s after the SIGKILL")
+    again = _run(["--nodes", "1", "--procs-per-node", "1", "--", PYTHON, "-c", "print('second run')"], tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"dist-jobs: took over the lock of {tmp_path / 'checkpoints' / 'dist-job'}: its holder (local run, pid " in (
+        again.stdout
+    )
+    assert "is not running any more" in again.stdout and "[rank 0] second run" in again.stdout
+
+
+def test_what_a_rank_leaves_behind_does_not_outlive_the_run(tmp_path: Path) -> None:
+    marker = f"djtest-{uuid.uuid4().hex}"
+    # A daemon in a session of its own, detached from the rank: the keeper (a subreaper) inherits it.
+    daemon = textwrap.dedent(f"""
+        import os, subprocess, sys
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # {marker}"], start_new_session=True)
+        print("up", flush=True)
+    """)
+    proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, daemon)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert _left(marker, within=5.0) == []
+
+
+def test_a_second_run_in_the_same_run_directory_is_refused(tmp_path: Path) -> None:
+    marker = f"djtest-{uuid.uuid4().hex}"
+    first = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker)
+    try:
+        _wait_up(first, 2)
+        second = _run(["--nodes", "1", "--procs-per-node", "1", "--", PYTHON, "-c", "print('second run')"], tmp_path)
+        assert second.returncode == 2, second.stdout + second.stderr
+        print(second.stderr)
+        assert "second run" not in second.stdout  # no rank of it started
+        run_dir = tmp_path / "checkpoints" / "dist-job"
+        assert second.stderr.startswith(
+            f"dist-jobs run: run directory {run_dir} is in use by another run (local run, pid {first.pid} on host "
+        ), second.stderr
+        assert f"hint: wait for that run to end or stop it (kill -TERM {first.pid} on host " in second.stderr
+        assert "give this run another name or checkpoint_dir" in second.stderr and "Traceback" not in second.stderr
+        other = ["--name", "other", "--procs-per-node", "1", "--", PYTHON, "-c", "print('other')"]
+        assert _run(other, tmp_path).returncode == 0  # another run directory: no conflict
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 200
+    third = _run(["--procs-per-node", "1", "--", PYTHON, "-c", "print('third run')"], tmp_path)
+    assert third.returncode == 0 and "took over" not in third.stdout, third.stdout + third.stderr
+
+
+def test_a_launcher_that_lost_its_lock_ends_its_run(tmp_path: Path) -> None:
+    """Another run took the lock over (this launcher looked dead to it, say after a long stop):
+    the launcher ends its own run at once, without a checkpoint, rather than share the directory."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    (tmp_path / f"rank-{marker}.py").write_text(PREEMPTIBLE)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "dist_jobs", "run", "--procs-per-node", "2", "--", PYTHON, f"rank-{marker}.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "0.2"},
+    )
+    _wait_up(proc, 2)
+    lock = tmp_path / "checkpoints" / "dist-job" / "LOCK"
+    record = json.loads(lock.read_text())
+    lock.write_text(json.dumps({**record, "token": "someone-else", "pid": 1}))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert f"dist-jobs: lost the lock of {lock.parent} (it is now held by local run, pid 1 on host " in out
+    assert "checkpointed after" not in out and _left(marker) == []
+    assert json.loads(lock.read_text())["token"] == "someone-else"  # the new holder's lock stays
+
+
+@pytest.mark.parametrize(
+    ("codes", "want"),
+    [((0, 0), 0), ((200, 200), 200), ((200, 3), 3), ((0, 7), 7), ((0, -9), 137)],
+    ids=["done", "preempted", "failed-beside-a-checkpoint", "failed", "killed"],
+)
+def test_the_launchers_exit_code_says_what_happened(tmp_path: Path, codes: tuple[int, int], want: int) -> None:
+    from dist_jobs.backends.local_procs import ProcessGroup
+
+    def program(code: int) -> list[str]:
+        end = f"os.kill(os.getpid(), {-code})" if code < 0 else f"sys.exit({code})"
+        return [PYTHON, "-c", f"import os, sys; {end}"]
+
+    out = io.StringIO()
+    jobs = [(f"p{i}", program(code), dict(os.environ)) for i, code in enumerate(codes)]
+    assert ProcessGroup(out, grace=30).run(jobs, cwd=tmp_path) == want, out.getvalue()
+    assert want == 0 or f"dist-jobs: exit code {want}: " in out.getvalue()

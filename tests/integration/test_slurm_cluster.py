@@ -432,6 +432,71 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
 
 
+def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
+    tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
+) -> None:
+    """`scancel --signal=TERM` (what an admin or a preempting tool sends the job's steps): the
+    ranks checkpoint at the next step boundary and exit 200, the batch script requeues the job,
+    and attempt 1 resumes from that checkpoint, ending bit-identical to the uninterrupted run.
+    The batch shell of attempt 0 holds the run directory lock (and releases it), attempt 1 takes
+    it again, and it is gone once the job has finished."""
+    name = "scancel-term"
+    data = spec_data(tmp_path, name)
+    data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
+    slurm = backend(tmp_path)
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    cleanup.append(job_id)
+    log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
+    wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
+    lock = json.loads((tmp_path / "checkpoints" / name / "LOCK").read_text())
+    assert (lock["backend"], lock["job_id"], lock["owner"], lock["host"]) == ("slurm", job_id, f"slurm:{job_id}", "n1")
+    proc = subprocess.run(["scancel", "--signal=TERM", job_id], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    status = wait_finished(tmp_path, name, job_id, timeout=240)
+    batch = batch_log(tmp_path, name, job_id)
+    assert status.state == "COMPLETED", batch
+    first = log0.read_text(errors="replace")
+    stopped = re.search(r"preempted by SIGTERM at step (\d+): checkpoint step-\1 .* is committed", first)
+    assert stopped, first[-3000:]
+    step = int(stopped.group(1))
+    assert 6 <= step < TOTAL_STEPS
+    assert f"dist-jobs: requeueing job {job_id} (attempt 0 of at most 3 requeues)" in batch, batch
+    assert "dist-jobs: step finished with exit code 200" in batch
+    assert resumed_step(tmp_path, name, job_id) == step
+    assert final_sacct_state(job_id) == ("COMPLETED", 2)
+    assert not (tmp_path / "checkpoints" / name / "LOCK").exists()
+    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+
+
+def test_a_second_submission_of_a_running_job_is_refused(tmp_path: Path, cleanup: list[str]) -> None:
+    """The same spec submitted twice: the second job's batch script finds the first one's lock
+    and ends with exit code 2 before starting a step, naming the holder and the fix; the first
+    runs on. Both are 1 task, so they run side by side on the two nodes."""
+    name = "twice"
+    spec = write_spec(tmp_path, spec_data(tmp_path, name, nodes=1, procs_per_node=1))
+    first = submit(tmp_path, spec, "sleep", "300")
+    cleanup.append(first)
+    run_dir = tmp_path / "checkpoints" / name
+    wait_for("the lock", lambda: (run_dir / "LOCK").exists(), 60, first, tmp_path, name)
+    second = submit(tmp_path, spec, "sleep", "300")
+    cleanup.append(second)
+    status = wait_finished(tmp_path, name, second, timeout=120)
+    batch = batch_log(tmp_path, name, second)
+    print(batch)
+    assert status.state == "FAILED" and final_sacct_state(second)[0] == "FAILED", batch
+    assert f"dist-jobs: run directory {run_dir} is in use by another run (slurm job {first}, pid " in batch
+    assert f"hint: wait for that run to end or stop it (scancel {first})" in batch
+    assert not list((tmp_path / "logs").glob(f"{name}-{second}-attempt*-rank*.out")), "a step started"
+    assert backend(tmp_path).status(first).state == "RUNNING"
+    assert json.loads((run_dir / "LOCK").read_text())["job_id"] == first
+    proc = subprocess.run(
+        ["sacct", "--noheader", "--parsable2", "--jobs", second, "--format", "ExitCode", "-X"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.strip() == "2:0", proc.stdout
+
+
 # --- cancel, errors, submitit ---------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from support.paths import venv_bin
+from support.paths import REPO, venv_bin
 
 STUB = """#!{python}
 import json, os, sys
@@ -36,6 +36,7 @@ def run_script(
     (workdir / "job.sbatch").write_text(script)
     env = {
         "PATH": f"{stubs}:{venv_bin()}:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),  # the script's `python3 -m dist_jobs...` runs this checkout
         "HOME": str(workdir),
         "STUB_OUT": str(out),
         "STUB_RC": str(rc),

@@ -29,6 +29,8 @@ def test_ranks_and_the_bottom_import_only_the_standard_library() -> None:
     third_party = []
     for path in [
         *(REPO / "dist_jobs" / "ranks").glob("*.py"),
+        *(REPO / "dist_jobs" / "rundir").glob("*.py"),  # job scripts run it before any environment is set up
+        REPO / "dist_jobs" / "backends" / "local_keeper.py",
         REPO / "dist_jobs" / "errors.py",
         REPO / "dist_jobs" / "constants.py",
     ]:
@@ -76,3 +78,17 @@ def test_modules_and_functions_stay_small() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}:{node.lineno} {node.name}(): {lines} lines")
     assert not too_long, "split these:\n" + "\n".join(too_long)
+
+
+def test_the_local_keeper_imports_nothing_of_dist_jobs() -> None:
+    # It runs as a script under `python -I`, where the package is not importable, and must start fast.
+    tree = ast.parse((REPO / "dist_jobs" / "backends" / "local_keeper.py").read_text())
+    found = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and (node.level or (node.module or "").startswith("dist_jobs"))
+        or isinstance(node, ast.Import)
+        and any(a.name.startswith("dist_jobs") for a in node.names)
+    ]
+    assert not found, f"local_keeper.py imports dist_jobs at lines {found}"

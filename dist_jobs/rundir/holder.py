@@ -1,0 +1,130 @@
+"""Who holds a run directory's lock, and whether that holder can be proven gone.
+
+A holder is a process (the local launcher, the batch shell of a SLURM job, a pod's entrypoint,
+or the trainer's rank 0) and the job it runs for. Two facts decide a takeover without waiting
+for its heartbeat to go stale: the same `owner` (a requeued attempt of the same SLURM job, a
+replaced pod of the same PyTorchJob) and, on this very machine, a holder process that is no
+longer running. "This very machine" needs the host name, the boot id and the pid namespace to
+match: a pid means nothing on another host, after a reboot or in another container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def boot_id() -> str:
+    return _read(_BOOT_ID)
+
+
+def pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart), or None
+    when no such process runs: gone, or a zombie waiting to be reaped."""
+    text = _read(f"/proc/{pid}/stat")
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+    fields = text[text.rfind(")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def owner_from_env(environ: Mapping[str, str]) -> str:
+    """What identifies this job across its attempts: DIST_JOBS_LOCK_OWNER where the backend sets
+    it (Kubernetes: k8s:KIND/NAMESPACE/NAME of the PyTorchJob or TrainJob), else the SLURM job id, else nothing."""
+    explicit = environ.get("DIST_JOBS_LOCK_OWNER", "").strip()
+    if explicit:
+        return explicit
+    job = environ.get("SLURM_JOB_ID", "").strip()
+    if job and environ.get("DIST_JOBS_BACKEND", "").strip() != "local":  # local plays SLURM with fake ids
+        return f"slurm:{job}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Holder:
+    token: str  # one per acquisition: what a heartbeat and a release check before touching the lock
+    owner: str  # the job across attempts ("slurm:1234", "k8s:ns/name"); "" matches nothing
+    host: str
+    pid: int
+    pid_start: int | None
+    boot_id: str
+    pid_ns: str
+    backend: str
+    job_id: str
+    started: float  # unix time
+
+    @classmethod
+    def this(cls, token: str, owner: str, backend: str, job_id: str, pid: int | None = None) -> Holder:
+        """This machine's process `pid` (default: this process) holding the lock for `owner`."""
+        pid = os.getpid() if pid is None else pid
+        return cls(
+            token=token,
+            owner=owner,
+            host=socket.gethostname(),
+            pid=pid,
+            pid_start=process_start(pid),
+            boot_id=boot_id(),
+            pid_ns=pid_namespace(),
+            backend=backend,
+            job_id=job_id,
+            started=time.time(),
+        )
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Holder | None:
+        """None for a file that is not a holder record (torn, foreign, another version)."""
+        try:
+            data = json.loads(raw.decode())
+            return cls(**data) if isinstance(data, dict) else None
+        except (ValueError, TypeError):
+            return None
+
+    def on_this_machine(self) -> bool:
+        here = (socket.gethostname(), boot_id(), pid_namespace())
+        return bool(self.boot_id) and (self.host, self.boot_id, self.pid_ns) == here
+
+    def gone(self) -> bool:
+        """True only when provably not running: on this machine, its process is not there."""
+        if not self.on_this_machine():
+            return False
+        start = process_start(self.pid)
+        return start is None or (self.pid_start is not None and start != self.pid_start)
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        job = f"{self.backend} job {self.job_id}" if self.job_id else f"{self.backend} run"
+        return f"{job}, pid {self.pid} on host {self.host}, started {when}"
+
+    def stop_hint(self) -> str:
+        """How to stop this holder's run, in its scheduler's words."""
+        if self.owner.startswith("slurm:"):  # the batch script, or a trainer under SLURM (submitit)
+            return f"scancel {self.owner[6:]}"
+        parts = self.owner.split(":", 1)[-1].split("/")
+        if self.owner.startswith("k8s:") and len(parts) == 3:  # k8s:KIND/NAMESPACE/NAME
+            return f"kubectl delete {parts[0]} {parts[2]} -n {parts[1]}"
+        return f"kill -TERM {self.pid} on host {self.host}"

@@ -1,0 +1,50 @@
+"""The trainer's own side of the run directory lock, for launches nothing else locked (a hand-made
+env:// or torchrun launch, submitit, a script calling fit()): rank 0 takes the lock before the
+first checkpoint is touched, a second launch into the same run directory ends with exit code 2
+on every rank (not a peer left waiting in a collective), and the lock is gone when the run ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from support.train_support import start_ranks, wait_all
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def job(checkpoints: Path) -> list[str]:
+    return [
+        *("--model", "support.train_support:tiny_net", "--data", "support.train_support:tiny_data"),
+        *("--image-size", "8", "--fake-samples", "256", "--batch-size", "4", "--epochs", "2"),
+        *("--workers", "0", "--log-every", "1", "--no-progress", "--checkpoint-every-steps", "4"),
+        *("--checkpoint-dir", str(checkpoints), "--run-name", "locked"),
+    ]
+
+
+def test_a_hand_launch_holds_the_lock_and_a_second_one_is_refused_on_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    lock = tmp_path / "ckpt" / "locked" / "LOCK"
+    first = start_ranks(job(tmp_path / "ckpt"), tmp_path / "a", DJ_TEST_STEP_DELAY="0.3")
+    try:
+        deadline = time.monotonic() + 90
+        while first[0].last_step() < 1 and time.monotonic() < deadline:
+            assert all(r.proc.poll() is None for r in first), first[0].text()[-3000:]
+            time.sleep(0.05)
+        held = json.loads(lock.read_text())
+        assert (held["pid"], held["backend"], held["owner"]) == (first[0].proc.pid, "trainer", "")
+
+        second = start_ranks(job(tmp_path / "ckpt"), tmp_path / "b")
+        assert wait_all(second, timeout=120) == [2, 2], second[0].text()[-3000:]
+        refusal = second[0].text()
+        assert f"is in use by another run (trainer run, pid {first[0].proc.pid} on host " in refusal, refusal
+        assert "rank 0 was refused the lock" in second[1].text() and "Traceback" not in refusal
+        assert all(r.proc.poll() is None for r in first)  # the first run goes on
+    finally:
+        codes = wait_all(first, timeout=150)
+    assert codes == [0, 0], first[0].text()[-3000:]
+    assert not lock.exists()

@@ -1,0 +1,135 @@
+"""The run directory lock in the job scripts: the sbatch script (run with stub srun/scontrol) and
+the pod entrypoint (run as the container's `sh -c`) take it before the program starts, hand its
+token to the program, refuse a second run with exit 2, let a requeued attempt or a replaced pod of
+the same job take it over, and release it at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dist_jobs.render import render
+from dist_jobs.render.k8s import container_command
+from dist_jobs.rundir.holder import Holder
+from dist_jobs.rundir.lock import LOCK_NAME, new_token
+from dist_jobs.spec.load import load_spec
+from support.paths import REPO, venv_bin
+from support.render_helpers import make_stubs, run_script
+
+SLURM = {"name": "locked", "nodes": 2, "procs_per_node": 2}
+K8S = {"name": "locked", "nodes": 2, "procs_per_node": 1, "image": "x/y:1", "k8s": {"namespace": "ml"}}
+
+
+def foreign(owner: str, backend: str, job_id: str) -> Holder:
+    """A live holder on another host (only a stale heartbeat could free its lock)."""
+    holder = Holder.this(new_token(), owner, backend, job_id)
+    return dataclasses.replace(holder, host="elsewhere", pid=99999, boot_id="other-boot")
+
+
+def plant(run_dir: Path, holder: Holder) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / LOCK_NAME).write_bytes(holder.to_bytes())
+    return run_dir / LOCK_NAME
+
+
+# -- sbatch ------------------------------------------------------------------------------------------
+
+
+def test_the_batch_script_holds_the_lock_around_the_step(tmp_path: Path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    (stubs / "srun").write_text(
+        '#!/bin/sh\ncp "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK" "$STUB_OUT.lock"\n'
+        'echo "$DIST_JOBS_LOCK_TOKEN" > "$STUB_OUT.token"\n'
+    )
+    proc, _ = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs)
+    assert proc.returncode == 0, proc.stderr
+    during = json.loads((tmp_path / "stub-calls.jsonl.lock").read_text())
+    assert (during["backend"], during["job_id"], during["owner"]) == ("slurm", "4242", "slurm:4242")
+    assert during["token"] == (tmp_path / "stub-calls.jsonl.token").read_text().strip()  # the step has it
+    assert not (tmp_path / "checkpoints" / "locked" / LOCK_NAME).exists()  # released at the end
+    assert "Killed" not in proc.stderr  # the heartbeat's end is silent
+
+
+def test_a_second_job_is_refused_before_its_step(tmp_path: Path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    holder = foreign("slurm:4100", "slurm", "4100")
+    lock = plant(tmp_path / "checkpoints" / "locked", holder)
+    proc, calls = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs)
+    assert proc.returncode == 2 and not [c for c in calls if c["prog"] == "srun"]
+    assert "is in use by another run (slurm job 4100, pid 99999 on host elsewhere" in proc.stderr
+    assert "stop it (scancel 4100)" in proc.stderr
+    assert Holder.parse(lock.read_bytes()) == holder
+
+
+def test_a_requeued_attempt_takes_its_own_jobs_lock_over(tmp_path: Path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    plant(tmp_path / "checkpoints" / "locked", foreign("slurm:4242", "slurm", "4242"))
+    proc, calls = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "1"})
+    assert proc.returncode == 0 and [c for c in calls if c["prog"] == "srun"], proc.stderr
+    assert "took over the lock" in proc.stderr and "same job (slurm:4242)" in proc.stderr
+
+
+# -- the pod entrypoint ------------------------------------------------------------------------------
+
+
+def run_pod(tmp_path: Path, program: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The container command of the K8S spec, with `program` (sh code) in place of the trainer."""
+    command = container_command(load_spec(data=K8S))
+    assert command[:2] == ["/bin/sh", "-c"]
+    environ = {
+        "PATH": f"{venv_bin()}:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "DIST_JOBS_CHECKPOINT_DIR": str(tmp_path / "shared"),
+        "DIST_JOBS_RUN": "locked",
+        "DIST_JOBS_LOCK_OWNER": "k8s:pytorchjob/ml/locked",
+        **env,
+    }
+    argv = [*command[:4], "sh", "-c", program]
+    return subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60)
+
+
+def test_pod_rank_0_holds_the_lock_for_its_program(tmp_path: Path) -> None:
+    show = 'cat "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK"; echo; echo "token=$DIST_JOBS_LOCK_TOKEN"; exit 7'
+    proc = run_pod(tmp_path, show, PET_NODE_RANK="0")
+    assert proc.returncode == 7, proc.stderr  # the program's code passes through
+    record = json.loads(proc.stdout.splitlines()[0])
+    assert (record["backend"], record["owner"], record["job_id"]) == (
+        "k8s",
+        "k8s:pytorchjob/ml/locked",
+        "pytorchjob/ml/locked",
+    )
+    assert f"token={record['token']}" in proc.stdout
+    assert not (tmp_path / "shared" / "locked" / LOCK_NAME).exists()
+
+
+def test_a_second_job_on_the_same_volume_is_refused_a_replaced_pod_takes_over(tmp_path: Path) -> None:
+    run_dir = tmp_path / "shared" / "locked"
+    plant(run_dir, foreign("k8s:pytorchjob/other-ns/locked", "k8s", "pytorchjob/other-ns/locked"))
+    refused = run_pod(tmp_path, "echo started", PET_NODE_RANK="0")
+    assert refused.returncode == 2 and "started" not in refused.stdout
+    assert "stop it (kubectl delete pytorchjob locked -n other-ns)" in refused.stderr, refused.stderr
+
+    plant(run_dir, foreign("k8s:pytorchjob/ml/locked", "k8s", "pytorchjob/ml/locked"))  # this job's old pod
+    replaced = run_pod(tmp_path, "echo started", PET_NODE_RANK="0")
+    assert replaced.returncode == 0 and "started" in replaced.stdout, replaced.stderr
+    assert "an earlier attempt of the same job (k8s:pytorchjob/ml/locked)" in replaced.stderr
+
+
+def test_other_pods_leave_the_lock_to_pod_rank_0(tmp_path: Path) -> None:
+    plant(tmp_path / "shared" / "locked", foreign("k8s:pytorchjob/other/locked", "k8s", "x"))
+    proc = run_pod(tmp_path, 'echo "token=${DIST_JOBS_LOCK_TOKEN:-none}"', PET_NODE_RANK="1")
+    assert proc.returncode == 0 and "token=none" in proc.stdout, proc.stderr
+
+
+def test_the_pods_heartbeat_keeps_the_lock_fresh(tmp_path: Path) -> None:
+    lock = tmp_path / "shared" / "locked" / LOCK_NAME
+    program = f'sleep 0.5; touch -d @{int(time.time()) - 100} "{lock}"; sleep 2; stat -c %Y "{lock}"'
+    proc = run_pod(tmp_path, program, PET_NODE_RANK="0", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.2")
+    assert proc.returncode == 0, proc.stderr
+    assert time.time() - int(proc.stdout.split()[-1]) < 10  # touched again by the heartbeat
+    assert not lock.exists() and not os.listdir(lock.parent)

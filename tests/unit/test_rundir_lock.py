@@ -1,0 +1,264 @@
+"""The run directory lock (dist_jobs/rundir): who may take it, who is refused, and with what words.
+
+Holders on "another host" are played by records whose host name is not this one, so that only
+their heartbeat can tell whether they live; holders on this machine are real processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
+from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, LockHeld, acquire, held, new_token, stale_seconds
+from support.paths import PYTHON, REPO
+
+LOCKCTL = [PYTHON, "-m", "dist_jobs.rundir.lockctl"]
+
+
+def me(owner: str = "", backend: str = "local", job_id: str = "") -> Holder:
+    return Holder.this(new_token(), owner, backend, job_id)
+
+
+def elsewhere(owner: str = "slurm:77", job_id: str = "77") -> Holder:
+    """A holder on another host: nothing here can see whether its process runs."""
+    return dataclasses.replace(me(owner, "slurm", job_id), host="n9", pid=4321, boot_id="other-boot")
+
+
+def plant(run_dir: Path, holder: Holder, age: float = 0.0) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    path.write_bytes(holder.to_bytes())
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path
+
+
+def test_the_lock_file_names_its_holder_and_goes_at_release(tmp_path: Path) -> None:
+    holder = me("slurm:123", "slurm", "123")
+    lock = acquire(tmp_path / "run", holder)
+    record = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+    assert record["host"] == socket.gethostname() and record["pid"] == os.getpid() and record["job_id"] == "123"
+    assert record["token"] == lock.token and lock.owned and lock.took_over is None
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_NAME]  # no temporary files left
+    lock.release()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+
+
+def test_a_second_run_is_refused_with_the_holder_and_the_fix(tmp_path: Path) -> None:
+    holder = elsewhere()
+    path = plant(tmp_path / "run", holder, age=3)
+    with pytest.raises(LockHeld) as caught:
+        acquire(tmp_path / "run", me("slurm:78", "slurm", "78"))
+    error = caught.value
+    assert error.exit_code == 2 and error.holder == holder
+    text = str(error)
+    assert f"run directory {tmp_path / 'run'} is in use by another run (slurm job 77, pid 4321 on host n9" in text
+    assert "last heartbeat 3 s ago" in text
+    assert "hint: wait for that run to end or stop it (scancel 77)" in text and str(path) in text
+
+
+def test_the_refusal_leaves_the_holders_lock_as_it_was(tmp_path: Path) -> None:
+    holder = elsewhere()
+    path = plant(tmp_path / "run", holder, age=3)
+    before = path.stat().st_mtime
+    with pytest.raises(LockHeld):
+        acquire(tmp_path / "run", me())
+    assert Holder.parse(path.read_bytes()) == holder and path.stat().st_mtime == before
+
+
+def test_a_requeued_attempt_of_the_same_job_takes_it_over(tmp_path: Path) -> None:
+    plant(tmp_path / "run", elsewhere("slurm:77"), age=1)
+    lock = acquire(tmp_path / "run", me("slurm:77", "slurm", "77"))
+    assert lock.owned and "an earlier attempt of the same job (slurm:77)" in (lock.took_over or "")
+    assert Holder.parse((tmp_path / "run" / LOCK_NAME).read_bytes()) == lock.holder
+
+
+def test_a_stale_heartbeat_is_taken_over_a_fresh_one_is_not(tmp_path: Path) -> None:
+    plant(tmp_path / "run", elsewhere(), age=stale_seconds() - 20)
+    with pytest.raises(LockHeld):
+        acquire(tmp_path / "run", me())
+    plant(tmp_path / "run", elsewhere(), age=stale_seconds() + 20)
+    lock = acquire(tmp_path / "run", me())
+    assert "last heartbeat was" in (lock.took_over or "") and lock.owned
+
+
+def test_a_dead_holder_on_this_machine_is_taken_over_at_once(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    holder = Holder.this(new_token(), "", "local", "", pid=child.pid)
+    child.wait()
+    plant(tmp_path / "run", holder, age=0)
+    lock = acquire(tmp_path / "run", me())
+    assert f"pid {child.pid} on host {socket.gethostname()}" in (lock.took_over or "")
+    assert "is not running any more" in (lock.took_over or "")
+
+
+def test_a_live_holder_on_this_machine_is_not_taken_over(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        plant(tmp_path / "run", Holder.this(new_token(), "", "local", "", pid=child.pid), age=0)
+        with pytest.raises(LockHeld):
+            acquire(tmp_path / "run", me())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_process_start_tells_running_zombie_and_reused_apart() -> None:
+    assert process_start(os.getpid()) is not None
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while process_start(child.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # exited but not reaped: a zombie counts as gone
+    assert process_start(child.pid) is None
+    child.wait()
+    reused = dataclasses.replace(me(), pid=os.getpid(), pid_start=(process_start(os.getpid()) or 0) + 1)
+    assert reused.gone()  # same pid, other start time: another process
+    assert not me().gone() and not elsewhere().gone()
+
+
+def test_the_launchers_token_joins_without_owning(tmp_path: Path) -> None:
+    outer = acquire(tmp_path / "run", me())
+    inner = acquire(tmp_path / "run", me(), inherited=outer.token)
+    assert not inner.owned and inner.holder == outer.holder
+    inner.release()  # the launcher's lock stays
+    assert (tmp_path / "run" / LOCK_NAME).exists()
+    with pytest.raises(LockHeld):
+        acquire(tmp_path / "run", me(), inherited="not-the-token")
+
+
+def test_release_and_beat_touch_only_our_own_lock(tmp_path: Path) -> None:
+    lock = acquire(tmp_path / "run", me())
+    past = time.time() - 50
+    os.utime(lock.path, (past, past))
+    assert lock.beat() and time.time() - lock.path.stat().st_mtime < 5
+    thief = elsewhere()
+    other = plant(tmp_path / "run", thief, age=0)  # taken over behind our back
+    assert not lock.beat()
+    lock.release()
+    assert Holder.parse(other.read_bytes()) == thief
+
+
+def test_the_heartbeat_reports_a_lost_lock(tmp_path: Path) -> None:
+    lost: list[Holder | None] = []
+    lock = acquire(tmp_path / "run", me())
+    thief = elsewhere()
+    with Heartbeat(lock, every=0.05, on_lost=lost.append) as beat:
+        plant(tmp_path / "run", thief, age=0)
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert beat.lost and lost == [thief]
+
+
+def test_held_releases_on_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), held(tmp_path / "run", me()):
+        assert (tmp_path / "run" / LOCK_NAME).exists()
+        raise RuntimeError
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+
+
+def test_an_unreadable_lock_is_refused_until_stale(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    path = tmp_path / "run" / LOCK_NAME
+    path.write_text("not json")
+    old = time.time() - 10
+    os.utime(path, (old, old))
+    with pytest.raises(LockHeld, match="a holder whose record cannot be read"):
+        acquire(tmp_path / "run", me())
+    old = time.time() - stale_seconds() - 10
+    os.utime(path, (old, old))
+    assert acquire(tmp_path / "run", me()).took_over
+
+
+def test_owner_comes_from_the_scheduler_but_not_from_the_local_stand_in() -> None:
+    assert owner_from_env({"SLURM_JOB_ID": "12"}) == "slurm:12"
+    assert owner_from_env({"SLURM_JOB_ID": "12", "DIST_JOBS_BACKEND": "local"}) == ""
+    assert owner_from_env({"DIST_JOBS_LOCK_OWNER": "k8s:pytorchjob/ml/a", "SLURM_JOB_ID": "12"}) == (
+        "k8s:pytorchjob/ml/a"
+    )
+    k8s = dataclasses.replace(elsewhere(), backend="k8s", owner="k8s:pytorchjob/ml/resnet")
+    assert k8s.stop_hint() == "kubectl delete pytorchjob resnet -n ml"
+    assert me().stop_hint() == f"kill -TERM {os.getpid()} on host {socket.gethostname()}"
+
+
+def _contend(run_dir: str, owner: str, start: float, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    while time.time() < start:
+        pass  # spin, not sleep: every contender leaves this loop within the same millisecond
+    try:
+        results.put(acquire(Path(run_dir), Holder.this(new_token(), owner, "test", "")).token)
+    except LockHeld:
+        results.put(None)
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["free", "stale"])
+def test_of_many_runs_starting_at_once_exactly_one_holds_it(tmp_path: Path, stale: bool) -> None:
+    """Eight processes at the same instant, on a free lock and on a stale one they all want to
+    break: one wins, seven are refused, and the file names the winner."""
+    run_dir = tmp_path / "run"
+    if stale:
+        plant(run_dir, elsewhere(), age=stale_seconds() + 60)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    start = time.time() + 2.0
+    procs = [context.Process(target=_contend, args=(str(run_dir), f"owner-{i}", start, results)) for i in range(8)]
+    for proc in procs:
+        proc.start()
+    tokens = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    winners = [t for t in tokens if t]
+    assert len(winners) == 1, tokens
+    assert Holder.parse((run_dir / LOCK_NAME).read_bytes()).token == winners[0]  # type: ignore[union-attr]
+
+
+# -- lockctl: the same lock from a shell -----------------------------------------------------------
+
+
+def lockctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([*LOCKCTL, *args], capture_output=True, text=True, env=environ, timeout=60)
+
+
+def test_lockctl_acquire_refuse_heartbeat_release(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = lockctl("acquire", str(run_dir), "--backend", "slurm", env={"SLURM_JOB_ID": "501"})
+    assert first.returncode == 0, first.stderr
+    token = first.stdout.strip()
+    second = lockctl("acquire", str(run_dir), "--backend", "slurm", env={"SLURM_JOB_ID": "502"})
+    assert second.returncode == 2
+    assert second.stderr.startswith(f"dist-jobs: run directory {run_dir} is in use by another run (slurm job 501")
+    assert "scancel 501" in second.stderr and "Traceback" not in second.stderr
+    requeued = lockctl("acquire", str(run_dir), "--backend", "slurm", env={"SLURM_JOB_ID": "501"})
+    assert requeued.returncode == 0 and "an earlier attempt of the same job (slurm:501)" in requeued.stderr
+    token = requeued.stdout.strip()
+
+    path = run_dir / LOCK_NAME
+    past = time.time() - 50
+    os.utime(path, (past, past))
+    beat = subprocess.Popen(
+        [*LOCKCTL, "heartbeat", str(run_dir), token, "--every", "0.05"], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while path.stat().st_mtime < past + 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.stat().st_mtime > past + 10  # beating
+        beat.terminate()  # ignored: a stopping job's ranks may still be checkpointing
+        time.sleep(0.3)
+        assert beat.poll() is None
+        assert lockctl("release", str(run_dir), "not-ours").returncode == 0 and path.exists()
+        assert lockctl("release", str(run_dir), token).returncode == 0 and not path.exists()
+        assert beat.wait(timeout=10) == 0  # released: nothing left to beat
+    finally:
+        beat.kill()
+        beat.wait()
