@@ -231,6 +231,13 @@ class PodNetwork:
             _ip("netns", "del", ns.name, check=False)
             shutil.rmtree(Path("/etc/netns") / ns.name, ignore_errors=True)
         _ip("link", "del", BRIDGE, check=False)
+        # A pod process that outlived its netns name keeps the namespace, and so the host end of
+        # its veth pair: remove those too, or the next run cannot create them.
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        for line in links.splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+            if name.startswith(f"{NS_PREFIX}v"):
+                _ip("link", "del", name, check=False)
 
     def argv(self, pod: str, command: list[str]) -> list[str]:
         # The pod's hostname is its name, as the kubelet sets it; gloo binds to what it resolves to.
