@@ -15,6 +15,7 @@ import yaml
 
 from dist_jobs.errors import MISSING, Problem, SpecError
 from dist_jobs.spec.model import JobSpec, run_id
+from dist_jobs.spec.reserved import env_problems
 from dist_jobs.spec.slurm_time import parse_time
 from dist_jobs.spec.validate import convert
 
@@ -139,6 +140,7 @@ def cross_checks(spec: JobSpec) -> list[Problem]:
                 "use minutes (90), HH:MM:SS (04:00:00) or D-HH:MM:SS (1-00:00:00)",
             )
         )
+    problems += env_problems(spec.env)
     problems += _k8s_checks(spec)
     return problems
 
