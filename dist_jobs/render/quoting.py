@@ -6,13 +6,14 @@ tests/unit/test_quoting_props.py proves the round trips with hypothesis.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
 from typing import Any
 
 import yaml
+
+from dist_jobs.spec.model import hashed_name
 
 
 def sh(value: object) -> str:
@@ -94,15 +95,11 @@ _DNS_MAX = 63
 
 
 def dns1035(name: str, max_len: int = _DNS_MAX) -> str:
-    """Documented rule: lowercase; runs of characters outside [a-z0-9] become '-'; a name that
-    does not start with a letter gets the prefix 'j-'; longer than `max_len` is cut and ends in
-    a 6-character hash of the full name so distinct long names stay distinct."""
+    """Documented rule: a valid DNS-1035 label of at most `max_len` characters is used as it is.
+    Any other name is lowercased, runs of characters outside [a-z0-9] become '-', a name that
+    does not start with a letter gets the prefix 'j-', and it is cut and ends in '-' and a
+    10-character hash of the whole name, so distinct names stay distinct (see spec.model.run_id)."""
     base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    if not base:
-        return ""
-    if not base[0].isalpha():
+    if base and not base[0].isalpha():
         base = "j-" + base
-    if len(base) > max_len:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:6]
-        base = base[: max_len - 7].rstrip("-") + "-" + digest
-    return base
+    return hashed_name(name, base, max_len, "-")

@@ -9,6 +9,7 @@ is on `dist-jobs render`'s fast path.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated, Any, Literal
 
@@ -209,14 +210,32 @@ class JobSpec(_Section, frozen=True):
         return run_id(self.name)
 
 
-def run_id(name: str) -> str:
-    """The name as used for run folders and SLURM: [A-Za-z0-9._-], other runs collapsed to '-'.
+RUN_ID_MAX = 128  # SLURM job names and run folders; long enough to read, far below NAME_MAX
+_HASH_LEN = 10
+_HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_LEN}}}$")
 
-    Documented rule: it must be safe as a folder name (no '/', no leading dot) and on an
-    #SBATCH line, so it cannot be the raw name.
+
+def run_id(name: str) -> str:
+    """The name as used for run folders and SLURM job names, distinct for distinct names.
+
+    Documented rule: a name of [A-Za-z0-9._-] that starts and ends with a letter or digit and
+    has at most 128 characters is used as it is. Any other name becomes its [A-Za-z0-9._-] form
+    (other runs collapsed to '-'), cut, plus '-' and a 10-hex-digit hash of the whole name; so is
+    a name that already ends like such a hash, so a kept name never equals a hashed one. Two
+    names share a run folder only if they are equal (or their SHA-256 prefixes collide).
     """
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    return safe[:128]
+    return hashed_name(name, safe, RUN_ID_MAX, ".-")
+
+
+def hashed_name(name: str, safe: str, max_len: int, strip: str) -> str:
+    """`name` itself when it is already `safe` and short enough, else `safe` cut + '-' + hash of `name`."""
+    if not safe:
+        return ""
+    if safe == name and len(name) <= max_len and not _HASHED.search(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LEN]
+    return safe[: max_len - _HASH_LEN - 1].rstrip(strip) + "-" + digest
 
 
 def json_schema() -> dict[str, Any]:

@@ -19,12 +19,13 @@ import yaml
 from dist_jobs.backends.slurm import SlurmBackend, run_command
 from dist_jobs.backends.slurm_output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
 from dist_jobs.errors import BackendError
+from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
 SPEC = {"name": "tiny job", "nodes": 2, "procs_per_node": 2, "time": "10"}
-RUN = "tiny-job"  # run_id of SPEC's name
+RUN = run_id(str(SPEC["name"]))  # "tiny-job-<hash>": the name has a space
 # `scancel --verbose 99999` (no such job) and `scancel --verbose 186` (ended 3 s before): exit 0 both.
 SCANCEL_UNKNOWN = (
     "scancel: Terminating job 99999\nscancel: error: Kill job error on job id 99999: Invalid job id specified\n"
