@@ -121,7 +121,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
             f"--rdzv-endpoint={MASTER}:{port}",
             f"--rdzv-id={job_id}",
             "--tee=3",
-            *torchrun_tail(spec.argv),
+            *torchrun_tail(_local_argv(spec.argv)),
         ]
         env = {**common, **_slurm_task_env(spec, node, 0, job_id, 1)}
         procs.append(LocalProc(f"node {node}", argv, env))

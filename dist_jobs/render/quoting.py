@@ -6,6 +6,7 @@ tests/unit/test_quoting_props.py proves the round trips with hypothesis.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -17,12 +18,21 @@ from dist_jobs.spec.model import hashed_name
 
 
 def sh(value: object) -> str:
-    """One shell word that bash reads back as exactly `value`."""
-    return shlex.quote(str(value))
+    """One bash word that bash reads back as exactly `value`, with no raw carriage return in it.
+
+    sbatch refuses a whole script that holds CR LF anywhere ("DOS line breaks"), and a value
+    ending in CR is one at the end of its line: text with a CR gets bash's $'...' quoting,
+    where CR and LF are written as the escapes \\r and \\n.
+    """
+    text = str(value)
+    if "\r" not in text:
+        return shlex.quote(text)
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\r", "\\r").replace("\n", "\\n")
+    return "$'" + escaped + "'"
 
 
 def sh_argv(argv: list[str]) -> str:
-    return " ".join(shlex.quote(str(a)) for a in argv)
+    return " ".join(sh(a) for a in argv)
 
 
 def sbatch_value(value: object) -> str:
@@ -39,36 +49,48 @@ def slurm_filename(path: str) -> str:
     return path.replace("%", "%%")
 
 
-class _Dumper(yaml.SafeDumper):
+# libyaml's emitter where PyYAML has it: about 4x faster than the Python one, same output rules.
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     pass
-
-
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    # Double quotes: YAML 1.1 readers turn plain `no`, `0x1f` or `1e3` into bools and numbers;
-    # a double-quoted scalar is always a string, escapes included. Multi-line text asks for a
-    # literal block, which the emitter itself downgrades to double quotes when the text cannot
-    # round-trip as one (trailing spaces, special characters).
-    if "\n" in data.rstrip("\n"):
-        style = "|"
-    elif _PLAIN.fullmatch(data) and _RESOLVER.resolve(yaml.ScalarNode, data, (True, False)) == _STR_TAG:
-        style = None  # reads back as this very string: keep it readable
-    else:
-        style = '"'
-    return dumper.represent_scalar(_STR_TAG, data, style=style)
 
 
 _STR_TAG = "tag:yaml.org,2002:str"
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _RESOLVER = yaml.resolver.Resolver()
+# YAML 1.1's whole boolean set (yaml.org/type/bool.html). Go's yaml.v2, which kubectl reads
+# manifests with, uses it; PyYAML's resolver leaves out y, Y, n and N, so `ACCEPT_EULA=Y`
+# would arrive as `true` after `kubectl apply`.
+_YAML11_BOOL = re.compile(r"[yYnN]|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF")
+_WIDTH = 1 << 30  # never fold a line: the emitter's own int, where float("inf") is Python-only
+
+
+@functools.lru_cache(maxsize=8192)
+def _style(data: str) -> str | None:
+    """Plain only where every YAML 1.1 and 1.2 reader reads the very string back; a literal block
+    for multi-line text (the emitter falls back to double quotes where one cannot round-trip);
+    double quotes otherwise, which are a string in every version, escapes included."""
+    if "\n" in data.rstrip("\n"):
+        return "|"
+    if (
+        _PLAIN.fullmatch(data)
+        and not _YAML11_BOOL.fullmatch(data)
+        and _RESOLVER.resolve(yaml.ScalarNode, data, (True, False)) == _STR_TAG
+    ):
+        return None
+    return '"'
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    return dumper.represent_scalar(_STR_TAG, data, style=_style(data))
 
 
 _Dumper.add_representer(str, _str_presenter)
 
 
 def yaml_value(value: Any) -> str:
-    """A YAML flow value (scalar, list or mapping) on one line that safe_load reads back exactly."""
+    """A YAML flow value (scalar, list or mapping) on one line that YAML 1.1 and 1.2 readers read back exactly."""
     text = yaml.dump(
-        value, Dumper=_Dumper, default_flow_style=True, width=float("inf"), allow_unicode=False, explicit_end=False
+        value, Dumper=_Dumper, default_flow_style=True, width=_WIDTH, allow_unicode=False, explicit_end=False
     )
     text = text.rstrip("\n")
     if text.endswith("\n..."):
@@ -81,10 +103,11 @@ def yaml_block(value: Any, indent: int) -> str:
     if not isinstance(value, (dict, list)) or not value:
         return " " + yaml_value(value)
     text = yaml.dump(
-        value, Dumper=_Dumper, default_flow_style=False, sort_keys=False, width=float("inf"), allow_unicode=False
+        value, Dumper=_Dumper, default_flow_style=False, sort_keys=False, width=_WIDTH, allow_unicode=False
     )
     pad = " " * indent
-    return "\n" + "\n".join(pad + line if line else line for line in text.rstrip("\n").split("\n"))
+    # Only the document's own final newline goes: more would belong to a `|+` block scalar.
+    return "\n" + "\n".join(pad + line if line else line for line in text.removesuffix("\n").split("\n"))
 
 
 def json_value(value: Any) -> str:

@@ -26,6 +26,14 @@ Text = Annotated[
         "remove the NUL character",
     ),
 ]
+ShellLine = Annotated[
+    str,
+    checked(
+        r"^[^\x00\r]*" + END,
+        "contains a NUL or carriage return: the line is raw shell, and sbatch refuses a script with CR LF",
+        "remove the carriage return (the file may have Windows line ends: dos2unix)",
+    ),
+]
 Line = Annotated[
     str,
     checked(
@@ -170,7 +178,7 @@ class JobSpec(_Section, frozen=True):
     memory: Annotated[Memory | None, doc("memory per node, e.g. 64G")] = None
     time: Annotated[Line | None, doc("time limit: minutes, HH:MM:SS or D-HH:MM:SS")] = None
     env: dict[EnvName, Text] = field(default_factory=dict)
-    setup: Annotated[list[Text], doc("raw shell lines run before launch (module load, venv activate)")] = field(
+    setup: Annotated[list[ShellLine], doc("raw shell lines run before launch (module load, venv activate)")] = field(
         default_factory=list
     )
     workdir: Annotated[Line | None, doc("working directory of the job")] = None

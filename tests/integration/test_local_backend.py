@@ -85,6 +85,14 @@ def test_real_allreduce_torchrun_mode(tmp_path) -> None:
     assert all(r["sum"] == 6.0 and r["source"] == "torchrun" for r in recs)
 
 
+def test_torchrun_mode_keeps_the_interpreter_and_its_flags(tmp_path) -> None:
+    """`-- python3 -u -c CODE` under torchrun runs exactly that (torchrun once got `-u -c CODE`)."""
+    code = "import os, sys; print('flags', sys.stdout.write_through, sys.flags.optimize, os.environ['RANK'])"
+    proc = _run(["--procs-per-node", "1", "--launcher", "torchrun", "--", "python3", "-u", "-O", "-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "flags True 1 0" in proc.stdout
+
+
 def test_gpu_request_falls_back_to_cpu_with_notice(tmp_path) -> None:
     proc = _run(
         [
