@@ -14,8 +14,22 @@ from dist_jobs.cli.flags import add_spec_flags, split_command
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
 
+_VERBS = {
+    "render": "print the sbatch script or Kubernetes manifest",
+    "submit": "submit the job (--dry-run prints what would be submitted)",
+    "run": "run the job here as local processes (gloo on CPU without GPUs)",
+    "status": "show a job's state",
+    "cancel": "cancel a job",
+    "logs": "print a job's logs",
+    "list": "list dist-jobs jobs",
+    "env": "print the ranks this process resolves (run it under srun/torchrun)",
+    "schema": "print the job spec's JSON Schema (for editor completion of job.yaml)",
+}
 
-def _parser() -> argparse.ArgumentParser:
+
+def _parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """Every verb, with the arguments of `verb` only (of all, when None): `render` is start-up
+    bound, and argparse's per-argument work for the other verbs' ~100 flags was a tenth of it."""
     parser = argparse.ArgumentParser(
         prog="dist-jobs",
         description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
@@ -23,41 +37,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dist-jobs {VERSION}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("render", help="print the sbatch script or Kubernetes manifest")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
-    p.add_argument("-o", "--output", help="write to FILE instead of stdout")
-    add_spec_flags(p)
-
-    p = sub.add_parser("submit", help="submit the job (--dry-run prints what would be submitted)")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
-    p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
-    _backend_options(p, namespace=False)
-    add_spec_flags(p)
-
-    p = sub.add_parser("run", help="run the job here as local processes (gloo on CPU without GPUs)")
-    p.add_argument("--backend", choices=["local"], default="local")
-    add_spec_flags(p)
-
-    for verb, text in (("status", "show a job's state"), ("cancel", "cancel a job"), ("logs", "print a job's logs")):
-        p = sub.add_parser(verb, help=text)
-        p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
-        p.add_argument("job", help="job id (SLURM) or job name (Kubernetes)")
-        _backend_options(p)
-        if verb == "status":
-            p.add_argument("--json", action="store_true")
-        if verb == "logs":
-            p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0)")
-            p.add_argument("--follow", "-f", action="store_true")
-
-    p = sub.add_parser("list", help="list dist-jobs jobs")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
-    _backend_options(p)
-
-    p = sub.add_parser("env", help="print the ranks this process resolves (run it under srun/torchrun)")
-    p.add_argument("--json", action="store_true")
-    sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
+    for name, text in _VERBS.items():
+        p = sub.add_parser(name, help=text)
+        if verb in (None, name):
+            _verb_arguments(name, p)
     return parser
+
+
+def _verb_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb in ("render", "submit"):
+        p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
+    if verb == "render":
+        p.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    if verb == "submit":
+        p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
+        _backend_options(p, namespace=False)
+    if verb == "run":
+        p.add_argument("--backend", choices=["local"], default="local")
+    if verb in ("render", "submit", "run"):
+        add_spec_flags(p)
+    if verb in ("status", "cancel", "logs", "list"):
+        p.add_argument("--backend", choices=["slurm", "k8s"], required=True)
+        if verb != "list":
+            p.add_argument("job", help="job id (SLURM) or job name (Kubernetes)")
+        _backend_options(p)
+    if verb == "status":
+        p.add_argument("--json", action="store_true")
+    if verb == "logs":
+        p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0)")
+        p.add_argument("--follow", "-f", action="store_true")
+    if verb == "env":
+        p.add_argument("--json", action="store_true")
 
 
 def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
@@ -72,7 +82,7 @@ def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, command = split_command(list(sys.argv[1:] if argv is None else argv))
-    args = _parser().parse_args(own)
+    args = _parser(next((a for a in own if not a.startswith("-")), None)).parse_args(own)
     if command is not None and args.verb not in ("render", "submit", "run"):
         print(f"dist-jobs {args.verb}: a command after `--` only goes with render, submit or run", file=sys.stderr)
         return 2

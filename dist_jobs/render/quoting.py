@@ -6,6 +6,7 @@ tests/unit/test_quoting_props.py proves the round trips with hypothesis.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -49,12 +50,17 @@ def slurm_filename(path: str) -> str:
     return path.replace("%", "%%")
 
 
-# libyaml's emitter where PyYAML has it: about 4x faster than the Python one, same output rules.
+# libyaml's emitter where PyYAML has it (4x faster than the Python one, same output rules), fed
+# nodes built straight from the data: PyYAML's generic representer cost more than the emitting.
 class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
-    pass
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        # The emitter asks this twice per scalar; the answer depends on the arguments alone.
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)
+        return _resolve(value) if implicit[0] else _TAG["str"]  # quoted: always a string
 
 
-_STR_TAG = "tag:yaml.org,2002:str"
+_TAG = {name: f"tag:yaml.org,2002:{name}" for name in ("str", "int", "bool", "null", "map", "seq")}
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _RESOLVER = yaml.resolver.Resolver()
 # YAML 1.1's whole boolean set (yaml.org/type/bool.html). Go's yaml.v2, which kubectl reads
@@ -65,34 +71,53 @@ _WIDTH = 1 << 30  # never fold a line: the emitter's own int, where float("inf")
 
 
 @functools.lru_cache(maxsize=8192)
+def _resolve(value: str) -> str:
+    """The tag a plain scalar `value` resolves to (PyYAML's YAML 1.1 rules)."""
+    return _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))
+
+
+@functools.lru_cache(maxsize=8192)
 def _style(data: str) -> str | None:
     """Plain only where every YAML 1.1 and 1.2 reader reads the very string back; a literal block
     for multi-line text (the emitter falls back to double quotes where one cannot round-trip);
     double quotes otherwise, which are a string in every version, escapes included."""
     if "\n" in data.rstrip("\n"):
         return "|"
-    if (
-        _PLAIN.fullmatch(data)
-        and not _YAML11_BOOL.fullmatch(data)
-        and _RESOLVER.resolve(yaml.ScalarNode, data, (True, False)) == _STR_TAG
-    ):
+    if _PLAIN.fullmatch(data) and not _YAML11_BOOL.fullmatch(data) and _resolve(data) == _TAG["str"]:
         return None
     return '"'
 
 
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    return dumper.represent_scalar(_STR_TAG, data, style=_style(data))
+def _node(value: Any, flow: bool, sort: bool) -> yaml.Node:
+    """What SafeDumper's representer makes of `value` (without anchors), our string styles included."""
+    if isinstance(value, str):
+        return yaml.ScalarNode(_TAG["str"], value, style=_style(value))
+    if isinstance(value, bool):
+        return yaml.ScalarNode(_TAG["bool"], "true" if value else "false")
+    if isinstance(value, int):
+        return yaml.ScalarNode(_TAG["int"], str(value))
+    if value is None:
+        return yaml.ScalarNode(_TAG["null"], "null")
+    if isinstance(value, list):
+        return yaml.SequenceNode(_TAG["seq"], [_node(v, flow, sort) for v in value], flow_style=flow)
+    if isinstance(value, dict):
+        items = list(value.items())
+        if sort:
+            with contextlib.suppress(TypeError):  # as PyYAML: unorderable keys keep their order
+                items.sort(key=lambda kv: kv[0])
+        pairs = [(_node(k, flow, sort), _node(v, flow, sort)) for k, v in items]
+        return yaml.MappingNode(_TAG["map"], pairs, flow_style=flow)
+    raise yaml.representer.RepresenterError(f"cannot represent an object: {value!r}")
 
 
-_Dumper.add_representer(str, _str_presenter)
+def _emit(value: Any, flow: bool, sort: bool) -> str:
+    node = _node(value, flow, sort)
+    return yaml.serialize(node, Dumper=_Dumper, width=_WIDTH, allow_unicode=False, explicit_end=False)
 
 
 def yaml_value(value: Any) -> str:
     """A YAML flow value (scalar, list or mapping) on one line that YAML 1.1 and 1.2 readers read back exactly."""
-    text = yaml.dump(
-        value, Dumper=_Dumper, default_flow_style=True, width=_WIDTH, allow_unicode=False, explicit_end=False
-    )
-    text = text.rstrip("\n")
+    text = _emit(value, flow=True, sort=True).rstrip("\n")
     if text.endswith("\n..."):
         text = text[: -len("\n...")]
     return text
@@ -102,9 +127,7 @@ def yaml_block(value: Any, indent: int) -> str:
     """Text to put right after `key:`: a scalar on the same line, or a block indented by `indent`."""
     if not isinstance(value, (dict, list)) or not value:
         return " " + yaml_value(value)
-    text = yaml.dump(
-        value, Dumper=_Dumper, default_flow_style=False, sort_keys=False, width=_WIDTH, allow_unicode=False
-    )
+    text = _emit(value, flow=False, sort=False)
     pad = " " * indent
     # Only the document's own final newline goes: more would belong to a `|+` block scalar.
     return "\n" + "\n".join(pad + line if line else line for line in text.removesuffix("\n").split("\n"))

@@ -7,8 +7,6 @@ constructing a class here directly checks nothing. No torch, no kubernetes here:
 is on `dist-jobs render`'s fast path.
 """
 
-from __future__ import annotations
-
 import hashlib
 import re
 from typing import Annotated, Any, Literal

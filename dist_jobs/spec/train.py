@@ -5,8 +5,6 @@ turns it into argv (`to_argv`) for the default command; the entrypoint parses it
 (`from_argv`), so what the scheduler runs is readable in the rendered script.
 """
 
-from __future__ import annotations
-
 import argparse
 from typing import Annotated, Literal
 
@@ -74,7 +72,7 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
         return argv
 
     @classmethod
-    def from_argv(cls, argv: list[str]) -> TrainConfig:
+    def from_argv(cls, argv: list[str]) -> "TrainConfig":
         parser = argparse.ArgumentParser(prog="python -m dist_jobs.train")
         for field in structs.fields(cls):
             name = field.name
