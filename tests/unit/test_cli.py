@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -88,3 +91,33 @@ def test_set_and_env_forms() -> None:
     assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--set", "train.epochs=5")
     assert proc.returncode == 0 and "--epochs 5" in proc.stdout
+
+
+def _render_to(target: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    return dj("render", "--backend", "slurm", "--procs-per-node", "1", "-o", target, cwd=cwd)
+
+
+def test_output_writes_through_a_symlink(tmp_path) -> None:
+    (tmp_path / "real.sbatch").write_text("old\n")
+    (tmp_path / "link.sbatch").symlink_to("real.sbatch")
+    assert _render_to(str(tmp_path / "link.sbatch")).returncode == 0
+    assert (tmp_path / "link.sbatch").is_symlink()  # once replaced by a regular file
+    assert (tmp_path / "real.sbatch").read_text().startswith("#!/bin/bash")
+
+
+def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True) as reader:
+        time.sleep(0.5)  # cat opens the FIFO for reading
+        assert _render_to(str(fifo)).returncode == 0
+        assert reader.communicate(timeout=30)[0].startswith("#!/bin/bash")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced by a file
+    proc = _render_to(str(fifo))  # no reader now: refused at once, not a hang
+    assert proc.returncode == 2 and "no process reads" in proc.stderr
+
+
+@pytest.mark.parametrize("target,words", [("nodir/x.sh", "create the folder"), (".", "give a file name")])
+def test_output_errors_are_clear(tmp_path, target: str, words: str) -> None:
+    proc = _render_to(target, cwd=tmp_path)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
