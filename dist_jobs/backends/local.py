@@ -19,6 +19,7 @@ from typing import TextIO
 
 from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.local_procs import ProcessGroup
+from dist_jobs.errors import UsageError
 from dist_jobs.render.common import torchrun_tail
 from dist_jobs.render.quoting import sh_argv
 from dist_jobs.spec import JobSpec
@@ -166,6 +167,12 @@ class LocalBackend:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
         procs = plan(spec, self.workdir, free_port(), job_id, use_gpus)
-        (self.workdir / spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            (self.workdir / spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
+                "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
+            ) from None
         group = ProcessGroup(self.out)
         return group.run([(p.label, p.argv, {**os.environ, **p.env}) for p in procs], cwd=self.workdir)

@@ -14,16 +14,8 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct, field
 
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.spec.validate import END, checked
+from dist_jobs.spec.validate import END, Text, checked
 
-Text = Annotated[
-    str,
-    checked(
-        r"^[^\x00]*" + END,
-        "contains a NUL character, which no shell or YAML value can carry",
-        "remove the NUL character",
-    ),
-]
 ShellLine = Annotated[
     str,
     checked(

@@ -31,6 +31,17 @@ def checked(pattern: str, message: str, hint: str) -> msgspec.Meta:
     return msgspec.Meta(pattern=pattern)
 
 
+# Free text: anything but NUL, which no argv, environment or YAML value can carry.
+Text = Annotated[
+    str,
+    checked(
+        r"^[^\x00]*" + END,
+        "contains a NUL character, which no shell or YAML value can carry",
+        "remove the NUL character",
+    ),
+]
+
+
 def convert(cls: type[T], raw: Any, source: str) -> T:
     """`raw` (YAML-loaded data or flag strings) as a `cls`, or one SpecError with every problem."""
     try:

@@ -94,15 +94,15 @@ def _build(
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
     folder = checkpoint_folder(c)
-    if folder is not None and dist.is_main:
-        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
-    ckpt = (
+    ckpt = (  # first: it creates the folder, or says why it cannot
         None
         if folder is None
         else Checkpointer(
             folder, rank=dist.rank, world_size=dist.world_size, keep=c.keep_checkpoints, async_write=c.async_checkpoint
         )
     )
+    if folder is not None and dist.is_main:
+        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import UsageError
-from dist_jobs.spec.train import TrainConfig
+from dist_jobs.spec.train import RUN_NAME, TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
 from dist_jobs.train.rng import set_rng_state
@@ -126,15 +127,37 @@ def refuse_old_checkpoints(folder: Path) -> None:
 
 
 def checkpoint_folder(config: TrainConfig, environ: Mapping[str, str] | None = None) -> Path | None:
-    """`<checkpoint_dir or $DIST_JOBS_CHECKPOINT_DIR>/<run_name or $DIST_JOBS_RUN or default>`."""
+    """`<checkpoint_dir or $DIST_JOBS_CHECKPOINT_DIR>/<run_name or $DIST_JOBS_RUN or default>`.
+
+    The root is taken as written (the batch script and the pod keep a trailing space or newline
+    too); an existing root that is not a folder, and a run name that would leave the root
+    (`../x`, `/abs`), are refused here: a TrainConfig built in Python or a hand-set
+    $DIST_JOBS_RUN never went through the spec's checks.
+    """
     env = os.environ if environ is None else environ
-    root = config.checkpoint_dir or env.get("DIST_JOBS_CHECKPOINT_DIR", "").strip()
-    return Path(root).expanduser() / run_name(config, env) if root else None
+    from_env = env.get("DIST_JOBS_CHECKPOINT_DIR", "")
+    root = config.checkpoint_dir or (from_env if from_env.strip() else "")
+    if not root:
+        return None
+    folder = Path(root).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(
+            f"checkpoint directory {str(folder)!r} exists and is not a folder",
+            hint="point --checkpoint-dir (checkpoint_dir in the job spec) at a folder, or remove that file",
+        )
+    return folder / run_name(config, env)
 
 
 def run_name(config: TrainConfig, environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
-    return config.run_name or env.get("DIST_JOBS_RUN", "").strip() or "default"
+    name = config.run_name or env.get("DIST_JOBS_RUN", "").strip() or "default"
+    if not re.fullmatch(RUN_NAME, name):
+        where = "--run-name" if config.run_name else "$DIST_JOBS_RUN"
+        raise UsageError(
+            f"{where}={name!r} is not one folder name: its checkpoints would land outside the checkpoint directory",
+            hint="use letters, digits, '.', '_' and '-' (no '/'), e.g. resnet50-lr0.1",
+        )
+    return name
 
 
 def seed_all(seed: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import textwrap
@@ -91,6 +92,16 @@ def test_torchrun_mode_keeps_the_interpreter_and_its_flags(tmp_path) -> None:
     proc = _run(["--procs-per-node", "1", "--launcher", "torchrun", "--", "python3", "-u", "-O", "-c", code], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "flags True 1 0" in proc.stdout
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_bad_input(tmp_path) -> None:
+    (tmp_path / "ckfile").write_text("")
+    proc = _run(["--procs-per-node", "1", "--checkpoint-dir", "ckfile", "--", PYTHON, "-c", "pass"], tmp_path)
+    assert proc.returncode == 2 and "checkpoint_dir" in proc.stderr and "Traceback" not in proc.stderr
+    env = {**os.environ, "DIST_JOBS_ENV": "single"}
+    argv = [PYTHON, "-m", "dist_jobs.train", "--checkpoint-dir", "ckfile", "--max-steps", "1", "--fake-samples", "64"]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "not a folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_gpu_request_falls_back_to_cpu_with_notice(tmp_path) -> None:

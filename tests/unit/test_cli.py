@@ -90,7 +90,7 @@ def test_set_and_env_forms() -> None:
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--env", "NOEQUALS")
     assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--set", "train.epochs=5")
-    assert proc.returncode == 0 and "--epochs 5" in proc.stdout
+    assert proc.returncode == 0 and "--epochs=5" in proc.stdout
 
 
 def _render_to(target: str, cwd=None) -> subprocess.CompletedProcess[str]:
