@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,12 +151,14 @@ class Checkpointer:
             self._closed = True
             self.wait()
 
-    def latest(self) -> Loaded | None:
-        """Newest complete checkpoint that verifies and loads; bad newer ones are logged, skipped."""
+    def latest(self, accept: Callable[[Loaded], object] = lambda loaded: None) -> Loaded | None:
+        """Newest complete checkpoint that verifies, loads and `accept` takes; bad newer ones are skipped."""
         for step in sorted(self._committed(), reverse=True):
             folder = self._folder(step)
             try:
-                return self._load(step, folder)
+                loaded = self._load(step, folder)
+                accept(loaded)  # the caller's check of the content: raising skips this one too
+                return loaded
             except Exception as exc:  # any failure makes it unusable; the next older one may do
                 log.warning("checkpoint %s is unusable, falling back to an older one: %s", folder, exc)
                 self._bad.add(step)
@@ -296,11 +298,11 @@ class Checkpointer:
         with ThreadPoolExecutor(max_workers=1) as pool:
             verified = pool.submit(disk.verify, folder, files)
             try:
-                shared = torch.load(folder / SHARED, weights_only=True, map_location="cpu")
+                shared = torch.load(disk.regular(folder / SHARED), weights_only=True, map_location="cpu")
                 mine = f"rank-{self.rank}.pt"
                 rank_state = None
                 if self.rank < world_size and mine in files:
-                    rank_state = torch.load(folder / mine, weights_only=True, map_location="cpu")
+                    rank_state = torch.load(disk.regular(folder / mine), weights_only=True, map_location="cpu")
             except Exception:
                 verified.result()
                 raise

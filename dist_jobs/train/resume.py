@@ -40,7 +40,7 @@ def resume(run: Run) -> None:
     """
     if run.ckpt is not None and not run.config.resume:
         refuse_old_checkpoints(run.ckpt.directory)
-    loaded = run.ckpt.latest() if run.ckpt is not None and run.config.resume else None
+    loaded = run.ckpt.latest(accept=check_content) if run.ckpt is not None and run.config.resume else None
     if loaded is not None:
         _restore(run, loaded)
     if loaded is not None and loaded.rank_state is not None:
@@ -69,6 +69,39 @@ def shared_state(run: Run) -> dict[str, Any]:
         "version": VERSION,
         "metrics": dict(run.metrics),
     }
+
+
+# What _restore and the RNG restore read, with the type each must have.
+_SHARED_TYPES = {
+    "model": dict,
+    "optimizer": dict,
+    "scheduler": dict,
+    "scaler": dict,
+    "epoch": int,
+    "step": int,
+    "samples_in_epoch": int,
+    "samples_seen": int,
+    "sampler_seed": int,
+    "world_size": int,
+    "global_batch": int,
+    "metrics": dict,
+}
+
+
+def check_content(loaded: Loaded) -> None:
+    """A CheckpointError when the checkpoint lacks what resuming reads, so that latest() falls
+    back to the previous one instead of the run failing half-way through restoring this one."""
+    s, mine = loaded.shared, loaded.rank_state
+    bad = [key for key, kind in _SHARED_TYPES.items() if not isinstance(s, dict) or not isinstance(s.get(key), kind)]
+    if not bad and "last_epoch" not in s["scheduler"]:
+        bad.append("scheduler.last_epoch")
+    if mine is not None and (not isinstance(mine, dict) or "rng" not in mine):
+        bad.append("rng (in this rank's file)")
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {loaded.path} lacks {', '.join(bad)} (or holds the wrong type there)",
+            hint="it was not written by this dist-jobs; the previous checkpoint is used if there is one",
+        )
 
 
 def _restore(run: Run, loaded: Loaded) -> None:
