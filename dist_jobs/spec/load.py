@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.spec.limits import limit_problems
 from dist_jobs.spec.model import JobSpec, run_id
 from dist_jobs.spec.reserved import env_problems
 from dist_jobs.spec.slurm_time import parse_time
@@ -111,6 +112,7 @@ def cross_checks(spec: JobSpec) -> list[Problem]:
             )
         )
     problems += env_problems(spec.env)
+    problems += limit_problems(spec)
     problems += _k8s_checks(spec)
     return problems
 

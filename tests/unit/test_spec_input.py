@@ -91,3 +91,22 @@ def test_base60_time_stays_text(tmp_path: Path) -> None:
     assert load_spec(path).time == "1:30:00"
     proc = render("--set", "time=1:30:00")
     assert proc.returncode == 0 and "#SBATCH --time=01:30:00" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "data,field,words",
+    [
+        ({"time": "99999999"}, "time", "at most 365-00:00:00"),
+        ({"command": ["-x", "train.py"]}, "command[0]", "leading '-'"),
+        ({"command": ["python3", "x" * (128 * 1024)]}, "command[1]", "Argument list too long"),
+        ({"env": {"BIG": "v" * (128 * 1024)}}, "env.BIG", "Argument list too long"),
+        ({"train": {"data_root": "/d" + "/x" * 66000}}, "train (one of its flags)", "Argument list too long"),
+        ({"checkpoint_dir": "/shared/" + "é" * 128 + "/ck"}, "checkpoint_dir", "256 bytes"),
+        ({"train": {"data_root": "/data/" + "d" * 256}}, "train.data_root", "256 bytes"),
+    ],
+)
+def test_limits_of_the_os_and_scheduler_are_checked_up_front(data: dict, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(data={"name": "a", "procs_per_node": 1, **data})
+    got = {p.field: p.render() for p in err.value.problems}
+    assert field in got and words in got[field], got
