@@ -132,9 +132,11 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
     from dist_jobs.ranks import resolve
     from dist_jobs.ranks.report import as_json, as_table
+    from dist_jobs.ranks.selfcheck import check
 
     info = resolve()
     print(as_json(info) if args.json else as_table(info))
+    check(info)  # printed first, so a launch that does not add up is still visible; then exit 3
     return 0
 
 

@@ -121,3 +121,26 @@ def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> Non
 def test_output_errors_are_clear(tmp_path, target: str, words: str) -> None:
     proc = _render_to(target, cwd=tmp_path)
     assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text", ["apiVersion: [\n", "clusters: 5\n", "- a\n"])
+def test_an_invalid_kubeconfig_is_a_message(tmp_path, text: str) -> None:
+    (tmp_path / "kubeconfig").write_text(text)
+    proc = dj("status", "--backend", "k8s", "--kubeconfig", str(tmp_path / "kubeconfig"), "job")
+    assert proc.returncode == 1 and "cannot load kubeconfig" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_env_refuses_a_rank_outside_its_world() -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "PET_"))},
+        "DIST_JOBS_ENV": "torchrun",
+        "RANK": "7",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+    }
+    proc = subprocess.run([PYTHON, "-m", "dist_jobs", "env"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 3 and "rank 7" in proc.stderr and "outside world size 4" in proc.stderr
+    assert "world_size        4" in proc.stdout  # what was resolved is still shown
