@@ -19,17 +19,18 @@ from dist_jobs.spec.validate import END, Text, checked
 ShellLine = Annotated[
     str,
     checked(
-        r"^[^\x00\r]*" + END,
-        "contains a NUL or carriage return: the line is raw shell, and sbatch refuses a script with CR LF",
+        r"^[^\x00\r\ud800-\udfff]*" + END,
+        "contains a NUL, a carriage return or bytes that are not UTF-8: the line is raw shell, and "
+        "sbatch refuses a script with CR LF",
         "remove the carriage return (the file may have Windows line ends: dos2unix)",
     ),
 ]
 Line = Annotated[
     str,
     checked(
-        r"^[^\x00-\x1f\x7f]*" + END,
-        "contains a control character (newline, tab, ...); it lands on an #SBATCH line",
-        "put the value on one line without control characters",
+        r"^[^\x00-\x1f\x7f\ud800-\udfff]*" + END,
+        "contains a control character (newline, tab, ...) or bytes that are not UTF-8; it lands on an #SBATCH line",
+        "put the value on one line of UTF-8 text without control characters",
     ),
 ]
 EnvName = Annotated[

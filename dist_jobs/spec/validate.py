@@ -31,13 +31,14 @@ def checked(pattern: str, message: str, hint: str) -> msgspec.Meta:
     return msgspec.Meta(pattern=pattern)
 
 
-# Free text: anything but NUL, which no argv, environment or YAML value can carry.
+# Free text: anything but NUL, which no argv or environment value can carry, and bytes that are
+# not UTF-8 (a raw byte on the command line), which no YAML manifest can carry.
 Text = Annotated[
     str,
     checked(
-        r"^[^\x00]*" + END,
-        "contains a NUL character, which no shell or YAML value can carry",
-        "remove the NUL character",
+        r"^[^\x00\ud800-\udfff]*" + END,
+        "contains a NUL character or bytes that are not UTF-8, which no shell or YAML value can carry",
+        "remove the NUL character; give the text as UTF-8",
     ),
 ]
 

@@ -110,3 +110,16 @@ def test_limits_of_the_os_and_scheduler_are_checked_up_front(data: dict, field: 
         load_spec(data={"name": "a", "procs_per_node": 1, **data})
     got = {p.field: p.render() for p in err.value.problems}
     assert field in got and words in got[field], got
+
+
+def test_a_non_utf8_argument_is_refused_for_every_backend() -> None:
+    """A raw byte from the command line cannot go into a manifest (it once crashed the YAML emitter)."""
+    argv = [PYTHON.encode(), b"-m", b"dist_jobs", b"render", b"--backend", b"k8s", b"--image", b"i:1"]
+    proc = subprocess.run(
+        [*argv, b"--procs-per-node", b"1", b"--env", b"A=\xff", b"--", b"python3", b"t\xff.py"],
+        capture_output=True,
+        timeout=60,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err and "env.A" in err and "command[1]" in err
+    assert "not UTF-8" in err
