@@ -26,6 +26,7 @@ from dist_jobs.render.quoting import dns1035, sh, yaml_value
 from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED
+from dist_jobs.spec.train import TrainConfig
 from support.render_helpers import make_stubs, run_script
 from support.yaml11 import KubectlRefused, read_like_kubectl, require_kubectl
 
@@ -212,6 +213,14 @@ def test_names_that_differ_late_stay_distinct(prefix: str, a: str, b: str, separ
     assert run_id(first) != run_id(second)
     assert dns1035(first, 50) != dns1035(second, 50)
     assert len(run_id(first)) <= 128 and len(dns1035(first, 50)) <= 50
+
+
+@settings(max_examples=300, deadline=None)
+@given(data_root=hostile, ckpt=hostile, model=st.sampled_from(["resnet18", "pkg.models:build"]))
+def test_train_flags_carry_any_value(data_root: str, ckpt: str, model: str) -> None:
+    """A value starting with '-' (or holding '=', ',' or a newline) survives the entrypoint's argv."""
+    config = TrainConfig(data_root=data_root, checkpoint_dir=ckpt, model=model)
+    assert TrainConfig.from_argv(config.to_argv()) == config
 
 
 def test_dns1035_rule() -> None:
