@@ -92,7 +92,7 @@ def test_slurm_executor_writes_what_the_spec_asks(tmp_path: Path, monkeypatch: p
         "#SBATCH --constraint=a100",
         "#SBATCH --exclusive",
         "#SBATCH --requeue",
-        "#SBATCH --job-name=notebook-run",
+        f"#SBATCH --job-name={run_id('notebook run')}",
         "#SBATCH --time=90",
         "#SBATCH --mem=64GB",
         f"#SBATCH --signal={SUBMITIT_SIGNAL[3:]}@150",
