@@ -2,32 +2,54 @@
 
     python bench/bench_render.py [--runs 21]
 
-Both are started as fresh processes, interleaved, so machine load hits both alike. Goal: the
-ratio is at most 2.0 (torchx's dry run, the nearest peer, is about 4x its baseline).
+All are started as fresh processes, interleaved, so machine load hits them alike. Goals: the
+ratio is at most 2.0 (torchx's dry run, the nearest peer, is about 4x its baseline), and at most
+1.5 for a Kubernetes manifest of a spec with 200 env variables (every one emitted twice, for the
+Master and the Worker template), which measures YAML emission rather than start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+# Warm .pyc files are part of a user's start-up: a session that sets PYTHONDONTWRITEBYTECODE would
+# recompile dist-jobs (and only dist-jobs: the baseline's packages ship their .pyc) on every run.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def wall(argv: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=ENV)
     return time.perf_counter() - start
+
+
+def env_spec(folder: Path, count: int = 200) -> Path:
+    """The k8s example with `count` env variables: plain words, paths, and values YAML must quote."""
+    values = ["plain", "/opt/data/set-{i}", "a value with: colon #{i}", "y", "0{i}", "line one\nline two", "é{i}"]
+    env = {f"VAR_{i:03d}": values[i % len(values)].format(i=i) for i in range(count)}
+    text = (REPO / "k8s/examples/resnet-2x4.yaml").read_text() + "\nenv:\n"
+    text += "".join(f"  {name}: {json.dumps(value)}\n" for name, value in env.items())
+    path = folder / "env200.yaml"
+    path.write_text(text)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=21)
     args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="bench-render-"))
     baseline = [sys.executable, "-c", "import jinja2, yaml"]
     cases = {
         "render slurm": [
@@ -48,6 +70,7 @@ def main() -> None:
             "k8s",
             str(REPO / "k8s/examples/resnet-2x4.yaml"),
         ],
+        "render k8s, 200 env": [sys.executable, "-m", "dist_jobs", "render", "--backend", "k8s", str(env_spec(folder))],
     }
     for argv in [baseline, *cases.values()]:  # warm the page cache and .pyc files
         wall(argv)
@@ -60,7 +83,8 @@ def main() -> None:
     print(f"baseline `python -c 'import jinja2, yaml'`: median {base * 1000:.1f} ms over {args.runs} runs")
     for name in cases:
         med = statistics.median(times[name])
-        print(f"dist-jobs {name}: median {med * 1000:.1f} ms  ratio {med / base:.2f}x  (goal <= 2.0x)")
+        goal = 1.5 if "env" in name else 2.0
+        print(f"dist-jobs {name}: median {med * 1000:.1f} ms  ratio {med / base:.2f}x  (goal <= {goal}x)")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def load_client(kubeconfig: str | None = None, context: str | None = None) -> tu
     try:
         api = config.new_client_from_config(config_file=kubeconfig, context=context)
         return api, _context_namespace(kubeconfig, context)
-    except (ConfigException, OSError, TypeError, ValueError) as first:
+    # A kubeconfig that is not YAML or has the wrong shape fails in many ways inside the client.
+    except (ConfigException, OSError, yaml.YAMLError, TypeError, ValueError, AttributeError, KeyError) as first:
         if kubeconfig or context:
             raise no_config(kubeconfig, context, first) from None
         try:

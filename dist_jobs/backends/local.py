@@ -21,6 +21,7 @@ from typing import TextIO
 from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.local_procs import ProcessGroup
 from dist_jobs.constants import PREEMPTED_MARKER
+from dist_jobs.errors import UsageError
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
@@ -105,6 +106,12 @@ def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per
     }
 
 
+def _local_argv(argv: list[str]) -> list[str]:
+    # `python3` on a cluster is the job's activated environment; here it is the interpreter that
+    # runs dist-jobs, whatever PATH says.
+    return [sys.executable, *argv[1:]] if argv[0] in ("python", "python3") else argv
+
+
 def _launched(argv: list[str]) -> list[str]:
     # The per-task launcher exports torch's env:// variables and a thread count, then execs argv;
     # it also makes `python3` the interpreter that runs dist-jobs, whatever PATH says.
@@ -132,7 +139,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
             f"--rdzv-endpoint={MASTER}:{port}",
             f"--rdzv-id={job_id}",
             "--tee=3",
-            *torchrun_tail(spec.argv),
+            *torchrun_tail(_local_argv(spec.argv)),
         ]
         env = {**common, **_slurm_task_env(spec, node, 0, job_id, 1)}
         procs.append(LocalProc(f"node {node}", argv, env))
@@ -178,6 +185,13 @@ class LocalBackend:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
         procs = plan(spec, self.workdir, free_port(), job_id, use_gpus)
+        try:
+            (self.workdir / spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
+                "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
+            ) from None
         run_dir = self.workdir / spec.checkpoint_dir / spec.run_id  # an absolute checkpoint_dir wins
         group = ProcessGroup(
             self.out,

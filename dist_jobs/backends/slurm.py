@@ -7,6 +7,7 @@ and runs `sbatch --parsable` on those same bytes. Output parsing lives in the pu
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -27,7 +28,12 @@ from dist_jobs.backends.slurm_output import (
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, sbatch_error
+from dist_jobs.backends.slurm_sbatch import (
+    CONTROLLER_HINT,
+    CONTROLLER_UNREACHABLE,
+    parse_sbatch_job_id,
+    sbatch_error,
+)
 from dist_jobs.errors import BackendError, UsageError
 
 # Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer):
@@ -85,7 +91,28 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
-        import json
+        spec = prepared.spec
+        workdir = self._workdir(spec)
+        log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
+        # slurmd opens --output before the script runs: a missing folder fails the job at once
+        # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
+        created = _missing_dirs(log_dir) + _missing_dirs(self.jobs_dir)
+        try:
+            for folder in (log_dir, self.jobs_dir):
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    hint = "check the path and its permissions"
+                    raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
+            return self._submit_staged(prepared, log_dir)
+        except BaseException:
+            for folder in reversed(created):  # a failed submit leaves no folder of its own behind
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if still empty
+            raise
+
+    def _submit_staged(self, prepared: Prepared, log_dir: Path) -> str:
+        import json  # here: status, list, cancel and logs pay only for what they use
         import shutil
         import tempfile
 
@@ -93,12 +120,6 @@ class SlurmBackend:
         import yaml
 
         spec = prepared.spec
-        workdir = self._workdir(spec)
-        log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
-        # slurmd opens --output before the script runs: a missing folder fails the job at once
-        # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
         # A private staging folder: two submissions of one run name must not share it.
         staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", suffix=".submitting", dir=self.jobs_dir))
         try:
@@ -151,8 +172,12 @@ class SlurmBackend:
         acct = self.run(
             ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
         )
-        rows = parse_sacct(acct.stdout) if acct.returncode == 0 else []
-        state = sacct_job_state(rows, job_id)
+        if acct.returncode != 0:  # not knowing the job and failing to look it up are different answers
+            raise BackendError(
+                f"squeue does not list job {job_id} and sacct failed: {acct.stderr.strip() or 'no message'}",
+                "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
+            )
+        state = sacct_job_state(parse_sacct(acct.stdout), job_id)
         if state is None:
             raise BackendError(
                 f"SLURM knows no job {job_id}",
@@ -170,6 +195,10 @@ class SlurmBackend:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
         # --Format (long): only it has the restart count, which says a requeued job came back.
         proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])
+        if proc.returncode != 0 and re.search(CONTROLLER_UNREACHABLE, proc.stderr, re.IGNORECASE):
+            raise BackendError(
+                f"squeue cannot reach the SLURM controller (slurmctld): {proc.stderr.strip()}", CONTROLLER_HINT
+            )
         if proc.returncode != 0:
             return None
         # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
@@ -242,6 +271,16 @@ class SlurmBackend:
                 f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id",
             )
         return Path(out.group(1)).parent, name.group(1), None
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, outermost first."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing[::-1]
 
 
 def _attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]:

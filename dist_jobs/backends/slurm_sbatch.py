@@ -55,13 +55,14 @@ def parse_sbatch_test_only(stderr: str) -> SbatchTestOnly:
 
 # (pattern in sbatch's stderr, what it means, what to do). First match wins; the more specific
 # client-side messages come before the controller's generic "submission failed" reasons.
+# What every SLURM client prints when slurmctld does not answer (after its own retries).
+CONTROLLER_UNREACHABLE = (
+    r"Unable to contact slurm controller|Could not establish a configuration source|"
+    r"Zero Bytes were transmitted or received"
+)
+CONTROLLER_HINT = "check `scontrol ping` and `sinfo`; for the local test cluster run `bash slurm/cluster/up.sh`"
 _SBATCH_ERRORS: tuple[tuple[str, str, str], ...] = (
-    (
-        r"Unable to contact slurm controller|Could not establish a configuration source|"
-        r"Zero Bytes were transmitted or received",
-        "sbatch cannot reach the SLURM controller (slurmctld)",
-        "check `scontrol ping` and `sinfo`; for the local test cluster run `bash slurm/cluster/up.sh`",
-    ),
+    (CONTROLLER_UNREACHABLE, "sbatch cannot reach the SLURM controller (slurmctld)", CONTROLLER_HINT),
     (
         r"Munge encode failed|Protocol authentication error|Invalid authentication credential",
         "sbatch cannot authenticate to SLURM: munge failed (is munged running?)",

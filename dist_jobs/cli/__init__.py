@@ -14,11 +14,22 @@ from dist_jobs.cli.flags import add_spec_flags, split_command
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
 
+_VERBS = {
+    "render": "print the sbatch script or Kubernetes manifest",
+    "submit": "submit the job (--dry-run prints what would be submitted)",
+    "run": "run the job here as local processes (gloo on CPU without GPUs)",
+    "status": "show a job's state",
+    "cancel": "cancel a job",
+    "logs": "print a job's logs",
+    "list": "list dist-jobs jobs",
+    "env": "print the ranks this process resolves (run it under srun/torchrun)",
+    "schema": "print the job spec's JSON Schema (for editor completion of job.yaml)",
+}
+
 
 def _parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; given the verb being run, the 39 spec flags go only where they can be used
-    (they are most of its build time, which `status` should not pay: the output is the same)."""
-    spec_flags = lambda p, name: add_spec_flags(p) if verb in (None, name) else None
+    """Every verb, with the arguments of `verb` only (of all, when None): `render` is start-up
+    bound, and argparse's per-argument work for the other verbs' ~100 flags was a tenth of it."""
     parser = argparse.ArgumentParser(
         prog="dist-jobs",
         description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
@@ -26,41 +37,38 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dist-jobs {VERSION}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("render", help="print the sbatch script or Kubernetes manifest")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
-    p.add_argument("-o", "--output", help="write to FILE instead of stdout")
-    spec_flags(p, "render")
-
-    p = sub.add_parser("submit", help="submit the job (--dry-run prints what would be submitted)")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the scheduler to submit to")
-    p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
-    _backend_options(p, namespace=False)
-    spec_flags(p, "submit")
-
-    p = sub.add_parser("run", help="run the job here as local processes (gloo on CPU without GPUs)")
-    p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
-    spec_flags(p, "run")
-
-    for verb, text in (("status", "show a job's state"), ("cancel", "cancel a job"), ("logs", "print a job's logs")):
-        p = sub.add_parser(verb, help=text)
-        p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the job's scheduler")
-        p.add_argument("job", help="job id (SLURM) or job name (Kubernetes)")
-        _backend_options(p)
-        if verb == "status":
-            p.add_argument("--json", action="store_true", help="print JSON instead of text")
-        if verb == "logs":
-            p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0)")
-            p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
-
-    p = sub.add_parser("list", help="list dist-jobs jobs")
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the scheduler to ask")
-    _backend_options(p)
-
-    p = sub.add_parser("env", help="print the ranks this process resolves (run it under srun/torchrun)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
+    for name, text in _VERBS.items():
+        p = sub.add_parser(name, help=text)
+        if verb in (None, name):
+            _verb_arguments(name, p)
     return parser
+
+
+def _verb_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb in ("render", "submit"):
+        what = "slurm: sbatch script; k8s: manifest" if verb == "render" else "the scheduler to submit to"
+        p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help=what)
+    if verb == "render":
+        p.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    if verb == "submit":
+        p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
+        _backend_options(p, namespace=False)
+    if verb == "run":
+        p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
+    if verb in ("render", "submit", "run"):
+        add_spec_flags(p)
+    if verb in ("status", "cancel", "logs", "list"):
+        p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the job's scheduler")
+        if verb != "list":
+            p.add_argument("job", help="job id (SLURM) or job name (Kubernetes)")
+        _backend_options(p)
+    if verb == "status":
+        p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    if verb == "logs":
+        p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0)")
+        p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    if verb == "env":
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:

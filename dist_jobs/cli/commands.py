@@ -6,6 +6,8 @@ They print; only `dist_jobs.cli.main` turns errors into messages and exit codes.
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from typing import Any
 
 from dist_jobs import api
 from dist_jobs.cli.flags import overrides_from
+from dist_jobs.errors import UsageError
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
@@ -34,13 +37,31 @@ def _backend(args: argparse.Namespace) -> Any:
 
 
 def _write(text: str, output: str | None) -> None:
+    """`-o PATH` writes through PATH as the shell's `> PATH` does: a symlink's target, a device or
+    a pipe gets the text, and nothing is replaced. A FIFO nobody reads is refused, not waited on."""
     if not output:
         sys.stdout.write(text)
         return
-    path = Path(output)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    data = text.encode()
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY, 0o666)
+    except OSError as exc:
+        raise UsageError(f"-o {output}: cannot write there: {exc.strerror}", _output_hint(exc)) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.set_blocking(fd, True)  # non-blocking was for the open only: write all of it
+            fh.write(data)
+    except OSError as exc:
+        raise UsageError(f"-o {output}: writing failed: {exc.strerror}", "check the disk and the path") from None
+
+
+def _output_hint(exc: OSError) -> str:
+    return {
+        errno.EISDIR: "give a file name, e.g. -o job.sbatch",
+        errno.ENOENT: "create the folder first, or write into an existing one",
+        errno.ENXIO: "it is a FIFO that no process reads: start the reader first",
+        errno.EACCES: "pick a path you may write",
+    }.get(exc.errno or 0, "check the path")
 
 
 def cmd_render(args: argparse.Namespace, command: list[str] | None) -> int:
@@ -113,14 +134,15 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
     from dist_jobs.ranks import resolve
     from dist_jobs.ranks.report import as_json, as_table
+    from dist_jobs.ranks.selfcheck import check
 
     info = resolve()
     print(as_json(info) if args.json else as_table(info))
+    check(info)  # printed first, so a launch that does not add up is still visible; then exit 3
     return 0
 
 
 def cmd_schema(args: argparse.Namespace, _: Any) -> int:
-    import json
 
     from dist_jobs.spec import json_schema
 

@@ -89,7 +89,10 @@ def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[
                 elif f.kind == "env":
                     out[f"env.{key}"] = val
                 else:
-                    out[key] = _scalar(val)
+                    try:
+                        out[key] = _scalar(val, f"{f.flag} {key}")
+                    except SpecError as exc:
+                        problems += exc.problems
         else:
             out[f.path] = value
     if command:
@@ -99,12 +102,15 @@ def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[
     return out
 
 
-def _scalar(text: str) -> Any:
-    # `--set train.epochs=5` should give an int and `--set slurm.exclusive=true` a bool, as in YAML.
+def _scalar(text: str, flag: str) -> Any:
+    # `--set train.epochs=5` should give an int and `--set slurm.exclusive=true` a bool, as in YAML;
+    # text that is not YAML stays text, but a value too big, deep or alias-expanding is refused.
     import yaml  # here: the verbs without a spec (status, list, ...) must not pay for it
 
+    from dist_jobs.spec.yaml_input import parse_bounded
+
     try:
-        return yaml.safe_load(text) if text else ""
+        return parse_bounded(text, flag) if text else ""
     except yaml.YAMLError:
         return text
 

@@ -67,10 +67,12 @@ def header_lines(spec: JobSpec, submit_hint: str) -> list[str]:
 
 
 def torchrun_tail(argv: list[str]) -> list[str]:
-    """torchrun takes a script or `-m module`; any other program needs --no-python."""
-    first = Path(argv[0]).name
-    if first.startswith("python") and len(argv) > 1:
-        return argv[1:]
+    """What follows torchrun's own flags: `--no-python` and the whole argv, on SLURM and Kubernetes.
+
+    Without it torchrun runs its own interpreter on argv[1:], which drops the job's interpreter
+    and its flags (`python3 -u train.py` became `torchrun ... -u train.py`, `-c CODE` failed the
+    same way). With it the program runs exactly as in srun mode, interpreter and flags included.
+    """
     return ["--no-python", *argv]
 
 

@@ -25,7 +25,7 @@ DEFAULT_PORT = 23456  # the operator's default for pytorchjob-port
 def k8s_name(spec: JobSpec) -> str:
     """DNS-1035 job name, short enough that `<name>-worker-<i>` Services stay valid labels."""
     suffix = len(f"-worker-{max(spec.nodes, spec.k8s.max_nodes or 0)}")
-    return dns1035(spec.run_id or spec.name, 63 - suffix)
+    return dns1035(spec.name, 63 - suffix)
 
 
 def checkpoint_path(spec: JobSpec) -> str:

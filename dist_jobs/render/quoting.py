@@ -6,7 +6,8 @@ tests/unit/test_quoting_props.py proves the round trips with hypothesis.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import functools
 import json
 import re
 import shlex
@@ -14,14 +15,25 @@ from typing import Any
 
 import yaml
 
+from dist_jobs.spec.model import hashed_name
+
 
 def sh(value: object) -> str:
-    """One shell word that bash reads back as exactly `value`."""
-    return shlex.quote(str(value))
+    """One bash word that bash reads back as exactly `value`, with no raw carriage return in it.
+
+    sbatch refuses a whole script that holds CR LF anywhere ("DOS line breaks"), and a value
+    ending in CR is one at the end of its line: text with a CR gets bash's $'...' quoting,
+    where CR and LF are written as the escapes \\r and \\n.
+    """
+    text = str(value)
+    if "\r" not in text:
+        return shlex.quote(text)
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\r", "\\r").replace("\n", "\\n")
+    return "$'" + escaped + "'"
 
 
 def sh_argv(argv: list[str]) -> str:
-    return " ".join(shlex.quote(str(a)) for a in argv)
+    return " ".join(sh(a) for a in argv)
 
 
 def sbatch_value(value: object) -> str:
@@ -38,38 +50,74 @@ def slurm_filename(path: str) -> str:
     return path.replace("%", "%%")
 
 
-class _Dumper(yaml.SafeDumper):
-    pass
+# libyaml's emitter where PyYAML has it (4x faster than the Python one, same output rules), fed
+# nodes built straight from the data: PyYAML's generic representer cost more than the emitting.
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        # The emitter asks this twice per scalar; the answer depends on the arguments alone.
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)
+        return _resolve(value) if implicit[0] else _TAG["str"]  # quoted: always a string
 
 
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    # Double quotes: YAML 1.1 readers turn plain `no`, `0x1f` or `1e3` into bools and numbers;
-    # a double-quoted scalar is always a string, escapes included. Multi-line text asks for a
-    # literal block, which the emitter itself downgrades to double quotes when the text cannot
-    # round-trip as one (trailing spaces, special characters).
-    if "\n" in data.rstrip("\n"):
-        style = "|"
-    elif _PLAIN.fullmatch(data) and _RESOLVER.resolve(yaml.ScalarNode, data, (True, False)) == _STR_TAG:
-        style = None  # reads back as this very string: keep it readable
-    else:
-        style = '"'
-    return dumper.represent_scalar(_STR_TAG, data, style=style)
-
-
-_STR_TAG = "tag:yaml.org,2002:str"
+_TAG = {name: f"tag:yaml.org,2002:{name}" for name in ("str", "int", "bool", "null", "map", "seq")}
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _RESOLVER = yaml.resolver.Resolver()
+# YAML 1.1's whole boolean set (yaml.org/type/bool.html). Go's yaml.v2, which kubectl reads
+# manifests with, uses it; PyYAML's resolver leaves out y, Y, n and N, so `ACCEPT_EULA=Y`
+# would arrive as `true` after `kubectl apply`.
+_YAML11_BOOL = re.compile(r"[yYnN]|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF")
+_WIDTH = 1 << 30  # never fold a line: the emitter's own int, where float("inf") is Python-only
 
 
-_Dumper.add_representer(str, _str_presenter)
+@functools.lru_cache(maxsize=8192)
+def _resolve(value: str) -> str:
+    """The tag a plain scalar `value` resolves to (PyYAML's YAML 1.1 rules)."""
+    return _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))
+
+
+@functools.lru_cache(maxsize=8192)
+def _style(data: str) -> str | None:
+    """Plain only where every YAML 1.1 and 1.2 reader reads the very string back; a literal block
+    for multi-line text (the emitter falls back to double quotes where one cannot round-trip);
+    double quotes otherwise, which are a string in every version, escapes included."""
+    if "\n" in data.rstrip("\n"):
+        return "|"
+    if _PLAIN.fullmatch(data) and not _YAML11_BOOL.fullmatch(data) and _resolve(data) == _TAG["str"]:
+        return None
+    return '"'
+
+
+def _node(value: Any, flow: bool, sort: bool) -> yaml.Node:
+    """What SafeDumper's representer makes of `value` (without anchors), our string styles included."""
+    if isinstance(value, str):
+        return yaml.ScalarNode(_TAG["str"], value, style=_style(value))
+    if isinstance(value, bool):
+        return yaml.ScalarNode(_TAG["bool"], "true" if value else "false")
+    if isinstance(value, int):
+        return yaml.ScalarNode(_TAG["int"], str(value))
+    if value is None:
+        return yaml.ScalarNode(_TAG["null"], "null")
+    if isinstance(value, list):
+        return yaml.SequenceNode(_TAG["seq"], [_node(v, flow, sort) for v in value], flow_style=flow)
+    if isinstance(value, dict):
+        items = list(value.items())
+        if sort:
+            with contextlib.suppress(TypeError):  # as PyYAML: unorderable keys keep their order
+                items.sort(key=lambda kv: kv[0])
+        pairs = [(_node(k, flow, sort), _node(v, flow, sort)) for k, v in items]
+        return yaml.MappingNode(_TAG["map"], pairs, flow_style=flow)
+    raise yaml.representer.RepresenterError(f"cannot represent an object: {value!r}")
+
+
+def _emit(value: Any, flow: bool, sort: bool) -> str:
+    node = _node(value, flow, sort)
+    return yaml.serialize(node, Dumper=_Dumper, width=_WIDTH, allow_unicode=False, explicit_end=False)
 
 
 def yaml_value(value: Any) -> str:
-    """A YAML flow value (scalar, list or mapping) on one line that safe_load reads back exactly."""
-    text = yaml.dump(
-        value, Dumper=_Dumper, default_flow_style=True, width=float("inf"), allow_unicode=False, explicit_end=False
-    )
-    text = text.rstrip("\n")
+    """A YAML flow value (scalar, list or mapping) on one line that YAML 1.1 and 1.2 readers read back exactly."""
+    text = _emit(value, flow=True, sort=True).rstrip("\n")
     if text.endswith("\n..."):
         text = text[: -len("\n...")]
     return text
@@ -79,11 +127,10 @@ def yaml_block(value: Any, indent: int) -> str:
     """Text to put right after `key:`: a scalar on the same line, or a block indented by `indent`."""
     if not isinstance(value, (dict, list)) or not value:
         return " " + yaml_value(value)
-    text = yaml.dump(
-        value, Dumper=_Dumper, default_flow_style=False, sort_keys=False, width=float("inf"), allow_unicode=False
-    )
+    text = _emit(value, flow=False, sort=False)
     pad = " " * indent
-    return "\n" + "\n".join(pad + line if line else line for line in text.rstrip("\n").split("\n"))
+    # Only the document's own final newline goes: more would belong to a `|+` block scalar.
+    return "\n" + "\n".join(pad + line if line else line for line in text.removesuffix("\n").split("\n"))
 
 
 def json_value(value: Any) -> str:
@@ -94,15 +141,11 @@ _DNS_MAX = 63
 
 
 def dns1035(name: str, max_len: int = _DNS_MAX) -> str:
-    """Documented rule: lowercase; runs of characters outside [a-z0-9] become '-'; a name that
-    does not start with a letter gets the prefix 'j-'; longer than `max_len` is cut and ends in
-    a 6-character hash of the full name so distinct long names stay distinct."""
+    """Documented rule: a valid DNS-1035 label of at most `max_len` characters is used as it is.
+    Any other name is lowercased, runs of characters outside [a-z0-9] become '-', a name that
+    does not start with a letter gets the prefix 'j-', and it is cut and ends in '-' and a
+    10-character hash of the whole name, so distinct names stay distinct (see spec.model.run_id)."""
     base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    if not base:
-        return ""
-    if not base[0].isalpha():
+    if base and not base[0].isalpha():
         base = "j-" + base
-    if len(base) > max_len:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:6]
-        base = base[: max_len - 7].rstrip("-") + "-" + digest
-    return base
+    return hashed_name(name, base, max_len, "-")

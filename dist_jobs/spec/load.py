@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.spec.limits import limit_problems
 from dist_jobs.spec.model import JobSpec, run_id
+from dist_jobs.spec.reserved import env_problems
 from dist_jobs.spec.slurm_time import parse_time
 from dist_jobs.spec.validate import convert
+from dist_jobs.spec.yaml_input import load_yaml, read_spec_file
 
 
 def load_spec(
@@ -37,36 +38,7 @@ def load_spec(
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(
-            [
-                Problem(
-                    str(path),
-                    MISSING,
-                    f"cannot read the file: {exc.strerror}",
-                    "check the path, or omit it to use flags only",
-                )
-            ],
-            str(path),
-        ) from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        raise SpecError(
-            [
-                Problem(
-                    str(path),
-                    MISSING,
-                    f"is not valid YAML ({where}): {getattr(exc, 'problem', exc)}",
-                    "fix the YAML syntax there",
-                )
-            ],
-            str(path),
-        ) from None
+    loaded = load_yaml(read_spec_file(path), str(path))
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -139,6 +111,8 @@ def cross_checks(spec: JobSpec) -> list[Problem]:
                 "use minutes (90), HH:MM:SS (04:00:00) or D-HH:MM:SS (1-00:00:00)",
             )
         )
+    problems += env_problems(spec.env)
+    problems += limit_problems(spec)
     problems += _k8s_checks(spec)
     return problems
 

@@ -7,30 +7,30 @@ constructing a class here directly checks nothing. No torch, no kubernetes here:
 is on `dist-jobs render`'s fast path.
 """
 
-from __future__ import annotations
-
+import hashlib
 import re
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct, field
 
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.spec.validate import END, checked
+from dist_jobs.spec.validate import END, Text, checked
 
-Text = Annotated[
+ShellLine = Annotated[
     str,
     checked(
-        r"^[^\x00]*" + END,
-        "contains a NUL character, which no shell or YAML value can carry",
-        "remove the NUL character",
+        r"^[^\x00\r\ud800-\udfff]*" + END,
+        "contains a NUL, a carriage return or bytes that are not UTF-8: the line is raw shell, and "
+        "sbatch refuses a script with CR LF",
+        "remove the carriage return (the file may have Windows line ends: dos2unix)",
     ),
 ]
 Line = Annotated[
     str,
     checked(
-        r"^[^\x00-\x1f\x7f]*" + END,
-        "contains a control character (newline, tab, ...); it lands on an #SBATCH line",
-        "put the value on one line without control characters",
+        r"^[^\x00-\x1f\x7f\ud800-\udfff]*" + END,
+        "contains a control character (newline, tab, ...) or bytes that are not UTF-8; it lands on an #SBATCH line",
+        "put the value on one line of UTF-8 text without control characters",
     ),
 ]
 EnvName = Annotated[
@@ -169,7 +169,7 @@ class JobSpec(_Section, frozen=True):
     memory: Annotated[Memory | None, doc("memory per node, e.g. 64G")] = None
     time: Annotated[Line | None, doc("time limit: minutes, HH:MM:SS or D-HH:MM:SS")] = None
     env: dict[EnvName, Text] = field(default_factory=dict)
-    setup: Annotated[list[Text], doc("raw shell lines run before launch (module load, venv activate)")] = field(
+    setup: Annotated[list[ShellLine], doc("raw shell lines run before launch (module load, venv activate)")] = field(
         default_factory=list
     )
     workdir: Annotated[Line | None, doc("working directory of the job")] = None
@@ -216,14 +216,32 @@ class JobSpec(_Section, frozen=True):
         return run_id(self.name)
 
 
-def run_id(name: str) -> str:
-    """The name as used for run folders and SLURM: [A-Za-z0-9._-], other runs collapsed to '-'.
+RUN_ID_MAX = 128  # SLURM job names and run folders; long enough to read, far below NAME_MAX
+_HASH_LEN = 10
+_HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_LEN}}}$")
 
-    Documented rule: it must be safe as a folder name (no '/', no leading dot) and on an
-    #SBATCH line, so it cannot be the raw name.
+
+def run_id(name: str) -> str:
+    """The name as used for run folders and SLURM job names, distinct for distinct names.
+
+    Documented rule: a name of [A-Za-z0-9._-] that starts and ends with a letter or digit and
+    has at most 128 characters is used as it is. Any other name becomes its [A-Za-z0-9._-] form
+    (other runs collapsed to '-'), cut, plus '-' and a 10-hex-digit hash of the whole name; so is
+    a name that already ends like such a hash, so a kept name never equals a hashed one. Two
+    names share a run folder only if they are equal (or their SHA-256 prefixes collide).
     """
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    return safe[:128]
+    return hashed_name(name, safe, RUN_ID_MAX, ".-")
+
+
+def hashed_name(name: str, safe: str, max_len: int, strip: str) -> str:
+    """`name` itself when it is already `safe` and short enough, else `safe` cut + '-' + hash of `name`."""
+    if not safe:
+        return ""
+    if safe == name and len(name) <= max_len and not _HASHED.search(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LEN]
+    return safe[: max_len - _HASH_LEN - 1].rstrip(strip) + "-" + digest
 
 
 def json_schema() -> dict[str, Any]:

@@ -5,24 +5,47 @@ turns it into argv (`to_argv`) for the default command; the entrypoint parses it
 (`from_argv`), so what the scheduler runs is readable in the rendered script.
 """
 
-from __future__ import annotations
-
 import argparse
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, structs
 
-from dist_jobs.spec.validate import convert, description, plain_type
+from dist_jobs.spec.validate import END, Text, checked, convert, description, plain_type
+
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+Importable = Annotated[
+    str,
+    checked(
+        rf"^{_DOTTED}(:{_DOTTED})?" + END,
+        "is not a name or a module:factory reference",
+        "write a name such as resnet18, or my_package.models:build",
+    ),
+]
+# One folder inside the checkpoint directory: no '/', no '..', no leading '.' or '-'; NAME_MAX long.
+RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}"
+RunName = Annotated[
+    str,
+    checked(
+        rf"^{RUN_NAME}" + END,
+        "is not one folder name: runs stay inside the checkpoint directory",
+        "use letters, digits, '.', '_' and '-' (no '/'), e.g. resnet50-lr0.1",
+    ),
+]
+SignalName = Annotated[
+    str, checked(r"^[A-Za-z0-9]+" + END, "is not a signal name", "one signal per item, e.g. SIGUSR1 or USR1")
+]
 
 
 class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     model: Annotated[
-        str, Meta(description="torchvision model name, gpt (the built-in language model), or module:factory")
+        Importable, Meta(description="torchvision model name, gpt (the built-in language model), or module:factory")
     ] = "resnet18"
     num_classes: Annotated[int, Meta(ge=2)] = 10
-    data: Annotated[str, Meta(description="fake | text | cifar10 | mnist | imagefolder | module:factory")] = "fake"
+    data: Annotated[Importable, Meta(description="fake | text | cifar10 | mnist | imagefolder | module:factory")] = (
+        "fake"
+    )
     data_root: Annotated[
-        str | None, Meta(description="local dataset root (no download unless asked); text: a UTF-8 file")
+        Text | None, Meta(description="local dataset root (no download unless asked); text: a UTF-8 file")
     ] = None
     download: bool = False
     image_size: Annotated[int, Meta(ge=8)] = 32
@@ -60,17 +83,19 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     text_chars: Annotated[int, Meta(ge=1000, description="text: size of the generated corpus")] = 200_000
     procs_per_device: Annotated[int, Meta(ge=1, description="processes sharing one GPU")] = 1
     device: Annotated[Literal["auto", "cuda", "cpu"], Meta(description="auto: cuda if available")] = "auto"
-    checkpoint_dir: Annotated[str | None, Meta(description="default: $DIST_JOBS_CHECKPOINT_DIR")] = None
-    run_name: Annotated[str | None, Meta(description="default: $DIST_JOBS_RUN")] = None
+    checkpoint_dir: Annotated[Text | None, Meta(description="default: $DIST_JOBS_CHECKPOINT_DIR")] = None
+    run_name: Annotated[RunName | None, Meta(description="default: $DIST_JOBS_RUN")] = None
     checkpoint_every_steps: Annotated[int, Meta(ge=1)] | None = None
     checkpoint_every_minutes: Annotated[float, Meta(gt=0)] | None = None
     keep_checkpoints: Annotated[int, Meta(ge=2)] = 3
     async_checkpoint: bool = False
-    preempt_signals: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+    preempt_signals: tuple[SignalName, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
     resume: bool = True
 
     def to_argv(self) -> list[str]:
-        """Flags for the fields that differ from their defaults, in declaration order."""
+        """Flags for the fields that differ from their defaults, in declaration order. A value
+        rides in its flag's word (`--data-root=-x`): argparse would take a separate word that
+        starts with '-' for a flag of its own and stop the job at start."""
         argv: list[str] = []
         defaults = TrainConfig()
         for name in self.__struct_fields__:
@@ -81,13 +106,13 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
             if isinstance(value, bool):
                 argv.append(flag if value else "--no-" + name.replace("_", "-"))
             elif isinstance(value, tuple):
-                argv += [flag, ",".join(value)]
+                argv.append(f"{flag}={','.join(value)}")
             elif value is not None:
-                argv += [flag, str(value)]
+                argv.append(f"{flag}={value}")
         return argv
 
     @classmethod
-    def from_argv(cls, argv: list[str]) -> TrainConfig:
+    def from_argv(cls, argv: list[str]) -> "TrainConfig":
         parser = argparse.ArgumentParser(prog="python -m dist_jobs.train")
         for field in structs.fields(cls):
             name = field.name

@@ -8,7 +8,6 @@ key and item by item, so that each problem is reported with its own path, given 
 
 from __future__ import annotations
 
-import difflib
 import re
 import types
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
@@ -30,6 +29,18 @@ def checked(pattern: str, message: str, hint: str) -> msgspec.Meta:
     """A string pattern whose failure reads as `message` with `hint`, not as the raw regex."""
     _PATTERNS[repr(pattern)] = (message, hint)  # msgspec's message shows the pattern's repr
     return msgspec.Meta(pattern=pattern)
+
+
+# Free text: anything but NUL, which no argv or environment value can carry, and bytes that are
+# not UTF-8 (a raw byte on the command line), which no YAML manifest can carry.
+Text = Annotated[
+    str,
+    checked(
+        r"^[^\x00\ud800-\udfff]*" + END,
+        "contains a NUL character or bytes that are not UTF-8, which no shell or YAML value can carry",
+        "remove the NUL character; give the text as UTF-8",
+    ),
+]
 
 
 def convert(cls: type[T], raw: Any, source: str) -> T:
@@ -73,6 +84,8 @@ def _check_struct(value: dict[Any, Any], cls: type[msgspec.Struct], path: tuple[
         if key in fields:
             problems += check(item, fields[key].type, (*path, key))
             continue
+        import difflib  # only an unknown key needs it: not on a valid spec's path
+
         close = difflib.get_close_matches(str(key), list(fields), n=1)
         hint = f"did you mean `{close[0]}`?" if close else f"known keys here: {', '.join(sorted(fields))}"
         problems.append(Problem(field_path((*path, key)), MISSING, "unknown key", hint))
@@ -100,9 +113,10 @@ _TYPES = {
     "array": ("must be a list", "give a YAML list"),
     "object": ("must be a mapping", "give a YAML mapping"),
 }
-_EXPECTED = re.compile(r"Expected `(\w+)(?: \| null)?`, got `\w+`")
-_BOUND = re.compile(r"Expected `(?:int|float)(?: \| null)?` (>=|<=|>|<) (\S+)")
-_PATTERN = re.compile(r"Expected `str(?: \| null)?` matching regex (.*)", re.S)
+# Patterns as text, compiled (and cached by `re`) on the first error: a valid spec never needs them.
+_EXPECTED = r"Expected `(\w+)(?: \| null)?`, got `\w+`"
+_BOUND = r"Expected `(?:int|float)(?: \| null)?` (>=|<=|>|<) (\S+)"
+_PATTERN = r"(?s)Expected `str(?: \| null)?` matching regex (.*)"
 _BOUND_TEXT = {
     ">=": ("is below the minimum {}", "raise it to at least {}"),
     "<=": ("is above the maximum {}", "lower it to at most {}"),
@@ -116,13 +130,13 @@ def _from_message(text: str, path: tuple[Any, ...], value: Any, tp: Any) -> Prob
     sub = where.removeprefix("key` in `").rstrip("`").removeprefix("$")
     where_path = ((field_path(path) if path else "") + sub).lstrip(".") or "(top level)"
     given = MISSING if message.startswith("Object missing") else _at(value, sub)
-    if m := _EXPECTED.fullmatch(message):
+    if m := re.fullmatch(_EXPECTED, message):
         return Problem(where_path, given, *_TYPES.get(m.group(1), (message, "")))
-    if m := _BOUND.fullmatch(message):
+    if m := re.fullmatch(_BOUND, message):
         what, fix = _BOUND_TEXT[m.group(1)]
         bound = m.group(2).removesuffix(".0")
         return Problem(where_path, given, what.format(bound), fix.format(bound))
-    if m := _PATTERN.fullmatch(message):
+    if m := re.fullmatch(_PATTERN, message):
         what, fix = _PATTERNS.get(m.group(1), (f"does not match {m.group(1)}", "follow the pattern shown"))
         return Problem(where_path, given, what, fix)
     if message.startswith("Invalid enum value"):

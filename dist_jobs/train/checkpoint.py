@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,14 +154,21 @@ class Checkpointer:
             self._closed = True
             self.wait()
 
-    def latest(self, agree: Agree | None = None) -> Loaded | None:
+    def latest(self, agree: Agree | None = None, accept: Callable[[Loaded], object] = lambda _: None) -> Loaded | None:
         """Newest complete checkpoint whose parts verify and load on every rank; bad newer ones
         are logged and skipped. Call it on every rank with `agree` (in a job of one rank, or to
         read a checkpoint outside a job, leave it out: this rank then decides alone).
 
+        `accept` checks the content (missing keys, say) and raises when it cannot be used.
         Usually one all_reduce: ckpt_read.newest_agreed says how the ranks fall back together.
         """
-        return newest_agreed(sorted(self._committed()), self._load, self._reject, agree)
+
+        def load(step: int) -> Loaded:
+            loaded = self._load(step)
+            accept(loaded)  # the caller's check of the content: raising makes this one unusable too
+            return loaded
+
+        return newest_agreed(sorted(self._committed()), load, self._reject, agree)
 
     def _reject(self, step: int, got: Loaded | Exception | None) -> None:
         """Every rank marks the same step bad (so all rewrite it); the rank that failed says why."""

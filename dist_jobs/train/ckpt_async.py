@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 import zlib
@@ -133,9 +134,16 @@ def write_atomic(final: Path, write: Callable[[IO[bytes]], object]) -> dict[str,
     return {"size": out.size, "crc32": f"{out.crc:08x}"}
 
 
+def regular(path: Path) -> Path:
+    """`path`, if it is a regular file: a FIFO or device in a checkpoint would block or never end a read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise CheckpointError(f"{path} is not a regular file", hint="a checkpoint holds only files dist-jobs wrote")
+    return path
+
+
 def digest(path: Path) -> dict[str, Any]:
     """Size and CRC32 of a file, as write_atomic reports them."""
-    with open(path, "rb") as f:
+    with open(regular(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         return {"size": size, "crc32": f"{crc32_file(f.fileno(), size):08x}"}
 

@@ -123,7 +123,10 @@ def _record(raw: bytes, rank: int) -> dict[str, Any]:
 def _legacy(marker: Mapping[str, Any], rank: int) -> Marker:
     files = marker["files"]
     world = int(marker["world_size"])
-    return Marker(int(marker["step"]), world, files[SHARED], files.get(f"rank-{rank}.pt") if rank < world else None)
+    mine = files.get(f"rank-{rank}.pt") if rank < world else None
+    if rank < world and mine is None:  # names in the marker never pick a file: they only vouch for one
+        raise ValueError(f"COMPLETE has no record of rank-{rank}.pt")
+    return Marker(int(marker["step"]), world, files[SHARED], mine)
 
 
 def load_verified(path: Path, want: Mapping[str, Any]) -> Any:

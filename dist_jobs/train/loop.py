@@ -151,10 +151,12 @@ def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer
     folder = checkpoint_folder(c)
     if folder is None:
         return None, None
+    keep, async_write = c.keep_checkpoints, c.async_checkpoint
+    # First: it creates the folder, or says why it cannot.
+    ckpt = Checkpointer(folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write)
     if dist.is_main:
         (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
-    keep, async_write = c.keep_checkpoints, c.async_checkpoint
-    return folder, Checkpointer(folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write)
+    return folder, ckpt
 
 
 def _train(run: Run) -> dict[str, float]:

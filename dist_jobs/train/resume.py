@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import UsageError
-from dist_jobs.spec.train import TrainConfig
+from dist_jobs.spec.train import RUN_NAME, TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
 from dist_jobs.train.distributed import max_over_ranks
@@ -42,7 +43,7 @@ def resume(run: Run) -> None:
     if run.ckpt is not None and not run.config.resume:
         refuse_old_checkpoints(run.ckpt.directory)
     agree = partial(max_over_ranks, group=run.dist.control)  # all ranks fall back together
-    loaded = run.ckpt.latest(agree) if run.ckpt is not None and run.config.resume else None
+    loaded = run.ckpt.latest(agree, accept=check_content) if run.ckpt is not None and run.config.resume else None
     if loaded is not None:
         _restore(run, loaded)
     if loaded is not None and loaded.rank_state is not None:
@@ -72,6 +73,39 @@ def shared_state(run: Run) -> dict[str, Any]:
         "metrics": dict(run.metrics),
         "user": {name: obj.state_dict() for name, obj in run.user_state.items()},
     }
+
+
+# What _restore and the RNG restore read, with the type each must have.
+_SHARED_TYPES = {
+    "model": dict,
+    "optimizer": dict,
+    "scheduler": dict,
+    "scaler": dict,
+    "epoch": int,
+    "step": int,
+    "samples_in_epoch": int,
+    "samples_seen": int,
+    "sampler_seed": int,
+    "world_size": int,
+    "global_batch": int,
+    "metrics": dict,
+}
+
+
+def check_content(loaded: Loaded) -> None:
+    """A CheckpointError when the checkpoint lacks what resuming reads, so that latest() falls
+    back to the previous one instead of the run failing half-way through restoring this one."""
+    s, mine = loaded.shared, loaded.rank_state
+    bad = [key for key, kind in _SHARED_TYPES.items() if not isinstance(s, dict) or not isinstance(s.get(key), kind)]
+    if not bad and "last_epoch" not in s["scheduler"]:
+        bad.append("scheduler.last_epoch")
+    if mine is not None and (not isinstance(mine, dict) or "rng" not in mine):
+        bad.append("rng (in this rank's file)")
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {loaded.path} lacks {', '.join(bad)} (or holds the wrong type there)",
+            hint="it was not written by this dist-jobs; the previous checkpoint is used if there is one",
+        )
 
 
 def _restore(run: Run, loaded: Loaded) -> None:
@@ -157,15 +191,37 @@ def refuse_old_checkpoints(folder: Path) -> None:
 
 
 def checkpoint_folder(config: TrainConfig, environ: Mapping[str, str] | None = None) -> Path | None:
-    """`<checkpoint_dir or $DIST_JOBS_CHECKPOINT_DIR>/<run_name or $DIST_JOBS_RUN or default>`."""
+    """`<checkpoint_dir or $DIST_JOBS_CHECKPOINT_DIR>/<run_name or $DIST_JOBS_RUN or default>`.
+
+    The root is taken as written (the batch script and the pod keep a trailing space or newline
+    too); an existing root that is not a folder, and a run name that would leave the root
+    (`../x`, `/abs`), are refused here: a TrainConfig built in Python or a hand-set
+    $DIST_JOBS_RUN never went through the spec's checks.
+    """
     env = os.environ if environ is None else environ
-    root = config.checkpoint_dir or env.get("DIST_JOBS_CHECKPOINT_DIR", "").strip()
-    return Path(root).expanduser() / run_name(config, env) if root else None
+    from_env = env.get("DIST_JOBS_CHECKPOINT_DIR", "")
+    root = config.checkpoint_dir or (from_env if from_env.strip() else "")
+    if not root:
+        return None
+    folder = Path(root).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(
+            f"checkpoint directory {str(folder)!r} exists and is not a folder",
+            hint="point --checkpoint-dir (checkpoint_dir in the job spec) at a folder, or remove that file",
+        )
+    return folder / run_name(config, env)
 
 
 def run_name(config: TrainConfig, environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
-    return config.run_name or env.get("DIST_JOBS_RUN", "").strip() or "default"
+    name = config.run_name or env.get("DIST_JOBS_RUN", "").strip() or "default"
+    if not re.fullmatch(RUN_NAME, name):
+        where = "--run-name" if config.run_name else "$DIST_JOBS_RUN"
+        raise UsageError(
+            f"{where}={name!r} is not one folder name: its checkpoints would land outside the checkpoint directory",
+            hint="use letters, digits, '.', '_' and '-' (no '/'), e.g. resnet50-lr0.1",
+        )
+    return name
 
 
 def seed_all(seed: int) -> None:

@@ -90,6 +90,24 @@ def test_real_allreduce_torchrun_mode(tmp_path) -> None:
     assert all(r["sum"] == 6.0 and r["source"] == "torchrun" for r in recs)
 
 
+def test_torchrun_mode_keeps_the_interpreter_and_its_flags(tmp_path) -> None:
+    """`-- python3 -u -c CODE` under torchrun runs exactly that (torchrun once got `-u -c CODE`)."""
+    code = "import os, sys; print('flags', sys.stdout.write_through, sys.flags.optimize, os.environ['RANK'])"
+    proc = _run(["--procs-per-node", "1", "--launcher", "torchrun", "--", "python3", "-u", "-O", "-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "flags True 1 0" in proc.stdout
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_bad_input(tmp_path) -> None:
+    (tmp_path / "ckfile").write_text("")
+    proc = _run(["--procs-per-node", "1", "--checkpoint-dir", "ckfile", "--", PYTHON, "-c", "pass"], tmp_path)
+    assert proc.returncode == 2 and "checkpoint_dir" in proc.stderr and "Traceback" not in proc.stderr
+    env = {**os.environ, "DIST_JOBS_ENV": "single"}
+    argv = [PYTHON, "-m", "dist_jobs.train", "--checkpoint-dir", "ckfile", "--max-steps", "1", "--fake-samples", "64"]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "not a folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_gpu_request_falls_back_to_cpu_with_notice(tmp_path) -> None:
     proc = _run(
         [

@@ -532,7 +532,7 @@ def test_unknown_partition_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "SLURM has no partition 'nosuch'" in proc.stderr and "sinfo" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not list((tmp_path / "runs").iterdir()), "a failed submit left a job directory"
+    assert not (tmp_path / "runs").exists(), "a failed submit left a job directory"
 
 
 def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from dist_jobs.backends.submitit_backend import executor_parameters, make_executor
 from dist_jobs.errors import UsageError
+from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from dist_jobs.train.task import SUBMITIT_SIGNAL, FunctionTask, TrainTask
 from support.paths import REPO, TESTS
@@ -40,7 +41,7 @@ SPEC: dict[str, Any] = {
 def test_parameters_for_slurm() -> None:
     params = executor_parameters(load_spec(data=SPEC), "slurm")
     assert params == {
-        "name": "notebook-run",
+        "name": run_id("notebook run"),  # notebook-run-<hash>: the name has a space
         "nodes": 2,
         "tasks_per_node": 4,
         "cpus_per_task": 3,
@@ -91,7 +92,7 @@ def test_slurm_executor_writes_what_the_spec_asks(tmp_path: Path, monkeypatch: p
         "#SBATCH --constraint=a100",
         "#SBATCH --exclusive",
         "#SBATCH --requeue",
-        "#SBATCH --job-name=notebook-run",
+        f"#SBATCH --job-name={run_id('notebook run')}",
         "#SBATCH --time=90",
         "#SBATCH --mem=64GB",
         f"#SBATCH --signal={SUBMITIT_SIGNAL[3:]}@150",

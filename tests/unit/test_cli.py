@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -68,7 +71,7 @@ def test_command_after_double_dash_replaces_default(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = yaml.safe_load(proc.stdout)
     cmd = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-    assert cmd[4:] == ["torchrun", "--nproc-per-node=4", "train.py", "--lr", "0.1"]
+    assert cmd[4:] == ["torchrun", "--nproc-per-node=4", "--no-python", "python", "train.py", "--lr", "0.1"]
 
 
 def test_output_file_and_stdout_identical(tmp_path) -> None:
@@ -87,7 +90,7 @@ def test_set_and_env_forms() -> None:
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--env", "NOEQUALS")
     assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--set", "train.epochs=5")
-    assert proc.returncode == 0 and "--epochs 5" in proc.stdout
+    assert proc.returncode == 0 and "--epochs=5" in proc.stdout
 
 
 def _subcommands() -> dict[str, object]:
@@ -108,3 +111,56 @@ def test_every_subcommands_help_works_and_every_flag_is_explained(verb: str) -> 
     parser = _subcommands()[verb]
     silent = [a.option_strings or [a.dest] for a in parser._actions if not a.help]  # type: ignore[attr-defined]
     assert not silent, f"`dist-jobs {verb}` has arguments without help: {silent}"
+
+
+def _render_to(target: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    return dj("render", "--backend", "slurm", "--procs-per-node", "1", "-o", target, cwd=cwd)
+
+
+def test_output_writes_through_a_symlink(tmp_path) -> None:
+    (tmp_path / "real.sbatch").write_text("old\n")
+    (tmp_path / "link.sbatch").symlink_to("real.sbatch")
+    assert _render_to(str(tmp_path / "link.sbatch")).returncode == 0
+    assert (tmp_path / "link.sbatch").is_symlink()  # once replaced by a regular file
+    assert (tmp_path / "real.sbatch").read_text().startswith("#!/bin/bash")
+
+
+def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True) as reader:
+        time.sleep(0.5)  # cat opens the FIFO for reading
+        assert _render_to(str(fifo)).returncode == 0
+        assert reader.communicate(timeout=30)[0].startswith("#!/bin/bash")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced by a file
+    proc = _render_to(str(fifo))  # no reader now: refused at once, not a hang
+    assert proc.returncode == 2 and "no process reads" in proc.stderr
+
+
+@pytest.mark.parametrize("target,words", [("nodir/x.sh", "create the folder"), (".", "give a file name")])
+def test_output_errors_are_clear(tmp_path, target: str, words: str) -> None:
+    proc = _render_to(target, cwd=tmp_path)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text", ["apiVersion: [\n", "clusters: 5\n", "- a\n"])
+def test_an_invalid_kubeconfig_is_a_message(tmp_path, text: str) -> None:
+    (tmp_path / "kubeconfig").write_text(text)
+    proc = dj("status", "--backend", "k8s", "--kubeconfig", str(tmp_path / "kubeconfig"), "job")
+    assert proc.returncode == 1 and "cannot load kubeconfig" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_env_refuses_a_rank_outside_its_world() -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "PET_"))},
+        "DIST_JOBS_ENV": "torchrun",
+        "RANK": "7",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+    }
+    proc = subprocess.run([PYTHON, "-m", "dist_jobs", "env"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 3 and "rank 7" in proc.stderr and "outside world size 4" in proc.stderr
+    assert "world_size        4" in proc.stdout  # what was resolved is still shown

@@ -102,6 +102,18 @@ def test_head_node_from_nodelist_and_derived_port(tmp_path) -> None:
     assert any(a.startswith("--output=") and a.endswith("-attempt0-rank%t.out") for a in srun["argv"])
 
 
+@pytest.mark.parametrize("ckpt", ["ck\n", "ck \n\n", "/abs/ck\n"])
+def test_checkpoint_dir_reaches_the_job_exactly(tmp_path, ckpt: str) -> None:
+    """A trailing newline once vanished in the script's $(...) while the pod and the trainer kept it."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    spec = load_spec(data={**SEED, "checkpoint_dir": ckpt if ckpt[0] != "/" else str(tmp_path) + ckpt})
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs)
+    assert proc.returncode == 0, proc.stderr
+    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    want = str(tmp_path / ckpt) if ckpt[0] != "/" else str(tmp_path) + ckpt
+    assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == want
+
+
 def test_requeue_on_requeue_exit_code(tmp_path) -> None:
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, rc=200)

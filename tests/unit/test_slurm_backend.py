@@ -20,12 +20,13 @@ import yaml
 from dist_jobs.backends.slurm import SlurmBackend, run_command
 from dist_jobs.backends.slurm_output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
 from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
 SPEC = {"name": "tiny job", "nodes": 2, "procs_per_node": 2, "time": "10"}
-RUN = "tiny-job"  # run_id of SPEC's name
+RUN = run_id(str(SPEC["name"]))  # "tiny-job-<hash>": the name has a space
 # `scancel --verbose 99999` (no such job) and `scancel --verbose 186` (ended 3 s before): exit 0 both.
 SCANCEL_UNKNOWN = (
     "scancel: Terminating job 99999\nscancel: error: Kill job error on job id 99999: Invalid job id specified\n"
@@ -179,7 +180,16 @@ def test_sbatch_errors_become_clear_backend_errors(tmp_path: Path, fixture_name:
         submit(tmp_path, runner)
     assert message in caught.value.message and "sbatch said:" in caught.value.message
     assert hint in (caught.value.hint or "")
-    assert not list((tmp_path / "runs").iterdir()), "a failed submit must not leave a job directory"
+    assert not (tmp_path / "runs").exists(), "a failed submit must not leave a job directory"
+
+
+def test_a_failed_submit_leaves_no_folders_it_made(tmp_path: Path) -> None:
+    (tmp_path / "logs-old").mkdir()
+    with pytest.raises(BackendError):
+        submit(tmp_path, FakeRunner(sbatch=(1, "", fixture("sbatch_err_no_controller.txt"))), log_dir="new/logs")
+    with pytest.raises(BackendError):
+        submit(tmp_path, FakeRunner(sbatch=(1, "", fixture("sbatch_err_no_controller.txt"))), log_dir="logs-old")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs-old"]  # no runs/, new/ or new/logs
 
 
 def test_gres_error_names_the_gpu_request(tmp_path: Path) -> None:
@@ -191,7 +201,7 @@ def test_gres_error_names_the_gpu_request(tmp_path: Path) -> None:
 def test_unparsable_sbatch_output_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="printed no job id"):
         submit(tmp_path, FakeRunner(sbatch=(0, "Submitted batch job 12\n", "")))
-    assert not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()
 
 
 def test_sbatch_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,7 +210,7 @@ def test_sbatch_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(BackendError, match=r"SLURM is not installed here: `sbatch` is not on PATH") as caught:
         slurm.submit(slurm.prepare(load_spec(data=SPEC)))
     assert "bash slurm/cluster/up.sh" in (caught.value.hint or "")
-    assert not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()
 
 
 def test_runner_timeout_names_the_command() -> None:
@@ -265,6 +275,23 @@ def test_status_of_an_unknown_job(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="SLURM knows no job 34") as caught:
         backend(tmp_path, runner).status("34")
     assert "sacct" in (caught.value.hint or "")
+
+
+def test_status_with_the_controller_unreachable_says_so(tmp_path: Path) -> None:
+    """It once answered "SLURM knows no job" (after squeue's retries and sacct's)."""
+    runner = FakeRunner(squeue=(1, "", fixture("squeue_err_no_controller.txt")))
+    with pytest.raises(BackendError, match="cannot reach the SLURM controller") as caught:
+        backend(tmp_path, runner).status("999999")
+    assert "scontrol ping" in (caught.value.hint or "") and runner.programs() == ["squeue"]
+
+
+def test_status_when_sacct_fails_is_not_an_unknown_job(tmp_path: Path) -> None:
+    runner = FakeRunner(
+        squeue=(1, "", fixture("squeue_err_unknown_job.txt")),
+        sacct=(1, "", "sacct: error: Problem talking to the database: Connection refused\n"),
+    )
+    with pytest.raises(BackendError, match="sacct failed: .*Connection refused"):
+        backend(tmp_path, runner).status("34")
 
 
 def test_status_while_squeue_knows_the_job_never_asks_sacct(tmp_path: Path) -> None:

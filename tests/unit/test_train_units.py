@@ -150,6 +150,23 @@ def test_checkpoint_folder_prefers_config_then_environment() -> None:
     assert checkpoint_folder(TrainConfig(), {}) is None
 
 
+@pytest.mark.parametrize("name", ["../x", "/abs", "..", "a/b", ".hidden"])
+def test_checkpoint_folder_never_leaves_the_root(name: str) -> None:
+    """A TrainConfig built in Python and a hand-set $DIST_JOBS_RUN skip the spec's checks."""
+    with pytest.raises(UsageError, match="one folder name"):
+        checkpoint_folder(TrainConfig(checkpoint_dir="/ck", run_name=name))
+    with pytest.raises(UsageError, match="DIST_JOBS_RUN"):
+        checkpoint_folder(TrainConfig(), {"DIST_JOBS_CHECKPOINT_DIR": "/ck", "DIST_JOBS_RUN": name})
+
+
+def test_checkpoint_folder_keeps_the_root_as_written_and_refuses_a_file(tmp_path: Path) -> None:
+    env = {"DIST_JOBS_CHECKPOINT_DIR": "/ck \n", "DIST_JOBS_RUN": "r"}
+    assert checkpoint_folder(TrainConfig(), env) == Path("/ck \n/r")  # as the batch script and pod have it
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="not a folder"):
+        checkpoint_folder(TrainConfig(checkpoint_dir=str(tmp_path / "file")), {})
+
+
 def test_torchvision_model_by_name_and_factories() -> None:
     net = models.build_model("resnet18", num_classes=7)
     assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 7)

@@ -96,3 +96,40 @@ def test_train_flags_round_trip_and_bad_flags_exit_2() -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     for flag in ("--epochs", "--amp", "--lr"):
         assert f"  - {flag}:" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "train,field,words",
+    [
+        ({"model": "-x"}, "train.model", "module:factory"),
+        ({"data": "fake\x00"}, "train.data", "module:factory"),
+        ({"data_root": "/d\x00"}, "train.data_root", "NUL"),
+        ({"checkpoint_dir": "/c\x00"}, "train.checkpoint_dir", "NUL"),
+        ({"preempt_signals": ["SIGUSR1,SIGTERM"]}, "train.preempt_signals[0]", "one signal per item"),
+        ({"run_name": "../../x"}, "train.run_name", "one folder name"),
+        ({"run_name": "/abs/x"}, "train.run_name", "one folder name"),
+        ({"run_name": ".."}, "train.run_name", "one folder name"),
+        ({"run_name": "-r"}, "train.run_name", "one folder name"),
+    ],
+)
+def test_train_strings_are_validated_like_the_rest(train: dict, field: str, words: str) -> None:
+    got = problems({"train": train})
+    assert list(got) == [field] and words in got[field], got
+
+
+def test_train_values_starting_with_a_dash_survive_the_flags() -> None:
+    """`--data-root -data` made argparse stop the job at start; the value now rides in its flag."""
+    config = TrainConfig(data_root="-data", checkpoint_dir="--ckpt", run_name="r-1", preempt_signals=("USR1", "TERM"))
+    assert "--data-root=-data" in config.to_argv()
+    assert TrainConfig.from_argv(config.to_argv()) == config
+
+
+def test_train_entrypoint_refuses_a_run_name_that_leaves_the_checkpoint_dir(tmp_path) -> None:
+    proc = subprocess.run(
+        [PYTHON, "-m", "dist_jobs.train", "--checkpoint-dir", str(tmp_path), "--run-name", "../escaped"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--run-name" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path.parent / "escaped").exists()

@@ -1,0 +1,106 @@
+"""Environment variable names a job spec's `env:` may not set, in one table with the reason and the fix.
+
+Three owners. bash: the batch script is bash, and bash evaluates an assignment to some of its
+own variables as arithmetic (`RANDOM=PWD[$(cmd)]` runs cmd) or keeps them read-only or
+recomputed, so the value would run code or never reach the job. dist-jobs: `job_env` sets
+these for every backend and the launch reads them back. torch: every launch mode sets the
+env:// variables per process. `DIST_JOBS_ENV` and `DIST_JOBS_RDZV_TIMEOUT` stay user knobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dist_jobs.errors import Problem
+
+# bash 5.x: assignments evaluated as arithmetic (code runs) or ignored, read-only or recomputed
+# (the value never reaches the job). tests/unit/test_reserved.py checks this against real bash.
+BASH_OWNED = frozenset(
+    {
+        "_",
+        "BASHOPTS",
+        "BASHPID",
+        "BASH_ALIASES",
+        "BASH_ARGC",
+        "BASH_ARGV",
+        "BASH_CMDS",
+        "BASH_COMMAND",
+        "BASH_LINENO",
+        "BASH_MONOSECONDS",
+        "BASH_SOURCE",
+        "BASH_SUBSHELL",
+        "BASH_TRAPSIG",
+        "BASH_VERSINFO",
+        "DIRSTACK",
+        "EPOCHREALTIME",
+        "EPOCHSECONDS",
+        "EUID",
+        "FUNCNAME",
+        "GROUPS",
+        "HISTCMD",
+        "LINENO",
+        "OPTIND",
+        "PIPESTATUS",
+        "PPID",
+        "RANDOM",
+        "SECONDS",
+        "SHELLOPTS",
+        "SHLVL",
+        "SRANDOM",
+        "UID",
+    }
+)
+# What `dist_jobs.spec.env.job_env` sets (tests/unit/test_reserved.py keeps the two in step).
+DIST_JOBS_OWNED = frozenset(
+    {
+        "DIST_JOBS_BACKEND",
+        "DIST_JOBS_RUN",
+        "DIST_JOBS_CHECKPOINT_DIR",
+        "DIST_JOBS_LOG_DIR",
+        "DIST_JOBS_NNODES",
+        "DIST_JOBS_NPROC_PER_NODE",
+        "DIST_JOBS_MAX_REQUEUES",
+    }
+)
+TORCH_OWNED = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR"}
+)
+_SPEC_FIELD = {
+    "DIST_JOBS_RUN": "name (or train.run_name)",
+    "DIST_JOBS_CHECKPOINT_DIR": "checkpoint_dir",
+    "DIST_JOBS_LOG_DIR": "log_dir",
+    "DIST_JOBS_NNODES": "nodes",
+    "DIST_JOBS_NPROC_PER_NODE": "procs_per_node",
+    "DIST_JOBS_MAX_REQUEUES": "preemption.max_requeues",
+    "MASTER_PORT": "master_port",
+}
+
+
+def reserved(name: str) -> tuple[str, str] | None:
+    """(why `name` cannot be set through `env:`, the fix), or None when it can."""
+    if name in BASH_OWNED:
+        return (
+            "is a variable bash itself owns: bash evaluates, ignores or recomputes an assignment to it, "
+            "so the value could run code or would never reach the job",
+            "rename the variable (e.g. MY_" + name.lstrip("_") + ")",
+        )
+    field = _SPEC_FIELD.get(name)
+    if name in DIST_JOBS_OWNED or name == "MASTER_PORT":
+        fix = f"set `{field}` in the job spec instead" if field else "drop it: dist-jobs sets it from the backend"
+        return "is set by dist-jobs for every process of the job", fix
+    if name in TORCH_OWNED:
+        return (
+            "is set per process by the launch (torch's env:// variables), so one value for all would be wrong",
+            "drop it: srun, torchrun or the operator set it for each rank",
+        )
+    return None
+
+
+def env_problems(env: Mapping[str, str]) -> list[Problem]:
+    """A problem for each reserved name in a spec's `env:`."""
+    problems = []
+    for name in env:
+        found = reserved(name)
+        if found is not None:
+            problems.append(Problem(f"env.{name} (the key)", name, *found))
+    return problems

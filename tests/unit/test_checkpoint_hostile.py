@@ -1,0 +1,97 @@
+"""Damaged checkpoints: a FIFO in a committed step and a checkpoint without the keys resuming reads
+both make latest() fall back to the previous checkpoint, at once, instead of hanging or failing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dist_jobs.train.checkpoint import Checkpointer, Loaded  # noqa: E402
+from dist_jobs.train.resume import check_content  # noqa: E402
+from dist_jobs.train.rng import rng_state  # noqa: E402
+
+
+def _state(step: int) -> dict:
+    """What dist_jobs.train.resume.shared_state writes, in miniature."""
+    return {
+        "model": {"w": torch.full((4,), float(step))},
+        "optimizer": {"state": {}, "param_groups": []},
+        "scheduler": {"last_epoch": step},
+        "scaler": {},
+        "epoch": 0,
+        "step": step,
+        "batches_in_epoch": step,
+        "samples_in_epoch": step * 8,
+        "samples_seen": step * 8,
+        "sampler_seed": 0,
+        "world_size": 1,
+        "global_batch": 8,
+        "config": {},
+        "version": "x",
+        "metrics": {},
+    }
+
+
+def _latest_within(ckpt: Checkpointer, seconds: float = 20) -> Loaded | None:
+    """latest() on a thread, so that a hang fails the test instead of the suite."""
+    found: list[Loaded | None] = []
+    worker = threading.Thread(target=lambda: found.append(ckpt.latest(accept=check_content)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), "latest() hangs on the damaged checkpoint"
+    return found[0]
+
+
+def _two_steps(tmp_path: Path, second: dict) -> Checkpointer:
+    ckpt = Checkpointer(tmp_path / "run", rank=0, world_size=1)
+    ckpt.save(4, _state(4), {"rng": rng_state(), "rank": 0})
+    ckpt.save(8, second, {"rng": rng_state(), "rank": 0})
+    return ckpt
+
+
+def test_fifo_as_shared_pt_falls_back_without_hanging(tmp_path: Path) -> None:
+    ckpt = _two_steps(tmp_path, _state(8))
+    shared = tmp_path / "run" / "step-8" / "shared.pt"
+    shared.unlink()
+    os.mkfifo(shared)
+    loaded = _latest_within(ckpt)
+    assert loaded is not None and loaded.step == 4
+
+
+def test_a_device_named_in_complete_is_not_read(tmp_path: Path) -> None:
+    ckpt = _two_steps(tmp_path, _state(8))
+    step = tmp_path / "run" / "step-8"
+    # A marker in the older all-JSON format that names a device instead of rank-0.pt: file names
+    # are fixed, never taken from the marker, so nothing reads /dev/zero and the step is unusable.
+    head = json.loads((step / "COMPLETE").read_text().splitlines()[0])
+    record = {"size": 1 << 40, "crc32": "00000000"}
+    legacy = {
+        "step": 8,
+        "world_size": 1,
+        "files": {"shared.pt": head["files"]["shared.pt"], "../../../../../../../../dev/zero": record},
+    }
+    (step / "COMPLETE").write_text(json.dumps(legacy, indent=1))
+    loaded = _latest_within(ckpt)
+    assert loaded is not None and loaded.step == 4
+
+
+@pytest.mark.parametrize("missing", ["sampler_seed", "scheduler", "metrics"])
+def test_missing_keys_fall_back_to_the_previous_checkpoint(tmp_path: Path, missing: str) -> None:
+    state = _state(8)
+    del state[missing]
+    loaded = _latest_within(_two_steps(tmp_path, state))
+    assert loaded is not None and loaded.step == 4
+
+
+def test_a_complete_checkpoint_is_accepted(tmp_path: Path) -> None:
+    loaded = _latest_within(_two_steps(tmp_path, _state(8)))
+    assert loaded is not None and loaded.step == 8
+    shutil.rmtree(tmp_path / "run" / "step-4")
+    assert _latest_within(Checkpointer(tmp_path / "run", rank=0, world_size=1)).step == 8  # type: ignore[union-attr]
