@@ -224,7 +224,7 @@ _HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_LEN}}}$")
 def run_id(name: str) -> str:
     """The name as used for run folders and SLURM job names, distinct for distinct names.
 
-    Documented rule: a name of [A-Za-z0-9._-] that starts and ends with a letter or digit and
+    Documented rule: a name of [A-Za-z0-9._-] that neither starts nor ends with '-' or '.' and
     has at most 128 characters is used as it is. Any other name becomes its [A-Za-z0-9._-] form
     (other runs collapsed to '-'), cut, plus '-' and a 10-hex-digit hash of the whole name; so is
     a name that already ends like such a hash, so a kept name never equals a hashed one. Two
