@@ -8,11 +8,8 @@ and runs `sbatch --parsable` on those same bytes. Output parsing lives in the pu
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,10 +28,11 @@ from dist_jobs.backends.slurm_output import (
 from dist_jobs.backends.slurm_sbatch import (
     CONTROLLER_HINT,
     CONTROLLER_UNREACHABLE,
+    job_python_export,
     parse_sbatch_job_id,
     sbatch_error,
 )
-from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.errors import BackendError
 
 # Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer):
 # status, list, cancel and logs pay only for what they use.
@@ -55,26 +53,6 @@ def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedP
             f"`{' '.join(argv)}` did not answer within {timeout:.0f} s",
             "is slurmctld up? try `sinfo` or `scontrol ping`",
         ) from None
-
-
-def job_python_export(spec: JobSpec) -> list[str]:
-    """`--export=ALL,DIST_JOBS_PYTHON=...`: the interpreter running this submit is the job's python.
-
-    It has dist-jobs by definition, so a job submitted from a shell without the venv active
-    still finds it (the script falls back to python3 on PATH without it). A spec that names its
-    `python`, or one set in the environment, wins. Raises when the built-in trainer would start
-    in a python without torch: it would fail in its first second on every node.
-    """
-    chosen = os.environ.get("DIST_JOBS_PYTHON") or sys.executable
-    if spec.command is None and not spec.python and importlib.util.find_spec("torch") is None:
-        if chosen == sys.executable:
-            raise UsageError(
-                f"the job's python ({chosen}) has no torch, which the built-in trainer needs",
-                "pip install 'dist-jobs[train]' into it, or set python: in the job spec to one that has torch",
-            )
-    if spec.python or "," in chosen:  # sbatch splits --export at commas
-        return []
-    return [f"--export=ALL,DIST_JOBS_PYTHON={chosen}"]
 
 
 class SlurmBackend:

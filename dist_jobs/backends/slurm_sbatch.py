@@ -5,11 +5,18 @@ captured from a real cluster (tests/fixtures/slurm/, see its INDEX.md).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from dist_jobs.errors import BackendError
+from dist_jobs.errors import BackendError, UsageError
+
+if TYPE_CHECKING:
+    from dist_jobs.spec import JobSpec
 
 
 def parse_sbatch_job_id(stdout: str) -> str:
@@ -149,3 +156,23 @@ def sbatch_error(stderr: str, returncode: int, *, cluster_nodes: int | None = No
 def _said(lines: list[str]) -> str:
     """sbatch's own words, without the repeated `sbatch: error:` prefixes."""
     return " / ".join(re.sub(r"^sbatch: (error: )?", "", line) for line in lines)
+
+
+def job_python_export(spec: JobSpec) -> list[str]:
+    """`--export=ALL,DIST_JOBS_PYTHON=...`: the interpreter running this submit is the job's python.
+
+    It has dist-jobs by definition, so a job submitted from a shell without the venv active
+    still finds it (the script falls back to python3 on PATH without it). A spec that names its
+    `python`, or one set in the environment, wins. Raises when the built-in trainer would start
+    in a python without torch: it would fail in its first second on every node.
+    """
+    chosen = os.environ.get("DIST_JOBS_PYTHON") or sys.executable
+    if spec.command is None and not spec.python and importlib.util.find_spec("torch") is None:
+        if chosen == sys.executable:
+            raise UsageError(
+                f"the job's python ({chosen}) has no torch, which the built-in trainer needs",
+                "pip install 'dist-jobs[train]' into it, or set python: in the job spec to one that has torch",
+            )
+    if spec.python or "," in chosen:  # sbatch splits --export at commas
+        return []
+    return [f"--export=ALL,DIST_JOBS_PYTHON={chosen}"]

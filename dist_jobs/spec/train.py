@@ -121,7 +121,21 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
                 parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction)
             else:
                 parser.add_argument(flag, dest=name, help=description(field.type))
-        parsed = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+        # `--flag=value` (what to_argv writes) is read here, not by argparse, which drops a value
+        # of `--` (its end-of-options marker) and would hand the field an empty list.
+        valued = {
+            "--" + f.name.replace("_", "-"): f.name for f in structs.fields(cls) if plain_type(f.type) is not bool
+        }
+        explicit: dict[str, str] = {}
+        rest = []
+        for arg in argv:
+            flag, sep, value = arg.partition("=")
+            if sep and flag in valued:
+                explicit[valued[flag]] = value
+            else:
+                rest.append(arg)
+        parsed = {k: v for k, v in vars(parser.parse_args(rest)).items() if v is not None}
+        parsed.update(explicit)
         if "preempt_signals" in parsed:
             parsed["preempt_signals"] = tuple(s for s in parsed["preempt_signals"].split(",") if s)
         return convert(cls, parsed, "training flags")

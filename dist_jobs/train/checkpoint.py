@@ -3,17 +3,15 @@
 Write protocol (each file: temporary name, flush, fsync, rename; directories fsynced after renames):
 every rank writes `rank-<r>.pt` into `.step-<N>.partial/`, rank 0 also `shared.pt`; rank 0 polls
 until every rank's file exists (no collective, so it also works from a background thread), writes
-`COMPLETE` (sizes + CRC32 of every file) last, renames the folder to `step-<N>`, replaces the
-`latest` pointer, and only then prunes old checkpoints and stale partial folders. A crash at any
-point leaves the previous complete checkpoint as the newest one that counts.
+`COMPLETE` (sizes + CRC32 of every file) last, renames the folder to `step-<N>`, replaces `latest`,
+then prunes. A crash at any point leaves the previous complete checkpoint as the newest that counts.
 
 Resuming: each rank verifies only the files it loads (`shared.pt` and its own), and the ranks
 agree with one all_reduce per checkpoint tried whether all of them could, so a bad part on any
 rank makes every rank fall back to the same older checkpoint. A rank opens a constant number of
-files, whatever the world size (ckpt_read has the marker format that makes this possible).
+files, whatever the world size (ckpt_read's marker format).
 
-Loading uses `torch.load(weights_only=True)` only (unpickling arbitrary objects runs code), so
-save() refuses anything else up front instead of failing at resume time.
+Loads use `torch.load(weights_only=True)` only (unpickling runs code): save() refuses the rest.
 """
 
 from __future__ import annotations
