@@ -7,3 +7,9 @@ VERSION = "0.1.0"
 # above 128+64, so it cannot be mistaken for death by a signal. The sbatch script, the pod
 # entrypoint and the local launcher all read it from here.
 REQUEUE_EXIT_CODE = 200
+
+# Exit code of a pod entrypoint or batch script that refuses to start again: the run has been
+# restarted preemption.max_requeues times (dist_jobs.rundir.attempts). In 1-127, so neither
+# Kubernetes' restartPolicy ExitCode nor the batch script retries it; distinct from 1 (a bug),
+# 2 (bad flags) and 3 (an inconsistent launch).
+REQUEUE_LIMIT_EXIT_CODE = 5

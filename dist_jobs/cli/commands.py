@@ -18,7 +18,7 @@ from dist_jobs.cli.flags import overrides_from
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
-    return api.load_spec(args.spec, overrides_from(args, command))
+    return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend)
 
 
 def _backend(args: argparse.Namespace) -> Any:

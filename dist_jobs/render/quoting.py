@@ -6,7 +6,6 @@ tests/unit/test_quoting_props.py proves the round trips with hypothesis.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -90,19 +89,8 @@ def json_value(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-_DNS_MAX = 63
-
-
-def dns1035(name: str, max_len: int = _DNS_MAX) -> str:
-    """Documented rule: lowercase; runs of characters outside [a-z0-9] become '-'; a name that
-    does not start with a letter gets the prefix 'j-'; longer than `max_len` is cut and ends in
-    a 6-character hash of the full name so distinct long names stay distinct."""
-    base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    if not base:
-        return ""
-    if not base[0].isalpha():
-        base = "j-" + base
-    if len(base) > max_len:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:6]
-        base = base[: max_len - 7].rstrip("-") + "-" + digest
-    return base
+def kubelet_literal(value: str) -> str:
+    """A container env value, command or arg that reaches the process exactly as `value`: the
+    kubelet turns `$(NAME)` into NAME's value and `$$` into `$` (Kubernetes'
+    third_party/forked/golang/expansion/expand.go), so every `$` is written `$$`."""
+    return value.replace("$", "$$")
