@@ -10,6 +10,7 @@ Master, as in elastic jobs, Worker i = i).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import uuid
 from collections.abc import Iterator
@@ -158,7 +159,7 @@ class K8sBackend:
             text = self.client.text(path, query)
         yield from text.splitlines()
 
-    def _pods(self, job: str, selector: str) -> list[dict[str, Any]]:
+    def _pods(self, job: str, selector: str) -> builtins.list[dict[str, Any]]:
         path = f"/api/v1/namespaces/{self._ns()}/pods"
         return self._call(f"list pods of {job}", "GET", path, query={"labelSelector": selector}).get("items") or []
 
@@ -172,7 +173,9 @@ class K8sBackend:
         if not pods:
             raise self._no_pod(job, rank)
         # a restarted pod can briefly coexist with its terminating predecessor: take the live, newest one
-        pod = max(pods, key=lambda p: ("deletionTimestamp" not in p["metadata"], p["metadata"].get("creationTimestamp")))
+        pod = max(
+            pods, key=lambda p: ("deletionTimestamp" not in p["metadata"], p["metadata"].get("creationTimestamp"))
+        )
         container = _container(pod, CONTAINER[self.kind])
         waiting = _waiting(pod, container)
         if waiting is not None:  # the apiserver answers 200 with no text for a pod not yet running

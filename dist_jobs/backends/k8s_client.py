@@ -34,7 +34,14 @@ from urllib.parse import urlencode
 CONNECT_S = 5.0
 READ_S = 10.0
 TIMEOUT = (CONNECT_S, READ_S)
-_FAST_USER_KEYS = {"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key", "client-key-data"}
+_FAST_USER_KEYS = {
+    "token",
+    "tokenFile",
+    "client-certificate",
+    "client-certificate-data",
+    "client-key",
+    "client-key-data",
+}
 _FAST_CLUSTER_KEYS = {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify"}
 _FAST_CLUSTER_KEYS |= {"tls-server-name"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.constants import REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
 from dist_jobs.render.common import header_lines, torchrun_tail
 from dist_jobs.render.quoting import sbatch_value, slurm_filename
 from dist_jobs.spec import JobSpec
@@ -102,4 +102,5 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "forward_signal": spec.preemption.signal if spec.launcher == "srun" else "TERM",
         "warning_signal": _BATCH_WARNING,
         "requeue_code": REQUEUE_EXIT_CODE,
+        "limit_code": REQUEUE_LIMIT_EXIT_CODE,
     }

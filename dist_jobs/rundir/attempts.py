@@ -78,7 +78,10 @@ class Attempts:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         with open(self.path, "a", encoding="utf-8") as fh:  # O_APPEND: one short line, one write
             fh.write(f"{stamp} pid {os.getpid()}\n")
-        return True, f"dist-jobs: {self.member} start {done + 1} of at most {allowed} (max_requeues {self.max_requeues})"
+        return (
+            True,
+            f"dist-jobs: {self.member} start {done + 1} of at most {allowed} (max_requeues {self.max_requeues})",
+        )
 
     def done(self) -> None:
         self.path.unlink(missing_ok=True)

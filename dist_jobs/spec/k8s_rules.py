@@ -251,6 +251,8 @@ def _trainjob(spec: JobSpec) -> list[Problem]:
     for field, (value, fix) in unsupported.items():
         if value is not None:
             found.append(
-                Problem(field, value, "cannot be carried by a TrainJob (Trainer v2.3 runtimePatches)", fix + ", or drop it")
+                Problem(
+                    field, value, "cannot be carried by a TrainJob (Trainer v2.3 runtimePatches)", fix + ", or drop it"
+                )
             )
     return found

@@ -60,7 +60,9 @@ def field_ref(path: str, pod: Mapping[str, Any]) -> str:
         return str(meta.get(path.split(".")[1], ""))
     match = _SUBSCRIPTED.fullmatch(path)
     if match is None:
-        raise NotImplementedError(f"fieldRef {path!r}: only metadata name, namespace, labels and annotations are played")
+        raise NotImplementedError(
+            f"fieldRef {path!r}: only metadata name, namespace, labels and annotations are played"
+        )
     return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
 
 

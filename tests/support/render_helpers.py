@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from support.paths import venv_bin
+from support.paths import REPO, venv_bin
 
 STUB = """#!{python}
 import json, os, sys
@@ -42,6 +42,7 @@ def run_script(
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NODELIST": "gpu[007-008]",
         "SLURM_NNODES": "2",
+        "PYTHONPATH": str(REPO),  # the job's python3 imports the checkout under test (nodelist, attempts)
         **(extra_env or {}),
     }
     proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)

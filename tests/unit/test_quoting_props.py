@@ -1,7 +1,9 @@
 """Property tests: arbitrary text in names, env values, arguments and paths survives rendering.
 
 The sbatch script must pass `bash -n`, and running it with stub srun/torchrun must hand them the
-exact argv and environment values; `yaml.safe_load` of the manifest must give the exact values.
+exact argv and environment values; the manifest, read with `yaml.safe_load` and put through the
+kubelet's `$(VAR)`/`$$` expansion (support.kubelet, as the operator harness starts pods), must
+give the process the exact values.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dist_jobs.render import render
-from dist_jobs.render.quoting import dns1035, sh, yaml_value
+from dist_jobs.render.quoting import kubelet_literal, sh, yaml_value
 from dist_jobs.spec import run_id
+from dist_jobs.spec.k8s_names import dns1035
 from dist_jobs.spec.load import load_spec
+from support import kubelet
+from support.operator_harness import pods
 from support.render_helpers import make_stubs, run_script
 
 # Any text a user could type or paste, minus NUL (no argv or env value can carry it).
@@ -77,6 +82,11 @@ env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True).filter(
         )
     )
 )
+# Kubernetes' own syntax for label keys and values (anything else is refused at spec time).
+label_keys = st.from_regex(
+    r"([a-z0-9]([a-z0-9.-]{0,6}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?", fullmatch=True
+).filter(lambda k: k not in ("dist-jobs/run", "app.kubernetes.io/managed-by", "dist-jobs/submission"))
+label_values = st.from_regex(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
 names = text.filter(lambda s: bool(run_id(s)) and bool(dns1035(run_id(s))))
 PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -151,10 +161,10 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
     args=st.lists(text, max_size=4),
     ckpt=text.filter(bool),
     workdir=one_line,
-    labels=st.dictionaries(one_line, one_line, max_size=2),
-    annotations=st.dictionaries(one_line, text, max_size=2),
+    labels=st.dictionaries(label_keys, label_values, max_size=2),
+    annotations=st.dictionaries(label_keys.map(str.lower), text, max_size=2),
 )
-def test_manifest_yaml_round_trip(
+def test_manifest_round_trip_through_yaml_and_the_kubelet(
     name: str, env: dict, args: list, ckpt: str, workdir: str, labels: dict, annotations: dict
 ) -> None:
     spec = load_spec(
@@ -166,7 +176,7 @@ def test_manifest_yaml_round_trip(
             "env": env,
             "command": ["python3", "t.py", *args],
             "checkpoint_dir": "/" + ckpt,
-            "workdir": workdir,
+            "workdir": "/" + workdir,
             "k8s": {"labels": labels, "annotations": annotations, "launch": "direct"},
         }
     )
@@ -174,14 +184,67 @@ def test_manifest_yaml_round_trip(
     assert doc["metadata"]["name"] == dns1035(run_id(name), 63 - len("-worker-2"))
     for rtype in ("Master", "Worker"):
         tmpl = doc["spec"]["pytorchReplicaSpecs"][rtype]["template"]
-        container = tmpl["spec"]["containers"][0]
-        assert container["command"][4:] == ["python3", "t.py", *args]
-        got_env = {e["name"]: e["value"] for e in container["env"]}
-        assert {k: got_env[k] for k in env} == env
-        assert got_env["DIST_JOBS_CHECKPOINT_DIR"] == "/" + ckpt
-        assert container["workingDir"] == workdir
+        assert tmpl["spec"]["containers"][0]["workingDir"] == "/" + workdir
         assert {k: tmpl["metadata"]["labels"][k] for k in labels} == labels
         assert tmpl["metadata"].get("annotations", {}) == annotations
+    for pod in pods(doc):  # what each process gets once the kubelet has expanded $(VAR) and $$
+        assert pod.command[4:] == ["python3", "t.py", *args]
+        assert {k: pod.env[k] for k in env} == env
+        assert pod.env["DIST_JOBS_CHECKPOINT_DIR"] == "/" + ckpt
+
+
+def test_values_the_kubelet_would_rewrite_arrive_as_written() -> None:
+    """The issue's examples: unescaped, `cost $$5` arrives as `cost $5` and `$(DIST_JOBS_RUN)` as the run."""
+    spec = load_spec(
+        data={
+            "name": "dollars",
+            "procs_per_node": 1,
+            "image": "img:1",
+            "env": {"A": "cost $$5", "B": "$(A) and $(NOPE) and $", "C": "$(DIST_JOBS_RUN)"},
+            "command": ["python3", "t.py", "--x=$(DIST_JOBS_RUN)", "$$", "$(", "é$é"],
+            "k8s": {"launch": "direct"},
+        },
+        backend="k8s",
+    )
+    doc = yaml.safe_load(render(spec, "k8s"))
+    container = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    raw = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert kubelet.expand("cost $$5", {}) == "cost $5"  # what the unescaped value would have become
+    assert kubelet.expand("--x=$(DIST_JOBS_RUN)", {"DIST_JOBS_RUN": "dollars"}) == "--x=dollars"
+    assert raw["A"] == "cost $$$$5" and container["command"][-4] == "--x=$$(DIST_JOBS_RUN)"
+    (pod,) = pods(doc)
+    assert {k: pod.env[k] for k in "ABC"} == spec.env
+    assert pod.command[-4:] == ["--x=$(DIST_JOBS_RUN)", "$$", "$(", "é$é"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=text)
+def test_kubelet_literal_round_trip(value: str) -> None:
+    mapping = {"A": "x", "DIST_JOBS_RUN": "run", "": "empty"}
+    assert kubelet.expand(kubelet_literal(value), mapping) == value
+
+
+def test_kubelet_expansion_rules() -> None:
+    """support.kubelet against the cases of Kubernetes' expand_test.go that matter here."""
+    env = {"VAR_A": "A", "VAR_B": "B", "VAR_EMPTY": ""}
+    cases = {
+        "$(VAR_A)": "A",
+        "___$(VAR_B)___": "___B___",
+        "$(VAR_A)-$(VAR_B)": "A-B",
+        "$(VAR_EMPTY)": "",
+        "$(UNKNOWN)": "$(UNKNOWN)",
+        "$$(VAR_A)": "$(VAR_A)",
+        "$$$(VAR_A)": "$A",
+        "$$": "$",
+        "$$$$": "$$",
+        "$": "$",
+        "foo$": "foo$",
+        "$(VAR_A": "$(VAR_A",
+        "$VAR_A": "$VAR_A",
+        "$()": "$()",
+        "f$(VAR_A)$(VAR_B": "fA$(VAR_B",
+    }
+    assert {given: kubelet.expand(given, env) for given in cases} == cases
 
 
 def test_dns1035_rule() -> None:
