@@ -64,7 +64,11 @@ def _check(field: str, values: Iterable[str], rule: Callable[[str], str], fix: s
 def _job(spec: JobSpec) -> list[Problem]:
     found = []
     if not spec.image:
-        found.append(Problem("image", MISSING, "is required for Kubernetes", "set image: registry/project/train:tag"))
+        found.append(
+            Problem(
+                "image", MISSING, "is required for Kubernetes", "set image: registry/project/train:tag (or --image)"
+            )
+        )
     else:
         found += _check("image", [spec.image], names.image_reference, "write it like registry.example/team/train:1.0")
     if spec.k8s.launch == "direct" and spec.procs > 1:

@@ -230,7 +230,7 @@ def test_a_timed_out_create_says_the_job_may_exist(silent_url: str, monkeypatch:
     backend = _backend(f"http://{silent_url}")
     err = _error(backend.submit, _prepared(backend))
     assert err.message.startswith(f"create PyTorchJob {NS}/{JOB}: the Kubernetes apiserver at http://{silent_url}")
-    assert err.hint and "may have been created" in err.hint and f"dist-jobs status --backend k8s" in err.hint
+    assert err.hint and "may have been created" in err.hint and "dist-jobs status --backend k8s" in err.hint
 
 
 def test_an_untrusted_certificate_is_named_as_such(tmp_path: Any) -> None:

@@ -143,7 +143,8 @@ def test_trainjob_carries_the_pod_settings_through_runtime_patches() -> None:
     settings = {k: v for k, v in want["spec"].items() if k != "containers"}
     assert {k: v for k, v in pod["spec"].items() if k != "containers"} == settings
     assert settings["terminationGracePeriodSeconds"] == 600 and settings["serviceAccountName"] == "trainer"
-    assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": want["spec"]["containers"][0]["volumeMounts"]}]
+    mounts = want["spec"]["containers"][0]["volumeMounts"]
+    assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": mounts}]
 
 
 def test_validator_catches_a_broken_manifest() -> None:
