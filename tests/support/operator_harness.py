@@ -266,6 +266,14 @@ class PodNetwork:
             shutil.rmtree(Path("/etc/netns") / ns.name, ignore_errors=True)
         _ip("link", "del", BRIDGE, check=False)
 
+    def kill_all(self, pod: str) -> None:
+        pids = subprocess.run(["ip", "netns", "pids", self.namespace(pod)], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def argv(self, pod: str, command: list[str]) -> list[str]:
         # The pod's hostname is its name, as the kubelet sets it; gloo binds to what it resolves to.
         return [
@@ -357,8 +365,9 @@ class Operator:
         os.kill(self.current(pod).process.pid, signal.SIGTERM)
 
     def kill(self, pod: str) -> None:
-        """What an OOM kill or a node loss does: every process of the pod dies at once, no warning."""
-        os.killpg(self.current(pod).process.pid, signal.SIGKILL)
+        """What a node loss (or a container-wide OOM kill) does: every process of the pod dies at
+        once, without warning, torchrun's workers too, which run in sessions of their own."""
+        self.network.kill_all(pod)
 
     def restarts(self) -> int:
         return len(self.attempts) - len(self.pods)
