@@ -28,6 +28,7 @@ def _backend(args: argparse.Namespace) -> Any:
             "namespace": getattr(args, "k8s_namespace", None),
             "context": args.k8s_context,
             "kubeconfig": args.k8s_kubeconfig,
+            **({"kind": args.k8s_kind} if getattr(args, "k8s_kind", None) else {}),
         }
     elif args.backend == "slurm" and getattr(args, "jobs_dir", None):
         options = {"jobs_dir": Path(args.jobs_dir)}

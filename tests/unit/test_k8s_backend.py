@@ -210,6 +210,7 @@ def silent_url() -> Iterator[str]:
         yield f"127.0.0.1:{silent.getsockname()[1]}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_hung_apiserver_gives_a_clear_error_within_15_seconds(silent_url: str) -> None:
     """A GET is retried by urllib3 by default (4 tries, the client sets no read timeout): here one
