@@ -157,9 +157,9 @@ def _pending_pod(core: Any, name: str, labels: dict[str, str], annotations: dict
     except ApiException as exc:
         assert exc.status == 409, exc.body
     meta = {"name": name, "labels": labels, "annotations": annotations}
-    core.create_namespaced_pod(
-        "default", {"metadata": meta, "spec": {"containers": [{"name": container, "image": "i:1"}]}}
-    )
+    # no token controller runs here: a pod that mounted the account's token would wait for one forever
+    spec = {"automountServiceAccountToken": False, "containers": [{"name": container, "image": "i:1"}]}
+    core.create_namespaced_pod("default", {"metadata": meta, "spec": spec})
 
 
 def test_empty_strings_are_legal_values(kubeconfig: Path, tmp_path: Path) -> None:
@@ -189,6 +189,13 @@ def test_trainjob_submit_status_logs_cancel(kubeconfig: Path) -> None:
     common = ["--backend", "k8s", str(REPO / "k8s/examples/trainjob.yaml"), "--name", name, "--namespace", "default"]
     sub = dj(kubeconfig, "submit", *common)
     assert (sub.returncode, sub.stdout.strip()) == (0, name), sub.stderr
+    try:
+        _trainjob_verbs(kubeconfig, name)
+    finally:
+        _forget(name)
+
+
+def _trainjob_verbs(kubeconfig: Path, name: str) -> None:
     ns = ["--namespace", "default"]
     status = dj(kubeconfig, "status", "--backend", "k8s", name, *ns)
     assert status.returncode == 1 and "not found" in status.stderr  # a PyTorchJob unless --kind says otherwise
@@ -199,8 +206,7 @@ def test_trainjob_submit_status_logs_cancel(kubeconfig: Path) -> None:
     assert name in listed.stdout.split(), listed.stderr
     from dist_jobs.backends.k8s import K8sBackend
 
-    backend = K8sBackend(namespace="default", kubeconfig=str(kubeconfig), kind="TrainJob")
-    stored = backend._get(name)
+    stored = K8sBackend(namespace="default", kubeconfig=str(kubeconfig), kind="TrainJob")._get(name)
     (patch,) = stored["spec"]["runtimePatches"]  # the CRD keeps every setting dist-jobs carries there
     pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     assert pod["spec"]["volumes"][1]["persistentVolumeClaim"] == {"claimName": "shared-checkpoints"}
@@ -217,12 +223,21 @@ def test_trainjob_submit_status_logs_cancel(kubeconfig: Path) -> None:
         core.delete_namespaced_pod(f"{name}-node-0-0-abcde", "default", grace_period_seconds=0)
     cancel = dj(kubeconfig, "cancel", *tj, name)
     assert cancel.returncode == 0, cancel.stderr
-    from kubernetes import client
 
-    with apiserver_tier.kube_client() as api:  # no garbage collector here to finish the foreground delete
-        client.CustomObjectsApi(api).patch_namespaced_custom_object(
-            "trainer.kubeflow.org", "v1alpha1", "default", "trainjobs", name, {"metadata": {"finalizers": None}}
-        )
+
+def _forget(name: str) -> None:
+    """cancel deletes in the foreground, and no garbage collector runs here to finish it."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    args = ("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs", name)
+    with apiserver_tier.kube_client() as api:
+        custom = client.CustomObjectsApi(api)
+        try:
+            custom.patch_namespaced_custom_object(*args, {"metadata": {"finalizers": None}})
+            custom.delete_namespaced_custom_object(*args)  # when cancel did not get that far
+        except ApiException as exc:
+            assert exc.status == 404, exc.body
 
 
 def test_a_missing_namespace_says_to_create_it(kubeconfig: Path) -> None:
