@@ -1,6 +1,6 @@
 """`dist-jobs submit --backend k8s job.yaml` vs `kubectl create -f` of the same rendered manifest.
 
-    .venv/bin/python bench/bench_k8s_submit.py [--runs 9]
+    .venv/bin/python bench/bench_k8s_submit.py [--runs 9] [--repo OTHER_CHECKOUT]
 
 Needs the real apiserver tier (bash k8s/apiserver/up.sh; or DIST_JOBS_KUBECONFIG) and a kubectl
 (the one up.sh caches, else the one on PATH).
@@ -14,7 +14,8 @@ started to its exit): each run creates one PyTorchJob of k8s/examples/resnet-2x4
   --namespace default`: start-up, spec load and Kubernetes rules, render, kubeconfig, the create
   (fieldValidation=Strict) over a new TLS connection.
 Runs alternate (baseline, dist-jobs, baseline, ...) so both see the same machine load; every
-job is deleted before the next run (not timed). Medians are compared.
+job is deleted before the next run (not timed). Medians are compared. `--repo` times the
+dist-jobs of another checkout (e.g. `git archive COMMIT | tar -x -C DIR` for a before/after).
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def kubectl() -> str:
     return found
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
     took = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{argv[:3]} failed: {proc.stderr[-2000:]}")
@@ -66,9 +67,10 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--repo", type=Path, default=REPO, help="checkout whose dist-jobs is timed")
     args = parser.parse_args()
     config, kc = kubeconfig(), kubectl()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(args.repo.resolve())}
     dj = [sys.executable, "-m", "dist_jobs"]
     times: dict[str, list[float]] = {"kubectl": [], "dist-jobs": []}
     with tempfile.TemporaryDirectory(prefix="bench-k8s-") as tmp:
@@ -81,12 +83,13 @@ def main() -> int:
                 capture_output=True,
                 text=True,
                 env=env,
+                cwd=tmp,  # not the checkout: `python -m` would import the dist_jobs of the current directory
                 check=True,
             )
             manifest.write_text(rendered.stdout)
-            times["kubectl"].append(timed([kc, "--kubeconfig", str(config), "create", "-f", str(manifest)], env))
+            times["kubectl"].append(timed([kc, "--kubeconfig", str(config), "create", "-f", str(manifest)], env, tmp))
             submit = [*dj, "submit", "--backend", "k8s", "--kubeconfig", str(config), str(SPEC)]
-            times["dist-jobs"].append(timed([*submit, "--name", names["dist-jobs"], *flags], env))
+            times["dist-jobs"].append(timed([*submit, "--name", names["dist-jobs"], *flags], env, tmp))
             for name in names.values():
                 subprocess.run(
                     [kc, "--kubeconfig", str(config), "delete", "pytorchjob", name, "--wait=false"],
@@ -96,6 +99,7 @@ def main() -> int:
     medians = {tool: statistics.median(values) for tool, values in times.items()}
     result = {
         "runs": args.runs,
+        "repo": str(args.repo),
         "median_s": {k: round(v, 3) for k, v in medians.items()},
         "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
         "ratio": round(medians["dist-jobs"] / medians["kubectl"], 2),
