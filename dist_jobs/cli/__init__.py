@@ -61,9 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
-    if namespace:  # submit takes the namespace from the spec (its --namespace is a spec flag)
+    if namespace:  # submit takes the namespace and the kind from the spec (its --namespace is a spec flag)
         p.add_argument("--namespace", dest="k8s_namespace", help="Kubernetes namespace (default: 'default')")
-    if namespace:
         p.add_argument(
             "--kind",
             dest="k8s_kind",
