@@ -11,3 +11,9 @@ REQUEUE_EXIT_CODE = 200
 # File rank 0 writes into the run directory once a preemption checkpoint is committed; read by
 # launchers that cannot see the ranks' exit codes (torchrun does not pass them through).
 PREEMPTED_MARKER = "PREEMPTED"
+
+# Exit code of a pod entrypoint or batch script that refuses to start again: the run has been
+# restarted preemption.max_requeues times (dist_jobs.rundir.attempts). In 1-127, so neither
+# Kubernetes' restartPolicy ExitCode nor the batch script retries it; distinct from 1 (a bug),
+# 2 (bad flags) and 3 (an inconsistent launch).
+REQUEUE_LIMIT_EXIT_CODE = 5

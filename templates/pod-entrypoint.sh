@@ -1,8 +1,15 @@
 # dist-jobs pod entrypoint. sh runs as PID 1, which would drop SIGTERM: forward it to the
 # program so the training can checkpoint. torchrun does not pass a child's exit code through,
 # so a preemption checkpoint committed during this run (marker newer than our start) becomes
-# exit @REQUEUE@, which restartPolicy ExitCode retries (128-255); other failures stay permanent.
+# exit @REQUEUE@, which restartPolicy ExitCode retries (128-255); other failures stay permanent,
+# except the code the first failing process left in DIST_JOBS_EXIT_NOTE (@REQUEUE@: a lost peer).
+# The operator recreates a pod exiting 128-255 without limit (kubeflow/trainer#2045): the run
+# directory counts this pod's starts, and past preemption.max_requeues the pod refuses to start.
+python3 -m dist_jobs.rundir.attempts start || exit
 stamp=$(mktemp)
+notes=$(mktemp -d)
+DIST_JOBS_EXIT_NOTE="$notes/first-failure"
+export DIST_JOBS_EXIT_NOTE
 child=""
 trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 # One live run per run directory: pod rank 0 takes the lock (a replaced pod of the same job takes
@@ -27,11 +34,17 @@ while :; do
   rc=$?
   kill -0 "$child" 2>/dev/null || break
 done
+noted=$(cat "$DIST_JOBS_EXIT_NOTE" 2>/dev/null)
+case "$noted" in
+  '' | *[!0-9]*) ;;
+  *) [ "$rc" -ne 0 ] && rc=$noted ;;
+esac
 marker="${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}/PREEMPTED"
 if [ -e "$marker" ] && [ "$marker" -nt "$stamp" ]; then
   rc=@REQUEUE@
 fi
-rm -f "$stamp"
+[ "$rc" -eq 0 ] && python3 -m dist_jobs.rundir.attempts "done"
+rm -rf "$stamp" "$notes"
 if [ -n "$lock" ]; then
   { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
   python3 -m dist_jobs.rundir.lockctl release "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"

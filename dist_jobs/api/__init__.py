@@ -33,12 +33,16 @@ __all__ = [
 
 
 def load_spec(
-    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+    backend: str | None = None,
 ) -> JobSpec:
-    """Read `path` (or take `data`), apply dotted `overrides`; one SpecError lists every problem."""
+    """Read `path` (or take `data`), apply dotted `overrides`; one SpecError lists every problem,
+    those of `backend` (e.g. Kubernetes syntax for `k8s`) included."""
     from dist_jobs.spec import load_spec as load
 
-    return load(path, overrides, data)
+    return load(path, overrides, data, backend)
 
 
 def render(spec: JobSpec, backend_name: str) -> str:

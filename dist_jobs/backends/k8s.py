@@ -1,25 +1,30 @@
-"""Kubernetes backend on the official `kubernetes` client (imported only when used).
+"""Kubernetes backend on the official `kubernetes` client's REST layer (k8s_client).
 
 Creates PyTorchJobs (or TrainJobs) with fieldValidation=Strict: by default the apiserver prunes
-an unknown field silently and the Python client never shows the warning. API errors become
-messages (k8s_errors). Logs are found by the labels the operator puts on its pods, so a pod
+an unknown field silently and the Python client never shows the warning. Each submission stamps
+its pods with an annotation (the restart counter's key, dist_jobs.rundir.attempts). API errors
+become messages (k8s_errors). Logs are found by the labels the operator puts on its pods, so a pod
 rank means the same thing as the operator's RANK env (Master = 0, Worker i = i + 1; without a
 Master, as in elastic jobs, Worker i = i).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.k8s_errors import api_error, no_config, unreachable
+from dist_jobs.backends.k8s_client import KubeClient, KubeconfigError, in_cluster, load
+from dist_jobs.backends.k8s_errors import api_error, no_config, not_started, unreachable
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
+from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
 
 APIS = {
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
@@ -31,43 +36,20 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # The container the logs come from: the operator requires `pytorch`; the torch TrainingRuntime names it `node`.
 CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}
-TIMEOUT = (10.0, 120.0)  # (connect, read) seconds: a black-holed apiserver must not hang the CLI
 
 
-def load_client(kubeconfig: str | None = None, context: str | None = None) -> tuple[Any, str | None]:
-    """An ApiClient and its default namespace, from a kubeconfig ($KUBECONFIG, ~/.kube/config) or,
-    without one, the in-cluster service account (as kubectl does)."""
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
+def load_client(kubeconfig: str | None = None, context: str | None = None) -> KubeClient:
+    """A client from a kubeconfig ($KUBECONFIG, ~/.kube/config) or, without one, the in-cluster
+    service account (as kubectl does)."""
     try:
-        api = config.new_client_from_config(config_file=kubeconfig, context=context)
-        return api, _context_namespace(kubeconfig, context)
-    # A kubeconfig that is not YAML or has the wrong shape fails in many ways inside the client.
-    except (ConfigException, OSError, yaml.YAMLError, TypeError, ValueError, AttributeError, KeyError) as first:
-        if kubeconfig or context:
-            raise no_config(kubeconfig, context, first) from None
-        try:
-            config.load_incluster_config()
-        except ConfigException:
-            raise no_config(None, None, None) from None
-        return client.ApiClient(), _incluster_namespace()
-
-
-def _context_namespace(kubeconfig: str | None, context: str | None) -> str | None:
-    from kubernetes import config
-
-    contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
-    return ((chosen or {}).get("context") or {}).get("namespace")
-
-
-def _incluster_namespace() -> str | None:
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
+        client = load(kubeconfig, context)
+    except KubeconfigError as exc:
+        raise no_config(kubeconfig, context, exc) from None
+    if client is None:
+        client = in_cluster()
+    if client is None:
+        raise no_config(None, None, None)
+    return client
 
 
 class K8sBackend:
@@ -78,76 +60,57 @@ class K8sBackend:
         namespace: str | None = None,
         context: str | None = None,
         kubeconfig: str | None = None,
-        api_client: Any = None,
+        api_client: KubeClient | None = None,
         kind: str = "PyTorchJob",
-        timeout: tuple[float, float] = TIMEOUT,
     ) -> None:
         if kind not in APIS:
             raise UsageError(f"unknown Kubernetes job kind {kind!r}", f"use one of {', '.join(APIS)}")
         self.namespace = namespace
         self._context, self._kubeconfig = context, kubeconfig
         self._client = api_client
-        self._client_namespace: str | None = None
         self.kind = kind
-        self.timeout = timeout
 
     @property
-    def client(self) -> Any:
+    def client(self) -> KubeClient:
         if self._client is None:
-            self._client, self._client_namespace = load_client(self._kubeconfig, self._context)
+            self._client = load_client(self._kubeconfig, self._context)
         return self._client
 
     def _ns(self) -> str:
         """--namespace, else the kubeconfig context's namespace, else `default` (kubectl's order)."""
-        if self.namespace:
-            return self.namespace
-        _ = self.client  # loading the kubeconfig is what tells the context's namespace
-        return self._client_namespace or "default"
-
-    def _custom(self) -> Any:
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self.client)
+        return self.namespace or self.client.namespace or "default"
 
     @contextlib.contextmanager
     def _translated(self, what: str, kind: str | None = None) -> Iterator[None]:
-        """ApiException -> its message and a hint; a socket-level failure -> 'cannot reach'."""
-        from kubernetes.client.exceptions import ApiException
+        """ApiException -> its message and a hint; a socket-level failure -> what went wrong."""
         from urllib3.exceptions import HTTPError
 
         try:
             yield
-        except ApiException as exc:
+        except self.client.api_exception as exc:
             raise api_error(exc, what, kind or self.kind) from None
         except (HTTPError, OSError) as exc:
-            raise unreachable(self.client.configuration.host, exc) from None
+            raise unreachable(self.client.host, exc, what) from None
 
-    def _call(self, what: str, fn: Any, *args: Any, kind: str | None = None, **kwargs: Any) -> Any:
+    def _call(self, what: str, method: str, path: str, kind: str | None = None, **kwargs: Any) -> Any:
         with self._translated(what, kind):
-            return fn(*args, _request_timeout=self.timeout, **kwargs)
+            return self.client.request(method, path, **kwargs)
+
+    def _objects(self, kind: str, namespace: str, name: str = "") -> str:
+        group, version, plural = APIS[kind]
+        return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
     def prepare(self, spec: JobSpec) -> Prepared:
         suffix = "trainjob" if spec.k8s.api == "trainjob" else "pytorchjob"
         return Prepared("k8s", spec, render(spec, "k8s"), f"{spec.run_id}.{suffix}.yaml")
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
-        body = yaml.safe_load(prepared.payload)
+        body = stamped(yaml.safe_load(prepared.payload), uuid.uuid4().hex[:12])
         kind = body["kind"]  # the manifest decides: a TrainJob spec goes to trainjobs whatever self.kind is
-        group, version, plural = APIS[kind]
         namespace = body["metadata"].get("namespace") or self._ns()
-        extra = {"dry_run": "All"} if dry_run else {}
-        return self._call(
-            f"create {kind} {namespace}/{body['metadata']['name']}",
-            self._custom().create_namespaced_custom_object,
-            group,
-            version,
-            namespace,
-            plural,
-            body,
-            kind=kind,
-            field_validation="Strict",
-            **extra,
-        )
+        query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
+        what = f"create {kind} {namespace}/{body['metadata']['name']}"
+        return self._call(what, "POST", self._objects(kind, namespace), kind=kind, query=query, body=body)
 
     def submit(self, prepared: Prepared) -> str:
         created = self._create(prepared, dry_run=False)
@@ -163,91 +126,85 @@ class K8sBackend:
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
-        group, version, plural = APIS[self.kind]
-        return self._call(
-            f"get {self.kind} {self._ns()}/{name}",
-            self._custom().get_namespaced_custom_object,
-            group,
-            version,
-            self._ns(),
-            plural,
-            name,
-        )
+        return self._call(f"get {self.kind} {self._ns()}/{name}", "GET", self._objects(self.kind, self._ns(), name))
 
     def status(self, job_id: str) -> JobStatus:
         return job_status(self._get(job_id))
 
     def list(self) -> list[JobStatus]:
-        group, version, plural = APIS[self.kind]
-        found = self._call(
-            f"list {plural}.{group} in {self._ns()}",
-            self._custom().list_namespaced_custom_object,
-            group,
-            version,
-            self._ns(),
-            plural,
-            label_selector=MANAGED,
-        )
+        group, _, plural = APIS[self.kind]
+        path = self._objects(self.kind, self._ns())
+        found = self._call(f"list {plural}.{group} in {self._ns()}", "GET", path, query={"labelSelector": MANAGED})
         return [job_status(item) for item in found.get("items", [])]
 
     def cancel(self, job_id: str) -> None:
         # Foreground: the job stays (Terminating) until its pods are gone, so a resubmit under the
         # same name cannot meet the old run's pods.
-        group, version, plural = APIS[self.kind]
-        self._call(
-            f"delete {self.kind} {self._ns()}/{job_id}",
-            self._custom().delete_namespaced_custom_object,
-            group,
-            version,
-            self._ns(),
-            plural,
-            job_id,
-            propagation_policy="Foreground",
-        )
+        path = self._objects(self.kind, self._ns(), job_id)
+        query = {"propagationPolicy": "Foreground"}
+        self._call(f"delete {self.kind} {self._ns()}/{job_id}", "DELETE", path, query=query)
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
         """Lines of the pod with pod rank `rank` (default 0); follow=True streams until the container ends."""
-        from kubernetes import client, watch
-
         rank = 0 if rank is None else rank
         if rank < 0:
             raise UsageError(f"--rank {rank}: a pod rank is 0 or more", "rank 0 is the master pod")
-        core = client.CoreV1Api(self.client)
-        pod, container = self._pod_for_rank(core, job_id, rank)
-        what = f"logs of pod {self._ns()}/{pod}"
-        if follow:  # Watch.stream turns the chunked follow=true response into lines as they arrive
-            with self._translated(what):
-                yield from watch.Watch().stream(core.read_namespaced_pod_log, pod, self._ns(), container=container)
-            return
-        text = self._call(what, core.read_namespaced_pod_log, pod, self._ns(), container=container)
-        yield from (text or "").splitlines()  # the client returns None, not "", for an empty log
+        pod, container = self._pod_for_rank(job_id, rank)
+        path = f"/api/v1/namespaces/{self._ns()}/pods/{pod}/log"
+        query = {"container": container, **({"follow": "true"} if follow else {})}
+        with self._translated(f"logs of pod {self._ns()}/{pod}"):
+            if follow:
+                yield from self.client.lines(path, query)
+                return
+            text = self.client.text(path, query)
+        yield from text.splitlines()
 
-    def _pod_for_rank(self, core: Any, job: str, rank: int) -> tuple[str, str]:
+    def _pods(self, job: str, selector: str) -> builtins.list[dict[str, Any]]:
+        path = f"/api/v1/namespaces/{self._ns()}/pods"
+        return self._call(f"list pods of {job}", "GET", path, query={"labelSelector": selector}).get("items") or []
+
+    def _pod_for_rank(self, job: str, rank: int) -> tuple[str, str]:
         """(pod name, container) of `rank`, selected by the operator's (or JobSet's) pod labels."""
         if self.kind == "TrainJob":
             selector = f"{JOBSET_LABEL}jobset-name={job},{JOBSET_LABEL}replicatedjob-name=node"
-            index = str(rank)  # the torch runtime's PET_NODE_RANK is the Indexed Job's completion index
-        else:
-            selector = pytorchjob_selector(job, rank, has_master=_has_master(self._get(job)))
-            index = None
-        pods = self._call(f"list pods of {job}", core.list_namespaced_pod, self._ns(), label_selector=selector).items
-        if index is not None:
-            pods = [p for p in pods if _completion_index(p.metadata) == index]
+            pods = [p for p in self._pods(job, selector) if _completion_index(p) == str(rank)]
+        else:  # the torch runtime's PET_NODE_RANK is the Indexed Job's completion index
+            pods = self._pods(job, pytorchjob_selector(job, rank, has_master=_has_master(self._get(job))))
         if not pods:
-            raise self._no_pod(core, job, rank)
+            raise self._no_pod(job, rank)
         # a restarted pod can briefly coexist with its terminating predecessor: take the live, newest one
-        pod = max(pods, key=lambda p: (p.metadata.deletion_timestamp is None, str(p.metadata.creation_timestamp)))
-        return pod.metadata.name, _container(pod, CONTAINER[self.kind])
+        pod = max(
+            pods, key=lambda p: ("deletionTimestamp" not in p["metadata"], p["metadata"].get("creationTimestamp"))
+        )
+        container = _container(pod, CONTAINER[self.kind])
+        waiting = _waiting(pod, container)
+        if waiting is not None:  # the apiserver answers 200 with no text for a pod not yet running
+            raise not_started(self.kind, self._ns(), job, pod["metadata"]["name"], waiting)
+        return pod["metadata"]["name"], container
 
-    def _no_pod(self, core: Any, job: str, rank: int) -> BackendError:
+    def _no_pod(self, job: str, rank: int) -> BackendError:
         label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
-        found = self._call(f"list pods of {job}", core.list_namespaced_pod, self._ns(), label_selector=f"{label}={job}")
-        names = sorted(p.metadata.name for p in found.items)
+        names = sorted(p["metadata"]["name"] for p in self._pods(job, f"{label}={job}"))
         return BackendError(
             f"{self.kind} {self._ns()}/{job} has no pod with rank {rank} (its pods: {', '.join(names) or 'none yet'})",
             f"ranks run from 0 to the number of pods - 1; pods appear once the job is scheduled: "
             f"dist-jobs status --backend k8s {job}",
         )
+
+
+def stamped(body: dict[str, Any], submission: str) -> dict[str, Any]:
+    """The manifest with this submission's id on every pod template (the downward API hands it to
+    the pods as DIST_JOBS_SUBMISSION)."""
+    spec = body.get("spec") or {}
+    templates = [r.get("template") or {} for r in (spec.get("pytorchReplicaSpecs") or {}).values()]
+    for patch in spec.get("runtimePatches") or []:
+        for step in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+            "replicatedJobs"
+        ) or []:
+            templates.append(((step.get("template") or {}).get("spec") or {}).get("template") or {})
+    for template in templates:
+        template.setdefault("metadata", {}).setdefault("annotations", {})[SUBMISSION_ANNOTATION] = submission
+    return body
 
 
 def pytorchjob_selector(job: str, rank: int, has_master: bool) -> str:
@@ -267,16 +224,32 @@ def _has_master(job: dict[str, Any]) -> bool:
     return "Master" in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {})
 
 
-def _completion_index(meta: Any) -> str | None:
-    for source in (meta.annotations, meta.labels):  # the label only exists on newer clusters
+def _completion_index(pod: dict[str, Any]) -> str | None:
+    meta = pod["metadata"]
+    for source in (meta.get("annotations"), meta.get("labels")):  # the label only exists on newer clusters
         if source and COMPLETION_INDEX in source:
             return str(source[COMPLETION_INDEX])
     return None
 
 
-def _container(pod: Any, preferred: str) -> str:
-    names = [c.name for c in (pod.spec.containers if pod.spec else None) or []]
-    return preferred if preferred in names or not names else names[0]
+def _container(pod: dict[str, Any], preferred: str) -> str:
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    return preferred if preferred in names or not names else str(names[0])
+
+
+def _waiting(pod: dict[str, Any], container: str) -> str | None:
+    """Why the pod has no log yet (Pending, ContainerCreating, ...), or None when it has one."""
+    status = pod.get("status") or {}
+    for state in status.get("containerStatuses") or []:
+        if state.get("name") == container:
+            waiting = (state.get("state") or {}).get("waiting")
+            ran_before = (state.get("lastState") or {}).get("terminated")  # a restarted container has a log
+            return None if ran_before or waiting is None else str(waiting.get("reason") or "Waiting")
+    if status.get("phase") == "Pending":
+        unscheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
+        reason = unscheduled[0].get("reason") if unscheduled and unscheduled[0].get("status") == "False" else None
+        return f"Pending{f' ({reason})' if reason else ''}"
+    return None
 
 
 def job_status(obj: dict[str, Any]) -> JobStatus:

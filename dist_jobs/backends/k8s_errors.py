@@ -1,15 +1,19 @@
-"""Turn the apiserver's answers into messages a person can act on.
+"""Turn the apiserver's answers, and its silences, into messages a person can act on.
 
 The Status body is JSON except for a resource type the apiserver does not serve (the CRD is not
 installed, or not at this version): then it answers a plain-text `404 page not found`
-(KUBERNETES_NOTES section 4), which must not be parsed as JSON.
+(KUBERNETES_NOTES section 4), which must not be parsed as JSON. No answer at all is one of: an
+untrusted TLS certificate (the kubeconfig's CA is wrong, not the cluster down), a timeout (a
+create that timed out may still have created the job), or no connection.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
+from dist_jobs.backends.k8s_client import CONNECT_S, READ_S
 from dist_jobs.errors import BackendError
 
 # What installs each kind's CRD; the vendored copies ship in the wheel as dist_jobs/crds/.
@@ -42,6 +46,8 @@ def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
     """A BackendError for an ApiException raised while doing `what` to a `kind` object."""
     code = int(getattr(exc, "status", 0) or 0)
     status = _status_body(getattr(exc, "body", None))
+    if code == 0 and "SSL" in str(getattr(exc, "reason", "")):  # rest.py's wrapping of urllib3's SSLError
+        return _tls(what, str(exc.reason).splitlines()[-1])
     if status is None:
         return _plain_error(code, str(getattr(exc, "reason", "") or ""), what, kind)
     message = str(status.get("message", ""))
@@ -66,6 +72,13 @@ def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
         )
         return BackendError(f"{what}: {message} (403 {reason or 'Forbidden'})", hint)
     if code == 404:
+        details = status.get("details") or {}
+        if details.get("kind") == "namespaces":
+            return BackendError(
+                f"{what}: {message} (404 NotFound)",
+                f"create the namespace (kubectl create namespace {details.get('name')}) or choose an existing "
+                "one: k8s.namespace in job.yaml, --namespace on the command line",
+            )
         return BackendError(
             f"{what}: {message} (404 NotFound)",
             "check the name and --namespace/--context: dist-jobs list --backend k8s",
@@ -102,12 +115,42 @@ def _bad_request_hint(message: str) -> str:
     return "the apiserver refused the request as malformed: see its message"
 
 
-def unreachable(host: str, exc: BaseException) -> BackendError:
-    """The apiserver did not answer at all (refused, DNS, TLS, timeout)."""
+def unreachable(host: str, exc: BaseException, what: str = "") -> BackendError:
+    """The apiserver did not answer at all: an untrusted certificate, a timeout, or no connection."""
     cause: BaseException = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError wraps the real one
+    chain = [cause, cause.__context__, *getattr(cause, "args", ())]
+    if any(isinstance(c, ssl.SSLCertVerificationError) for c in chain) or "CERTIFICATE_VERIFY_FAILED" in str(cause):
+        return _tls(what or f"connect to {host}", str(cause))
+    name = type(cause).__name__
+    if "Timeout" in name or "timed out" in str(cause):
+        creating = what.startswith("create")
+        return BackendError(
+            f"{what or 'request'}: the Kubernetes apiserver at {host} did not answer in time "
+            f"({CONNECT_S:.0f} s to connect, {READ_S:.0f} s to answer)",
+            "the job may have been created all the same: check with `dist-jobs status --backend k8s NAME` "
+            "before submitting again"
+            if creating
+            else "the apiserver is overloaded or a firewall drops the traffic: try `kubectl cluster-info`",
+        )
     return BackendError(
-        f"cannot reach the Kubernetes apiserver at {host}: {type(cause).__name__}: {cause}",
+        f"cannot reach the Kubernetes apiserver at {host}: {name}: {cause}",
         "is the cluster up and the kubeconfig current? try `kubectl cluster-info`",
+    )
+
+
+def _tls(what: str, detail: str) -> BackendError:
+    return BackendError(
+        f"{what}: the apiserver's TLS certificate is not trusted ({detail})",
+        "the kubeconfig's certificate-authority (or -data) for this cluster does not match the server: "
+        "fetch a current kubeconfig, or pick the right one with --kubeconfig/--context",
+    )
+
+
+def not_started(kind: str, namespace: str, job: str, pod: str, why: str) -> BackendError:
+    """`logs` of a pod whose container has not started: the apiserver would answer with nothing."""
+    return BackendError(
+        f"{kind} {namespace}/{job}: pod {pod} is {why}: it has no log yet",
+        f"wait for it to start: dist-jobs status --backend k8s {job}; why it waits: kubectl describe pod {pod}",
     )
 
 

@@ -72,8 +72,15 @@ def _verb_arguments(verb: str, p: argparse.ArgumentParser) -> None:
 
 
 def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
-    if namespace:  # submit takes the namespace from the spec (its --namespace is a spec flag)
+    if namespace:  # submit takes the namespace and the kind from the spec (its --namespace is a spec flag)
         p.add_argument("--namespace", dest="k8s_namespace", help="Kubernetes namespace (default: 'default')")
+        p.add_argument(
+            "--kind",
+            dest="k8s_kind",
+            choices=["PyTorchJob", "TrainJob"],
+            default="PyTorchJob",
+            help="Kubernetes: the job's kind (default PyTorchJob)",
+        )
     p.add_argument("--context", dest="k8s_context", help="kubeconfig context")
     p.add_argument(
         "--kubeconfig", dest="k8s_kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"

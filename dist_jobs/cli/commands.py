@@ -20,7 +20,7 @@ from dist_jobs.errors import UsageError
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
-    return api.load_spec(args.spec, overrides_from(args, command))
+    return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend)
 
 
 def _backend(args: argparse.Namespace) -> Any:
@@ -30,6 +30,7 @@ def _backend(args: argparse.Namespace) -> Any:
             "namespace": getattr(args, "k8s_namespace", None),
             "context": args.k8s_context,
             "kubeconfig": args.k8s_kubeconfig,
+            **({"kind": args.k8s_kind} if getattr(args, "k8s_kind", None) else {}),
         }
     elif args.backend == "slurm" and getattr(args, "jobs_dir", None):
         options = {"jobs_dir": Path(args.jobs_dir)}

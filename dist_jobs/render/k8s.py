@@ -2,7 +2,10 @@
 
 Facts from the training operator (KUBERNETES_NOTES section 1) shape it: the container must be
 named `pytorch` with a port named `pytorchjob-port`; the operator's RANK is a pod rank, so more
-than one process per pod needs torchrun, which reads the operator's PET_* variables.
+than one process per pod needs torchrun, which reads the operator's PET_* variables. A TrainJob
+carries the pod-level settings through the v2.3 CRD's `runtimePatches` (k8s_rules refuses what
+it cannot carry). The kubelet expands `$(VAR)` and `$$` in env values, command and args, so
+every `$` there is written `$$` (quoting.kubelet_literal): values arrive exactly as written.
 """
 
 from __future__ import annotations
@@ -13,19 +16,18 @@ from typing import Any
 import msgspec
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.errors import SpecError
 from dist_jobs.render.common import header_lines, template_dir, torchrun_tail
-from dist_jobs.render.quoting import dns1035
-from dist_jobs.spec import JobSpec
+from dist_jobs.render.quoting import kubelet_literal
+from dist_jobs.spec import JobSpec, k8s_rules
 from dist_jobs.spec.env import job_env
+from dist_jobs.spec.k8s_names import k8s_name
 
 DEFAULT_PORT = 23456  # the operator's default for pytorchjob-port
 
 
-def k8s_name(spec: JobSpec) -> str:
-    """DNS-1035 job name, short enough that `<name>-worker-<i>` Services stay valid labels."""
-    suffix = len(f"-worker-{max(spec.nodes, spec.k8s.max_nodes or 0)}")
-    return dns1035(spec.name, 63 - suffix)
+PATCH_MANAGER = "dist-jobs"  # runtimePatches entries are keyed by their manager
+TRAINJOB_STEP = "node"  # the torch runtime's replicatedJob and container name
 
 
 def checkpoint_path(spec: JobSpec) -> str:
@@ -34,45 +36,26 @@ def checkpoint_path(spec: JobSpec) -> str:
     return posixpath.join(spec.k8s.mount_path, spec.checkpoint_dir)
 
 
-def _problems(spec: JobSpec) -> list[Problem]:
-    problems = []
-    if not spec.image:
-        problems.append(
-            Problem(
-                "image", MISSING, "is required for Kubernetes", "set image: registry/project/train:tag (or --image)"
-            )
-        )
-    if spec.k8s.launch == "direct" and spec.procs > 1:
-        problems.append(
-            Problem(
-                "k8s.launch",
-                "direct",
-                f"runs one python per pod, but procs_per_node is {spec.procs}: the operator's "
-                "RANK is the pod rank and WORLD_SIZE counts processes that would not exist",
-                "use k8s.launch: torchrun (the default), or procs_per_node: 1",
-            )
-        )
-    if not k8s_name(spec):
-        problems.append(
-            Problem("name", spec.name, "gives no valid Kubernetes name", "use a name with letters, e.g. resnet-ddp")
-        )
-    return problems
-
-
 def _memory(value: str | None) -> str | None:
     # SLURM's 64G is 64 GiB; Kubernetes' 64G would be 10^9-based.
     return None if value is None else (value + "i" if value[-1] in "KMGT" else value)
 
 
-def _env(spec: JobSpec) -> list[dict[str, str]]:
-    env = job_env(spec, "k8s", checkpoint_path(spec))
+def _env(spec: JobSpec) -> list[dict[str, Any]]:
+    values = job_env(spec, "k8s", checkpoint_path(spec))
     # The job across replaced pods: who may take over the run directory lock (dist_jobs.rundir).
-    env.setdefault("DIST_JOBS_LOCK_OWNER", f"k8s:{spec.k8s.api}/{spec.k8s.namespace}/{k8s_name(spec)}")
-    return [{"name": k, "value": v} for k, v in env.items()]
+    values.setdefault("DIST_JOBS_LOCK_OWNER", f"k8s:{spec.k8s.api}/{spec.k8s.namespace}/{k8s_name(spec)}")
+    env: list[dict[str, Any]] = [{"name": k, "value": kubelet_literal(v)} for k, v in values.items()]
+    # `dist-jobs submit` stamps each submission on the pods (the attempts counter's key); from the
+    # downward API, so `kubectl apply` of the same file works too (the value is then empty).
+    path = f"metadata.annotations['{k8s_rules.SUBMISSION_ANNOTATION}']"
+    env.append({"name": k8s_rules.SUBMISSION_ENV, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+    return env
 
 
 def container_command(spec: JobSpec) -> list[str]:
-    """sh wrapper (forwards SIGTERM, maps the preemption marker to the retryable exit code) + program."""
+    """sh wrapper (forwards SIGTERM, caps restarts, maps preemption and a lost peer to the
+    retryable exit code) + program, every `$` escaped for the kubelet."""
     text = (template_dir() / "pod-entrypoint.sh").read_text().replace("@REQUEUE@", str(REQUEUE_EXIT_CODE))
     wrapper = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
     if spec.k8s.launch == "direct":
@@ -81,7 +64,7 @@ def container_command(spec: JobSpec) -> list[str]:
         program = ["python3", "-m", "dist_jobs.launch", "--", *spec.argv]
     else:
         program = ["torchrun", f"--nproc-per-node={spec.procs}", *torchrun_tail(spec.argv)]
-    return ["/bin/sh", "-c", wrapper, "dist-jobs-entrypoint", *program]
+    return [kubelet_literal(arg) for arg in ["/bin/sh", "-c", wrapper, "dist-jobs-entrypoint", *program]]
 
 
 def _resources(spec: JobSpec) -> dict[str, dict[str, Any]]:
@@ -128,10 +111,11 @@ def _elastic(spec: JobSpec) -> dict[str, Any] | None:
 
 def _run_policy(spec: JobSpec) -> dict[str, Any]:
     k8s = spec.k8s
-    policy: dict[str, Any] = {
-        "cleanPodPolicy": "None",
-        "backoffLimit": k8s.backoff_limit if k8s.backoff_limit is not None else spec.preemption.max_requeues,
-    }
+    policy: dict[str, Any] = {"cleanPodPolicy": "None"}
+    # Under ExitCode the operator's backoffLimit caps nothing (kubeflow/trainer#2045) and 0 fails
+    # even a preemption: the pod entrypoint counts the restarts (dist_jobs.rundir.attempts).
+    if k8s.restart_policy != "ExitCode":
+        policy["backoffLimit"] = k8s.backoff_limit if k8s.backoff_limit is not None else spec.preemption.max_requeues
     if k8s.ttl_seconds_after_finished is not None:
         policy["ttlSecondsAfterFinished"] = k8s.ttl_seconds_after_finished
     if k8s.active_deadline_seconds is not None:
@@ -158,27 +142,32 @@ def _pod(spec: JobSpec, volumes: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in pod.items() if v is not None}
 
 
+def _runtime_patches(spec: JobSpec, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod settings a TrainJob carries to the runtime's `node` pods (CRD v2.3 runtimePatches)."""
+    metadata = {"labels": ctx["labels"], **({"annotations": ctx["annotations"]} if ctx["annotations"] else {})}
+    container: dict[str, Any] = {"name": TRAINJOB_STEP}
+    if ctx["mounts"]:
+        container["volumeMounts"] = ctx["mounts"]
+    pod = {**ctx["pod"], "containers": [container]}
+    step = {"name": TRAINJOB_STEP, "template": {"spec": {"template": {"metadata": metadata, "spec": pod}}}}
+    return [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [step]}}}}]
+
+
 def _header(spec: JobSpec) -> list[str]:
-    k8s = spec.k8s
     header = header_lines(spec, "Apply with: kubectl apply -f THIS_FILE  (or: dist-jobs submit --backend k8s job.yaml)")
-    if not k8s.pvc:
+    if not spec.k8s.pvc:
         header.append("WARNING: no k8s.pvc: checkpoints stay inside the pod and are lost when it restarts.")
-    elif k8s.api == "trainjob":
-        header.append(
-            f"NOTE: TrainJob pods get volumes from the runtime {k8s.runtime!r}: mount PVC "
-            f"{k8s.pvc!r} at {k8s.mount_path!r} there."
-        )
     return header
 
 
 def k8s_context(spec: JobSpec) -> dict[str, Any]:
-    problems = _problems(spec)
+    problems = k8s_rules.problems(spec)  # load_spec(backend="k8s") found them already; the API may not have
     if problems:
         raise SpecError(problems, "job spec (Kubernetes)")
     k8s = spec.k8s
     volumes, mounts = _volumes(spec)
     labels = {"app.kubernetes.io/managed-by": "dist-jobs", "dist-jobs/run": k8s_name(spec), **k8s.labels}
-    return {
+    ctx: dict[str, Any] = {
         "header": _header(spec),
         "name": k8s_name(spec),
         "namespace": k8s.namespace,
@@ -204,3 +193,5 @@ def k8s_context(spec: JobSpec) -> dict[str, Any]:
         "active_deadline": k8s.active_deadline_seconds,
         "requeue_code": REQUEUE_EXIT_CODE,
     }
+    ctx["runtime_patches"] = _runtime_patches(spec, ctx) if k8s.api == "trainjob" else []
+    return ctx

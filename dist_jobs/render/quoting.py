@@ -15,8 +15,6 @@ from typing import Any
 
 import yaml
 
-from dist_jobs.spec.model import hashed_name
-
 
 def sh(value: object) -> str:
     """One bash word that bash reads back as exactly `value`, with no raw carriage return in it.
@@ -137,15 +135,8 @@ def json_value(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-_DNS_MAX = 63
-
-
-def dns1035(name: str, max_len: int = _DNS_MAX) -> str:
-    """Documented rule: a valid DNS-1035 label of at most `max_len` characters is used as it is.
-    Any other name is lowercased, runs of characters outside [a-z0-9] become '-', a name that
-    does not start with a letter gets the prefix 'j-', and it is cut and ends in '-' and a
-    10-character hash of the whole name, so distinct names stay distinct (see spec.model.run_id)."""
-    base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    if base and not base[0].isalpha():
-        base = "j-" + base
-    return hashed_name(name, base, max_len, "-")
+def kubelet_literal(value: str) -> str:
+    """A container env value, command or arg that reaches the process exactly as `value`: the
+    kubelet turns `$(NAME)` into NAME's value and `$$` into `$` (Kubernetes'
+    third_party/forked/golang/expansion/expand.go), so every `$` is written `$$`."""
+    return value.replace("$", "$$")

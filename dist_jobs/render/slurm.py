@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.constants import REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
 from dist_jobs.render.common import header_lines, step_signal, torchrun_tail
 from dist_jobs.render.quoting import sbatch_value, sh, slurm_filename
 from dist_jobs.spec import JobSpec
@@ -115,4 +115,5 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "forward_signal": step_signal(spec),
         "warning_signal": _BATCH_WARNING,
         "requeue_code": REQUEUE_EXIT_CODE,
+        "limit_code": REQUEUE_LIMIT_EXIT_CODE,
     }

@@ -10,9 +10,11 @@ from dist_jobs.spec.model import JobSpec
 def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> dict[str, str]:
     """The job's environment on every backend: dist-jobs' own variables, the NCCL knobs, then the
     user's `env`, which wins. `checkpoint_dir` is the backend's view of the shared root (under the
-    PVC mount, absolute on this host); the batch script alone reads the log folder and requeue cap."""
+    PVC mount, absolute on this host); the batch script alone reads the log folder, it and the pod
+    entrypoint read the requeue cap."""
     nccl = spec.nccl
     in_script = backend == "slurm"
+    capped = backend in ("slurm", "k8s")  # the batch script and the pod entrypoint count restarts
     pairs = [
         ("DIST_JOBS_BACKEND", backend),
         ("DIST_JOBS_RUN", spec.run_id),
@@ -20,7 +22,7 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
         ("DIST_JOBS_LOG_DIR", spec.log_dir if in_script else None),
         ("DIST_JOBS_NNODES", str(spec.nodes)),
         ("DIST_JOBS_NPROC_PER_NODE", str(spec.procs)),
-        ("DIST_JOBS_MAX_REQUEUES", str(spec.preemption.max_requeues) if in_script else None),
+        ("DIST_JOBS_MAX_REQUEUES", str(spec.preemption.max_requeues) if capped else None),
         ("NCCL_SOCKET_IFNAME", nccl.socket_ifname),
         ("NCCL_IB_DISABLE", None if nccl.ib_disable is None else str(int(nccl.ib_disable))),
         ("NCCL_DEBUG", nccl.debug),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.spec import k8s_rules
 from dist_jobs.spec.limits import limit_problems
 from dist_jobs.spec.model import JobSpec, run_id
 from dist_jobs.spec.reserved import env_problems
@@ -21,9 +22,13 @@ from dist_jobs.spec.yaml_input import load_yaml, read_spec_file
 
 
 def load_spec(
-    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+    backend: str | None = None,
 ) -> JobSpec:
-    """Read `path` (or take `data`), apply dotted `overrides`, validate everything at once."""
+    """Read `path` (or take `data`), apply dotted `overrides`, validate everything at once; with
+    `backend` also what that backend needs (Kubernetes syntax and operator rules for `k8s`)."""
     source = str(path) if path else "job spec"
     raw: dict[str, Any] = dict(data or {})
     if path is not None:
@@ -31,7 +36,7 @@ def load_spec(
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
     spec = convert(JobSpec, raw, source)
-    problems = cross_checks(spec)
+    problems = cross_checks(spec, backend)
     if problems:
         raise SpecError(problems, source)
     return spec
@@ -68,8 +73,8 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def cross_checks(spec: JobSpec) -> list[Problem]:
-    """Rules that involve several fields; all returned together."""
+def cross_checks(spec: JobSpec, backend: str | None = None) -> list[Problem]:
+    """Rules that involve several fields, and the target backend's rules; all returned together."""
     problems: list[Problem] = []
     if spec.gpus_per_node == 0 and spec.procs_per_node is None:
         problems.append(
@@ -114,6 +119,8 @@ def cross_checks(spec: JobSpec) -> list[Problem]:
     problems += env_problems(spec.env)
     problems += limit_problems(spec)
     problems += _k8s_checks(spec)
+    if backend == "k8s":
+        problems += k8s_rules.problems(spec)
     return problems
 
 

@@ -142,7 +142,13 @@ class K8sSpec(_Section, frozen=True):
         Literal["ExitCode", "OnFailure", "Never", "Always"],
         doc("ExitCode retries only exit codes 128-255 (preemption), not bugs"),
     ] = "ExitCode"
-    backoff_limit: Annotated[NonNegative | None, doc("default: preemption.max_requeues")] = None
+    backoff_limit: Annotated[
+        NonNegative | None,
+        doc(
+            "OnFailure/Never only (default: preemption.max_requeues); under ExitCode the operator counts no "
+            "restarts, the pod entrypoint caps them at preemption.max_requeues"
+        ),
+    ] = None
     ttl_seconds_after_finished: NonNegative | None = None
     active_deadline_seconds: Positive | None = None
     gpu_resource: Line = "nvidia.com/gpu"
@@ -151,7 +157,10 @@ class K8sSpec(_Section, frozen=True):
     min_nodes: Annotated[Positive | None, doc("elastic: fewest nodes (elasticPolicy when < max_nodes)")] = None
     max_nodes: Annotated[Positive | None, doc("elastic: most nodes")] = None
     max_restarts: Annotated[NonNegative | None, doc("elasticPolicy.maxRestarts (gang restarts)")] = None
-    queue: Annotated[Line | None, doc("runPolicy.schedulingPolicy.queue (Volcano/Kueue)")] = None
+    queue: Annotated[
+        Line | None,
+        doc("runPolicy.schedulingPolicy.queue (Volcano); Kueue reads the label kueue.x-k8s.io/queue-name instead"),
+    ] = None
 
 
 class JobSpec(_Section, frozen=True):

@@ -3,7 +3,9 @@
 Rank resolution and the self-check run before torch.distributed is touched, so a bad launch
 fails in milliseconds with a RankError instead of waiting in rendezvous. Every collective has
 a bounded timeout (DIST_JOBS_RDZV_TIMEOUT, default 300 s): a rank whose peer died raises
-instead of hanging, and the launcher (torchrun, srun, the PyTorchJob controller) tears down.
+instead of hanging. That failure, in rendezvous or in a collective, becomes PeerLost, whose exit
+code is the retryable REQUEUE_EXIT_CODE: a node loss or an OOM kill gives the survivors no
+warning, and exiting 1 (permanent) would fail a job the scheduler can restart and resume.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dist_jobs.errors import UsageError
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.ranks import RankInfo, resolve
 from dist_jobs.ranks.selfcheck import check, device_index, rendezvous_timeout
 from dist_jobs.spec.train import TrainConfig
@@ -76,6 +79,34 @@ def backend_for(device: torch.device, procs_per_device: int) -> str:
     return "nccl" if device.type == "cuda" and procs_per_device == 1 else "gloo"
 
 
+class PeerLost(DistJobsError):
+    """A rendezvous or collective failed because a peer vanished: retryable, the gang restarts."""
+
+    exit_code = REQUEUE_EXIT_CODE
+
+
+# What gloo (transport/tcp/pair.cc), NCCL and the TCPStore say when the other end is gone or silent.
+_GONE = ("connection reset", "connection closed", "broken pipe", "read error", "write error", "timed out", "abort")
+_DISTRIBUTED = ("gloo", "nccl", "c10d", "processgroup", "tcpstore")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """True for a torch.distributed error a vanished (dead, killed, unreachable) peer causes."""
+    if isinstance(exc, dist.DistError):  # DistStoreError, DistNetworkError, DistBackendError
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(d in text for d in _DISTRIBUTED) and any(g in text for g in _GONE)
+
+
+def _as_peer_lost(exc: BaseException, rank: int) -> PeerLost:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return PeerLost(
+        f"rank {rank} lost a peer ({type(exc).__name__}: {first}); exiting with {REQUEUE_EXIT_CODE} so the "
+        "scheduler restarts the job, which resumes from its last checkpoint",
+        hint="a peer process died or its node went away: its own log says why (an OOM kill, a node failure)",
+    )
+
+
 @contextmanager
 def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> Iterator[Dist]:
     """Resolve, self-check, init the process group; destroy it on the way out, error or not."""
@@ -96,12 +127,21 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         if config.deterministic:  # cuBLAS reads it when the context is created
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.cuda.set_device(device)
-    _init_process_group(info, backend, device, timeout)
+    try:
+        _init_process_group(info, backend, device, timeout)
+    except Exception as exc:
+        if peer_lost(exc):
+            raise _as_peer_lost(exc, info.rank) from exc
+        raise
     atexit.unregister(_let_gloo_workers_finish)  # once per process, however many sessions
     atexit.register(_let_gloo_workers_finish)
     try:
         control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
         yield Dist(info=info, device=device, backend=backend, control=control)
+    except Exception as exc:
+        if peer_lost(exc):
+            raise _as_peer_lost(exc, info.rank) from exc
+        raise
     finally:
         dist.destroy_process_group()
 

@@ -3,7 +3,12 @@
 #
 # Debian ships no kube-apiserver binary, but its `kubernetes` source package holds the whole tree
 # (vendor/ included), so we build cmd/kube-apiserver once with Debian's Go and cache it.
+# The source gets the patches in patches/ (kubernetes#99804: empty strings in custom resources);
+# a cached binary built without exactly these patches is rebuilt, and a running server started
+# from another build is restarted. Installs the PyTorchJob, TrainJob and JobSet CRDs of k8s/crds/.
 # Idempotent: an apiserver already answering makes this a fast no-op. Stop it with down.sh.
+#
+#   up.sh --build-only   build (or rebuild) the cached binary and exit; a running server is untouched
 #
 # Environment (all optional):
 #   DIST_JOBS_CACHE            cache root (binary, Go build cache, source tarball)  [~/.cache/dist-jobs]
@@ -31,7 +36,9 @@ ETCD_PEER_PORT=${DIST_JOBS_ETCD_PEER_PORT:-23800}
 TOKEN=${DIST_JOBS_APISERVER_TOKEN:-dist-jobs-admin}
 APISERVER_BIN=$CACHE/bin/kube-apiserver
 KUBECTL_BIN=$CACHE/bin/kubectl
-CRD_NAME=pytorchjobs.kubeflow.org
+PATCHES=$HERE/patches
+CRD_FILES=(kubeflow.org_pytorchjobs.yaml trainer.kubeflow.org_trainjobs.yaml jobset.x-k8s.io_jobsets.yaml)
+CRD_NAMES=(pytorchjobs.kubeflow.org trainjobs.trainer.kubeflow.org jobsets.jobset.x-k8s.io)
 STAGE_RE='^(\+\+\+ |    (\./|cmd/))'
 # apt waits for other installers instead of failing (other helpers may be running apt too).
 APT_OPTS=(-o DPkg::Lock::Timeout=600 -o APT::Lock::Timeout=600)
@@ -60,14 +67,24 @@ api_get() {  # api_get PATH: GET against our apiserver with the static token; pr
     "https://127.0.0.1:$API_PORT$1"
 }
 
+# What the binary must be built from: the patches' contents. Written beside the binary after a
+# build and into the state dir when a server starts, so a stale binary or server is noticed.
+patch_stamp() { cat "$PATCHES"/*.patch | sha256sum | cut -c1-16; }
+
+binary_current() { [[ -x $APISERVER_BIN && $(cat "$APISERVER_BIN.patches" 2>/dev/null) == "$(patch_stamp)" ]]; }
+
 servers_up() {
   [[ -f $STATE/kubeconfig ]] && pid_is "$STATE/etcd.pid" etcd && pid_is "$STATE/kube-apiserver.pid" kube-apiserver \
+    && [[ $(cat "$STATE/kube-apiserver.patches" 2>/dev/null) == "$(patch_stamp)" ]] \
     && [[ $(api_get /readyz 2>/dev/null) == ok ]]
 }
 
-crd_established() {
-  api_get "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$CRD_NAME" 2>/dev/null \
-    | tr -d ' \n' | grep -q '"type":"Established","status":"True"'
+crds_established() {
+  local name
+  for name in "${CRD_NAMES[@]}"; do
+    api_get "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name" 2>/dev/null \
+      | tr -d ' \n' | grep -q '"type":"Established","status":"True"' || return 1
+  done
 }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -86,8 +103,9 @@ ensure_packages() {
   command -v etcd >/dev/null || want+=(etcd-server)
   command -v curl >/dev/null || want+=(curl)
   command -v openssl >/dev/null || want+=(openssl)
-  if [[ ! -x $APISERVER_BIN ]]; then
+  if ! binary_current; then
     command -v go >/dev/null || want+=(golang-go)
+    command -v patch >/dev/null || want+=(patch)
     command -v rsync >/dev/null || want+=(rsync)  # kube's hack/ scripts place binaries with rsync
     dpkg -s golang-github-modern-go-reflect2-dev >/dev/null 2>&1 || want+=(golang-github-modern-go-reflect2-dev)
   fi
@@ -192,6 +210,10 @@ prepare_tree() {  # unpack + swap reflect2; prints the tree path
   rm -rf "$tree/vendor/github.com/modern-go/reflect2" && mkdir -p "$tree/vendor/github.com/modern-go/reflect2"
   cp "$r2"/*.go "$r2"/*.s "$tree/vendor/github.com/modern-go/reflect2/" 2>/dev/null \
     || cp "$r2"/*.go "$tree/vendor/github.com/modern-go/reflect2/"
+  local p
+  for p in "$PATCHES"/*.patch; do
+    patch -d "$tree" -p1 --forward --quiet <"$p" >&2 || die "patch $p does not apply to v$K8S_VERSION"
+  done
   echo "$tree"
 }
 
@@ -214,7 +236,8 @@ heartbeat() {  # progress while the (mostly silent) build runs: stages live, ela
 }
 
 build_apiserver() {
-  [[ -x $APISERVER_BIN ]] && return
+  binary_current && return
+  [[ -x $APISERVER_BIN ]] && log "cached $APISERVER_BIN was not built with the patches in $PATCHES: rebuilding"
   fetch_source
   local tree start rc=0
   tree=$(prepare_tree)
@@ -232,7 +255,8 @@ build_apiserver() {
   kill "$HEARTBEAT" 2>/dev/null; wait "$HEARTBEAT" 2>/dev/null || true; HEARTBEAT=""
   show_stages
   [[ $rc == 0 ]] || { tail -n 30 "$CACHE/build.log" >&2; die "kube-apiserver build failed (rc=$rc)" "see $CACHE/build.log"; }
-  mkdir -p "$CACHE/bin" && cp "$tree/_output/bin/kube-apiserver" "$APISERVER_BIN"
+  mkdir -p "$CACHE/bin" && cp "$tree/_output/bin/kube-apiserver" "$APISERVER_BIN.new" && mv "$APISERVER_BIN.new" "$APISERVER_BIN"
+  patch_stamp >"$APISERVER_BIN.patches"
   log "built in $(( $(date +%s) - start )) s -> $APISERVER_BIN"
   rm -rf "$tree"  # ~1 GB; the tarball + Go build cache make a rebuild cheap
 }
@@ -278,7 +302,12 @@ api_ready() { [[ $(api_get /readyz) == ok ]]; }
 
 start_daemon() {  # start_daemon NAME LOG ARGS...: detached from this shell, pid recorded
   local name=$1 logf=$2; shift 2
-  setsid "$@" >"$logf" 2>&1 </dev/null &
+  # Without the descriptors this shell inherited: a daemon keeping, say, the lock file of a
+  # `flock LOCK up.sh` open would hold that lock for as long as it runs.
+  (
+    for fd in /proc/self/fd/*; do fd=${fd##*/}; (( fd > 2 )) && eval "exec $fd>&-"; done
+    exec setsid "$@" >"$logf" 2>&1 </dev/null
+  ) &
   echo $! >"$STATE/$name.pid"
 }
 
@@ -304,6 +333,7 @@ start_servers() {
     --service-cluster-ip-range 10.96.0.0/24 --enable-priority-and-fairness=false --v 1 \
     --endpoint-reconciler-type none  # the default one logs every 10 s that 127.0.0.1 is loopback
   wait_for 90 kube-apiserver "$STATE/kube-apiserver.pid" kube-apiserver "$STATE/kube-apiserver.log" api_ready
+  patch_stamp >"$STATE/kube-apiserver.patches"
   log "kube-apiserver ready on https://127.0.0.1:$API_PORT"
 }
 
@@ -329,31 +359,32 @@ EOF
   chmod 600 "$STATE/kubeconfig.tmp" && mv "$STATE/kubeconfig.tmp" "$STATE/kubeconfig"
 }
 
-find_crd() {
-  local c
-  for c in "$REPO/k8s/crds/kubeflow.org_pytorchjobs.yaml" "$REPO/../shared/k8s/crds/kubeflow.org_pytorchjobs.yaml"; do
-    [[ -f $c ]] && { echo "$c"; return; }
-  done
-  die "PyTorchJob CRD not found" "expected k8s/crds/kubeflow.org_pytorchjobs.yaml in the repo"
-}
-
 report() {
-  echo "kube-apiserver v$K8S_VERSION is up: https://127.0.0.1:$API_PORT (CRD $CRD_NAME established)"
+  echo "kube-apiserver v$K8S_VERSION is up: https://127.0.0.1:$API_PORT (CRDs ${CRD_NAMES[*]} established)"
   echo "kubeconfig: $STATE/kubeconfig"
   echo "  export DIST_JOBS_KUBECONFIG=$STATE/kubeconfig KUBECONFIG=$STATE/kubeconfig"
   [[ -x $KUBECTL_BIN ]] && echo "kubectl 1.20: $KUBECTL_BIN --kubeconfig $STATE/kubeconfig get pytorchjobs"
   echo "stop: $HERE/down.sh"
 }
 
-install_crd() {
-  "$(pick_python)" "$HERE/install_crd.py" --kubeconfig "$STATE/kubeconfig" "$(find_crd)" >&2
+install_crds() {
+  local files=() f
+  for f in "${CRD_FILES[@]}"; do
+    [[ -f $REPO/k8s/crds/$f ]] || die "CRD $f not found" "expected k8s/crds/$f in the repo"
+    files+=("$REPO/k8s/crds/$f")
+  done
+  local py; py=$(pick_python) || exit 1  # die in $(...) ends only the subshell
+  "$py" "$HERE/install_crd.py" --kubeconfig "$STATE/kubeconfig" "${files[@]}" >&2
 }
 
 main() {
   trap '[[ -z ${HEARTBEAT:-} ]] || kill "$HEARTBEAT" 2>/dev/null' EXIT
+  if [[ ${1:-} == --build-only ]]; then
+    ensure_packages; build_apiserver; log "binary current: $APISERVER_BIN"; return
+  fi
   if servers_up; then
     log "already running (state: $STATE)"
-    crd_established || install_crd
+    crds_established || install_crds
     report; return
   fi
   ensure_packages
@@ -366,7 +397,7 @@ main() {
   printf '%s,dist-jobs-admin,dist-jobs-admin,system:masters\n' "$TOKEN" >"$STATE/tokens.csv"
   start_servers
   write_kubeconfig
-  install_crd
+  install_crds
   report
 }
 

@@ -1,5 +1,6 @@
-"""The real kube-apiserver tier (k8s/apiserver/up.sh): kubectl apply of every rendered example and
-`dist-jobs submit/status/cancel` against a real v1.20.2 apiserver with the PyTorchJob CRD."""
+"""The real kube-apiserver tier (k8s/apiserver/up.sh): kubectl apply of every rendered example,
+`dist-jobs submit/status/cancel` of a PyTorchJob and submit/status/logs/cancel of a TrainJob against a
+real v1.20.2 apiserver (patched for kubernetes#99804) with the PyTorchJob, TrainJob and JobSet CRDs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -135,3 +137,112 @@ def test_invalid_submission_lists_causes(kubeconfig: Path, tmp_path: Path) -> No
         backend.submit(Prepared("k8s", spec, yaml.safe_dump(doc), "x.yaml"))
     text = str(err.value)
     assert "422" in text and "replicas" in text and "memory" in text
+
+
+TRAINJOB_CRD = "trainjobs.trainer.kubeflow.org"
+
+
+def _core(kubeconfig: Path) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(apiserver_tier.kube_client())
+
+
+def _pending_pod(core: Any, name: str, labels: dict[str, str], annotations: dict[str, str], container: str) -> None:
+    """A pod as the operator (or JobSet) would create it; with no scheduler here it stays Pending."""
+    from kubernetes.client.rest import ApiException
+
+    try:  # the ServiceAccount admission plugin needs the namespace's default account (no controller makes it here)
+        core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+    except ApiException as exc:
+        assert exc.status == 409, exc.body
+    meta = {"name": name, "labels": labels, "annotations": annotations}
+    # no token controller runs here: a pod that mounted the account's token would wait for one forever
+    spec = {"automountServiceAccountToken": False, "containers": [{"name": container, "image": "i:1"}]}
+    core.create_namespaced_pod("default", {"metadata": meta, "spec": spec})
+
+
+def test_empty_strings_are_legal_values(kubeconfig: Path, tmp_path: Path) -> None:
+    """kubernetes#99804 (v1.20 built with Go >= 1.16 read "" as null) is patched in the tier's build."""
+    name = f"empty-{uuid.uuid4().hex[:6]}"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "procs_per_node": 1, "image": "i:1", "env": {"EMPTY": ""}}))
+    sub = dj(kubeconfig, "submit", "--backend", "k8s", str(spec), "--namespace", "default", "--set", "k8s.labels.team=")
+    assert sub.returncode == 0, sub.stderr
+    from kubernetes import client
+
+    with apiserver_tier.kube_client() as api:
+        stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "kubeflow.org", "v1", "default", "pytorchjobs", name
+        )
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            "kubeflow.org", "v1", "default", "pytorchjobs", name
+        )
+    template = stored["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    assert {"name": "EMPTY", "value": ""} in template["spec"]["containers"][0]["env"]
+    assert template["metadata"]["labels"]["team"] == ""
+
+
+def test_trainjob_submit_status_logs_cancel(kubeconfig: Path) -> None:
+    apiserver_tier.require_apiserver(TRAINJOB_CRD)
+    name = f"tj-{uuid.uuid4().hex[:8]}"
+    common = ["--backend", "k8s", str(REPO / "k8s/examples/trainjob.yaml"), "--name", name, "--namespace", "default"]
+    sub = dj(kubeconfig, "submit", *common)
+    assert (sub.returncode, sub.stdout.strip()) == (0, name), sub.stderr
+    try:
+        _trainjob_verbs(kubeconfig, name)
+    finally:
+        _forget(name)
+
+
+def _trainjob_verbs(kubeconfig: Path, name: str) -> None:
+    ns = ["--namespace", "default"]
+    status = dj(kubeconfig, "status", "--backend", "k8s", name, *ns)
+    assert status.returncode == 1 and "not found" in status.stderr  # a PyTorchJob unless --kind says otherwise
+    tj = ["--backend", "k8s", "--kind", "TrainJob", *ns]
+    status = dj(kubeconfig, "status", *tj, name)
+    assert (status.returncode, status.stdout.split()) == (0, [name, name, "Pending"]), status.stderr
+    listed = dj(kubeconfig, "list", *tj)
+    assert name in listed.stdout.split(), listed.stderr
+    from dist_jobs.backends.k8s import K8sBackend
+
+    stored = K8sBackend(namespace="default", kubeconfig=str(kubeconfig), kind="TrainJob")._get(name)
+    (patch,) = stored["spec"]["runtimePatches"]  # the CRD keeps every setting dist-jobs carries there
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert pod["spec"]["volumes"][1]["persistentVolumeClaim"] == {"claimName": "shared-checkpoints"}
+    assert len(pod["metadata"]["annotations"]["dist-jobs/submission"]) == 12
+    logs = dj(kubeconfig, "logs", *tj, name)
+    assert logs.returncode == 1 and "has no pod with rank 0 (its pods: none yet)" in logs.stderr
+    core = _core(kubeconfig)
+    labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": "node"}
+    _pending_pod(core, f"{name}-node-0-0-abcde", labels, {"batch.kubernetes.io/job-completion-index": "0"}, "node")
+    try:
+        logs = dj(kubeconfig, "logs", *tj, name)  # the apiserver itself answers an unscheduled pod's log with nothing
+        assert logs.returncode == 1 and f"pod {name}-node-0-0-abcde is Pending: it has no log yet" in logs.stderr
+    finally:
+        core.delete_namespaced_pod(f"{name}-node-0-0-abcde", "default", grace_period_seconds=0)
+    cancel = dj(kubeconfig, "cancel", *tj, name)
+    assert cancel.returncode == 0, cancel.stderr
+
+
+def _forget(name: str) -> None:
+    """cancel deletes in the foreground, and no garbage collector runs here to finish it."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    args = ("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs", name)
+    with apiserver_tier.kube_client() as api:
+        custom = client.CustomObjectsApi(api)
+        try:
+            custom.patch_namespaced_custom_object(*args, {"metadata": {"finalizers": None}})
+            custom.delete_namespaced_custom_object(*args)  # when cancel did not get that far
+        except ApiException as exc:
+            assert exc.status == 404, exc.body
+
+
+def test_a_missing_namespace_says_to_create_it(kubeconfig: Path) -> None:
+    namespace = f"absent-{uuid.uuid4().hex[:6]}"
+    common = ["--backend", "k8s", str(REPO / "k8s/examples/resnet-2x4.yaml"), "--namespace", namespace]
+    sub = dj(kubeconfig, "submit", *common)
+    assert sub.returncode == 1 and f'namespaces "{namespace}" not found (404 NotFound)' in sub.stderr
+    assert f"kubectl create namespace {namespace}" in sub.stderr and "Traceback" not in sub.stderr

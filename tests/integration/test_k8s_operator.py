@@ -1,7 +1,9 @@
 """The operator's side of the contract: a PyTorchJob submitted with the real client to the stand-in
 apiserver is played by tests/operator_harness.py (each pod a process in its own network
-namespace, with exactly the operator's environment), trains to completion with the right ranks,
-and recovers from a preempted pod through restartPolicy ExitCode and the shared checkpoint."""
+namespace, with exactly the operator's environment and the kubelet's expansion), trains to
+completion with the right ranks, recovers from a preempted pod through restartPolicy ExitCode and
+the shared checkpoint, recovers from a pod killed without warning (the gang restart of
+k8s/README.md), and stops restarting at preemption.max_requeues, which the operator itself never does."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import yaml
 
 from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.errors import SpecError
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.crds import crd_path
@@ -42,7 +45,7 @@ def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
         # PYTHONPATH: the pods run this checkout's dist_jobs, as an image built from it would.
         "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": str(REPO)},
         "train": {**TRAIN, **train},
-        "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared"), "backoff_limit": 4},
+        "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared")},
     }
 
 
@@ -77,12 +80,13 @@ def test_operator_env_is_the_notes_table(tmp_path: Path) -> None:
 
 
 def test_operator_env_wins_over_the_users_and_elastic_jobs_get_rdzv(tmp_path: Path) -> None:
-    job = manifest(tmp_path, spec(tmp_path))  # a spec may not set MASTER_PORT (spec/reserved.py): a hand edit
-    for rtype in ("Master", "Worker"):
-        job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]["env"].append(
-            {"name": "MASTER_PORT", "value": "1"}
-        )
-    (master, worker) = pods(job)
+    data = spec(tmp_path)
+    with pytest.raises(SpecError, match="env.MASTER_PORT"):  # dist-jobs refuses what the operator would override
+        load_spec(data={**data, "env": {"MASTER_PORT": "1"}}, backend="k8s")
+    doc = manifest(tmp_path, data)
+    for replica in doc["spec"]["pytorchReplicaSpecs"].values():  # a manifest written by hand
+        replica["template"]["spec"]["containers"][0]["env"].append({"name": "MASTER_PORT", "value": "1"})
+    (master, worker) = pods(doc)
     assert (master.name, worker.name) == (f"{JOB}-master-0", f"{JOB}-worker-0")
     assert master.env["MASTER_PORT"] == "23456" and master.restart_policy == "ExitCode"
     elastic = manifest(tmp_path, {**spec(tmp_path), "k8s": {"min_nodes": 1, "max_nodes": 3}})
@@ -188,3 +192,47 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
     # Pod rank 0's entrypoint held the run directory lock in both attempts and released it.
     assert "without the run directory lock" not in first + second
     assert not (run_dir / "LOCK").exists()
+
+
+@needs_pods
+@pytest.mark.timeout(400)
+def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted: Any, tmp_path: Path) -> None:
+    """k8s/README.md's gang restart: an OOM kill or a node loss gives no SIGTERM. The operator recreates
+    the killed pod (137 is retryable); the survivors lose their peer, exit with the retryable code
+    (not 1, which would fail the job), are recreated too, and the new gang resumes from the checkpoint."""
+    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False))
+    run_dir = tmp_path / "shared" / "ckpt" / JOB
+    (tmp_path / "logs").mkdir()
+    with Operator(job, tmp_path / "logs") as operator:
+        deadline = time.monotonic() + 240
+        while not committed(run_dir) and time.monotonic() < deadline:
+            assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
+            time.sleep(0.05)
+        before = committed(run_dir)[-1]
+        operator.kill(f"{JOB}-master-0")
+        phase = operator.run(timeout=300)
+    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+    assert phase == "Succeeded", [a.text()[-2000:] for a in operator.attempts]
+    assert codes == {
+        (f"{JOB}-master-0", 0): 137,  # SIGKILL
+        (f"{JOB}-worker-0", 0): REQUEUE_EXIT_CODE,  # lost its peer: retryable
+        (f"{JOB}-master-0", 1): 0,
+        (f"{JOB}-worker-0", 1): 0,
+    }
+    survivor = operator.attempts[1].text() if operator.attempts[1].pod.endswith("worker-0") else ""
+    assert re.search(r"rank [23] lost a peer \(", survivor), survivor[-3000:]
+    resumed = re.search(
+        r"resumed from \S+: epoch 0, step \d+ of \d+ in it, step (\d+) overall",
+        operator.current(f"{JOB}-master-0").text(),
+    )
+    assert resumed is not None and before <= int(resumed.group(1)) < 64
+    assert committed(run_dir)[-1] == 64
+
+
+def test_elastic_pet_nnodes_is_min_max_after_defaulting(tmp_path: Path) -> None:
+    """pytorch_defaults.go setElasticPolicy: min and max are both set before setPodEnv reads them."""
+    elastic = manifest(tmp_path, {**spec(tmp_path), "k8s": {"min_nodes": 1, "max_nodes": 3}})
+    policy = elastic["spec"]["elasticPolicy"]
+    for given, nnodes in (({}, "2:2"), ({"minReplicas": 1}, "1:1"), ({"maxReplicas": 4}, "4:4")):
+        elastic["spec"]["elasticPolicy"] = {**{k: v for k, v in policy.items() if "Replicas" not in k}, **given}
+        assert dict(operator_env(defaulted(elastic), "Worker", 0))["PET_NNODES"] == nnodes

@@ -1,7 +1,7 @@
 """Helpers for the `apiserver` test tier: tests against a real kube-apiserver.
 
 The server comes from `k8s/apiserver/up.sh` (a kube-apiserver v1.20.2 + etcd on loopback with
-the PyTorchJob CRD installed), or from any cluster whose kubeconfig is in DIST_JOBS_KUBECONFIG.
+the PyTorchJob, TrainJob and JobSet CRDs installed), or from any cluster whose kubeconfig is in DIST_JOBS_KUBECONFIG.
 Tests import this module (pytest puts tests/ on sys.path) and skip when no server answers:
 
     import pytest

@@ -6,9 +6,20 @@ headless Services do (`ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hos
 is the container's command, started with exactly the environment the operator's setPodEnv
 builds (`../shared/k8s/KUBERNETES_NOTES.md`, section 1): the container's own env first, then
 PYTHONUNBUFFERED, MASTER_*/PET_MASTER_*, WORLD_SIZE, RANK (the pod index), PET_NODE_RANK,
-PET_NPROC_PER_NODE and PET_NNODES, or the elastic PET_RDZV_* set. Only PATH, HOME and
-HOSTNAME come from elsewhere (the image and the kubelet). Pods restart per restartPolicy
-(ExitCode: 128-255 retry, 1-127 fail) within runPolicy.backoffLimit.
+PET_NPROC_PER_NODE and PET_NNODES, or the elastic PET_RDZV_* set, all through the kubelet's
+`$(VAR)`/`$$` expansion (support.kubelet). Only PATH, HOME, HOSTNAME and the image's PYTHONPATH
+come from elsewhere (the image and the kubelet).
+
+The controller's decisions follow the operator's source (kubeflow/trainer v1.9.4,
+pkg/controller.v1/pytorch and pkg/controller.v1/common, KUBERNETES_NOTES section 5):
+* ExitCode: a pod exiting 128-255 (or killed by a signal) is recreated, 1-127 fails the job;
+  OnFailure: the container restarts in place; Never: the job fails.
+* runPolicy.backoffLimit caps nothing under ExitCode (the work queue's retry count is always 0,
+  kubeflow/trainer#2045), except 0, which fails the job on the first pod failure of any kind;
+  under OnFailure it caps in-place container restarts.
+* The job succeeds when its Master succeeds (without a Master: when every Worker has).
+* cleanPodPolicy None (what dist-jobs renders): when the job ends, no pod is deleted, so
+  surviving pods keep running; a pod that exits after the end is not restarted.
 
 Needs root, `ip` and `unshare`; `available()` says why not.
 """
@@ -25,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from support import kubelet
 
 DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
 BRIDGE = "djopbr0"
@@ -50,6 +63,14 @@ def defaulted(job: dict[str, Any]) -> dict[str, Any]:
     spec = job["spec"]
     if "nProcPerNode" not in (spec.get("elasticPolicy") or {}):
         spec.setdefault("nprocPerNode", "auto")
+    run_policy = spec.setdefault("runPolicy", {})
+    run_policy.setdefault("cleanPodPolicy", "None")
+    elastic = spec.get("elasticPolicy")
+    if elastic is not None:  # setElasticPolicy: min and max both set, from each other or the Workers
+        workers = spec["pytorchReplicaSpecs"].get("Worker", {}).get("replicas", 1)
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        elastic["minReplicas"] = low if low is not None else high if high is not None else workers
+        elastic["maxReplicas"] = high if high is not None else elastic["minReplicas"]
     for replica in spec["pytorchReplicaSpecs"].values():
         replica.setdefault("replicas", 1)
         replica.setdefault("restartPolicy", "OnFailure")
@@ -107,13 +128,10 @@ def _elastic_env(name: str, replicas: dict[str, Any], elastic: dict[str, Any]) -
     workers = replicas["Worker"]
     host = elastic.get("rdzvHost") or f"{name}-worker-0"
     port = elastic.get("rdzvPort") or _port(workers)
-    low = elastic.get("minReplicas", elastic.get("maxReplicas"))
-    high = elastic.get("maxReplicas", elastic.get("minReplicas"))
-    nnodes = f"{low}:{high}" if low is not None else str(workers["replicas"])
     env = [
         ("PET_RDZV_ENDPOINT", f"{host}:{port}"),
         ("PET_RDZV_BACKEND", elastic.get("rdzvBackend") or "c10d"),
-        ("PET_NNODES", nnodes),
+        ("PET_NNODES", f"{elastic['minReplicas']}:{elastic['maxReplicas']}"),  # always min:max once defaulted
     ]
     if "maxRestarts" in elastic:
         env.append(("PET_MAX_RESTARTS", str(elastic["maxRestarts"])))
@@ -140,27 +158,43 @@ class Pod:
     workdir: str | None
 
 
-def pods(job: dict[str, Any]) -> list[Pod]:
-    """The replica pods the operator would create, Master first."""
-    job = defaulted(job)
+def _metadata(job: dict[str, Any], replica: dict[str, Any], rtype: str, index: int) -> dict[str, Any]:
+    """The pod's metadata: the template's, plus the labels the operator adds (common/pod.go)."""
+    template = replica["template"].get("metadata") or {}
     name = job["metadata"]["name"]
+    labels = {
+        **(template.get("labels") or {}),
+        "training.kubeflow.org/job-name": name,
+        "training.kubeflow.org/operator-name": "pytorchjob-controller",
+        "training.kubeflow.org/replica-type": rtype.lower(),
+        "training.kubeflow.org/replica-index": str(index),
+    }
+    return {
+        "name": f"{name}-{rtype.lower()}-{index}",
+        "namespace": job["metadata"].get("namespace", "default"),
+        "labels": labels,
+        "annotations": dict(template.get("annotations") or {}),
+    }
+
+
+def pods(job: dict[str, Any]) -> list[Pod]:
+    """The replica pods the operator would create, Master first, as the kubelet starts them."""
+    job = defaulted(job)
     result = []
     for rtype in sorted(job["spec"]["pytorchReplicaSpecs"], key=lambda r: r != "Master"):
         replica = job["spec"]["pytorchReplicaSpecs"][rtype]
         container = next(c for c in replica["template"]["spec"]["containers"] if c["name"] == "pytorch")
         for index in range(int(replica["replicas"])):
-            env: dict[str, str] = {}
-            for item in container.get("env", []):
-                if "value" not in item:
-                    raise NotImplementedError(f"env {item['name']}: only plain values are played")
-                env[item["name"]] = item["value"]
-            env.update(operator_env(job, rtype, index))  # appended after: the operator's wins
+            pod = {"metadata": _metadata(job, replica, rtype, index)}
+            # setPodEnv appends after the container's own env: the operator's value wins a duplicate
+            added = [{"name": k, "value": v} for k, v in operator_env(job, rtype, index)]
+            env = kubelet.environment([*container.get("env", []), *added], pod)
             result.append(
                 Pod(
-                    f"{name}-{rtype.lower()}-{index}",
+                    pod["metadata"]["name"],
                     rtype,
                     index,
-                    [*container.get("command", []), *container.get("args", [])],
+                    kubelet.argv(container, env),
                     env,
                     replica["restartPolicy"],
                     container.get("workingDir"),
@@ -239,6 +273,14 @@ class PodNetwork:
             if name.startswith(f"{NS_PREFIX}v"):
                 _ip("link", "del", name, check=False)
 
+    def kill_all(self, pod: str) -> None:
+        pids = subprocess.run(["ip", "netns", "pids", self.namespace(pod)], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def argv(self, pod: str, command: list[str]) -> list[str]:
         # The pod's hostname is its name, as the kubelet sets it; gloo binds to what it resolves to.
         return [
@@ -274,14 +316,14 @@ class Attempt:
 
 @dataclass
 class Operator:
-    """Runs the job's pods to the end, restarting them as the operator would."""
+    """Runs the job's pods until the job ends, restarting them as the operator would."""
 
     job: dict[str, Any]
     logs: Path
     path: str = os.path.dirname(sys.executable) + os.pathsep + "/usr/sbin:/usr/bin:/sbin:/bin"
     attempts: list[Attempt] = field(default_factory=list)
     phase: dict[str, str] = field(default_factory=dict)
-    failed: bool = False
+    condition: str = "Running"  # the job's: Running, then Succeeded or Failed
 
     def __post_init__(self) -> None:
         self.pods = {pod.name: pod for pod in pods(self.job)}
@@ -305,6 +347,8 @@ class Operator:
         number = sum(1 for a in self.attempts if a.pod == name)
         log = self.logs / f"{name}.{number}.log"
         env = {**pod.env, "PATH": self.path, "HOME": str(self.logs), "HOSTNAME": name}
+        if os.environ.get("PYTHONPATH"):  # the image's python path: the checkout under test
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         with log.open("wb") as out:
             process = subprocess.Popen(
                 self.network.argv(name, pod.command),
@@ -327,35 +371,55 @@ class Operator:
         """What a node drain or preemption does: SIGTERM to the container's PID 1."""
         os.kill(self.current(pod).process.pid, signal.SIGTERM)
 
+    def kill(self, pod: str) -> None:
+        """What a node loss (or a container-wide OOM kill) does: every process of the pod dies at
+        once, without warning, torchrun's workers too, which run in sessions of their own."""
+        self.network.kill_all(pod)
+
     def restarts(self) -> int:
         return len(self.attempts) - len(self.pods)
 
+    def poll(self) -> None:
+        """One reconcile: collect the pods that exited and act on them."""
+        for attempt in self.running():
+            code = attempt.process.poll()
+            if code is not None:  # a container killed by signal N exits 128 + N
+                self._finished(attempt, 128 - code if code < 0 else code)
+
     def run(self, timeout: float) -> str:
-        """Reconcile until every pod has finished: 'Succeeded', 'Failed', or raise on timeout."""
+        """Reconcile until the job ends: 'Succeeded' or 'Failed' (pods may still run), or raise on timeout."""
         deadline = time.monotonic() + timeout
-        while self.running():
+        while self.condition == "Running":
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pods still running after {timeout:.0f} s: {[a.pod for a in self.running()]}")
-            for attempt in self.running():
-                code = attempt.process.poll()
-                if code is not None:  # a container killed by signal N exits 128 + N
-                    self._finished(attempt, 128 - code if code < 0 else code)
+                raise TimeoutError(f"job still running after {timeout:.0f} s: {[a.pod for a in self.running()]}")
+            self.poll()
             time.sleep(0.1)
-        return "Succeeded" if all(p == "Succeeded" for p in self.phase.values()) else "Failed"
+        return self.condition
 
     def _finished(self, attempt: Attempt, code: int) -> None:
         attempt.code = code
         pod = self.pods[attempt.pod]
+        self.phase[pod.name] = "Succeeded" if code == 0 else "Failed"
+        if self.condition != "Running":
+            return  # the job has ended: nothing is restarted, nothing is cleaned up (cleanPodPolicy None)
         if code == 0:
-            self.phase[pod.name] = "Succeeded"
-        elif (
-            not self.failed
-            and retries(pod.restart_policy, code)
-            and (self.backoff_limit is None or self.restarts() < self.backoff_limit)
-        ):
-            self._start(pod.name)
+            self._maybe_succeeded()
+        elif self.backoff_limit == 0:
+            self.condition = "Failed"  # the fake work queue's retry count 0 + 1 > 0: any failure ends the job
+        elif pod.restart_policy == "OnFailure" and self._container_restarts(pod.name) < (self.backoff_limit or 1 << 30):
+            self._start(pod.name)  # an in-place container restart: the only kind backoffLimit counts
+        elif pod.restart_policy == "ExitCode" and retries("ExitCode", code):
+            self._start(pod.name)  # deleted and recreated: no limit
         else:
-            self.phase[pod.name] = "Failed"
-            self.failed = True
-            for other in self.running():  # as cleanPodPolicy All would: nothing left to wait for
-                os.killpg(other.process.pid, signal.SIGKILL)
+            self.condition = "Failed"
+
+    def _container_restarts(self, pod: str) -> int:
+        return sum(1 for a in self.attempts if a.pod == pod) - 1
+
+    def _maybe_succeeded(self) -> None:
+        if "Master" in {p.rtype for p in self.pods.values()}:
+            done = all(self.phase[p.name] == "Succeeded" for p in self.pods.values() if p.rtype == "Master")
+        else:
+            done = all(phase == "Succeeded" for phase in self.phase.values())
+        if done:
+            self.condition = "Succeeded"

@@ -18,6 +18,7 @@ from dist_jobs.render.k8s import container_command
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, new_token
 from dist_jobs.spec.load import load_spec
+from support import kubelet
 from support.paths import REPO, venv_bin
 from support.render_helpers import make_stubs, run_script
 
@@ -79,7 +80,8 @@ def test_a_requeued_attempt_takes_its_own_jobs_lock_over(tmp_path: Path) -> None
 
 def run_pod(tmp_path: Path, program: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The container command of the K8S spec, with `program` (sh code) in place of the trainer."""
-    command = container_command(load_spec(data=K8S))
+    # What the container runs once the kubelet has undone the manifest's `$$` escaping.
+    command = [kubelet.expand(arg, {}) for arg in container_command(load_spec(data=K8S))]
     assert command[:2] == ["/bin/sh", "-c"]
     environ = {
         "PATH": f"{venv_bin()}:/usr/bin:/bin",
@@ -87,6 +89,7 @@ def run_pod(tmp_path: Path, program: str, **env: str) -> subprocess.CompletedPro
         "DIST_JOBS_CHECKPOINT_DIR": str(tmp_path / "shared"),
         "DIST_JOBS_RUN": "locked",
         "DIST_JOBS_LOCK_OWNER": "k8s:pytorchjob/ml/locked",
+        "DIST_JOBS_MAX_REQUEUES": "3",
         **env,
     }
     argv = [*command[:4], "sh", "-c", program]
@@ -97,7 +100,7 @@ def test_pod_rank_0_holds_the_lock_for_its_program(tmp_path: Path) -> None:
     show = 'cat "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK"; echo; echo "token=$DIST_JOBS_LOCK_TOKEN"; exit 7'
     proc = run_pod(tmp_path, show, PET_NODE_RANK="0")
     assert proc.returncode == 7, proc.stderr  # the program's code passes through
-    record = json.loads(proc.stdout.splitlines()[0])
+    record = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
     assert (record["backend"], record["owner"], record["job_id"]) == (
         "k8s",
         "k8s:pytorchjob/ml/locked",
@@ -132,4 +135,4 @@ def test_the_pods_heartbeat_keeps_the_lock_fresh(tmp_path: Path) -> None:
     proc = run_pod(tmp_path, program, PET_NODE_RANK="0", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.2")
     assert proc.returncode == 0, proc.stderr
     assert time.time() - int(proc.stdout.split()[-1]) < 10  # touched again by the heartbeat
-    assert not lock.exists() and not os.listdir(lock.parent)
+    assert not lock.exists() and os.listdir(lock.parent) in ([], ["attempts"])  # attempts: the restart cap

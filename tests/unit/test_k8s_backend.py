@@ -1,10 +1,11 @@
-"""The Kubernetes backend, driven through the real `kubernetes` client against the loopback
-stand-in apiserver (tests/kube_standin.py): what it sends, what ends up stored, and how every
-apiserver answer becomes a message with a hint."""
+"""The Kubernetes backend, driven through the real `kubernetes` client's REST layer against the
+loopback stand-in apiserver (tests/kube_standin.py): what it sends, what ends up stored, how every
+apiserver answer (and silence) becomes a message with a hint, and how long a silence may last."""
 
 from __future__ import annotations
 
 import copy
+import json
 import queue
 import socket
 import time
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from dist_jobs.backends import k8s_client
 from dist_jobs.backends.base import Prepared
-from dist_jobs.backends.k8s import MANAGED, K8sBackend, pytorchjob_selector
+from dist_jobs.backends.k8s import MANAGED, K8sBackend, pytorchjob_selector, stamped
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path, prune_and_default
@@ -46,8 +48,7 @@ def api() -> Iterator[FakeKubeAPI]:
 
 
 def _backend(url: str, **kwargs: Any) -> K8sBackend:
-    api_client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
-    return K8sBackend(api_client=api_client, **kwargs)
+    return K8sBackend(api_client=k8s_client.for_host(url), **kwargs)
 
 
 @pytest.fixture()
@@ -96,8 +97,11 @@ def test_submit_creates_with_strict_field_validation_and_stores_the_rendered_man
     assert post.path == f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}"
     assert post.query == {"fieldValidation": ["Strict"]}
     manifest = yaml.safe_load(prepared.payload)
-    assert post.body == manifest, "the exact rendered manifest is the request body"
-    expected, pruned = prune_and_default(manifest)
+    stamp = post.body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"]
+    submission = stamp["dist-jobs/submission"]
+    assert len(submission) == 12, "each submission stamps its pods (the restart counter's key)"
+    assert post.body == stamped(manifest, submission), "the rendered manifest, stamped, is the request body"
+    expected, pruned = prune_and_default(post.body)
     assert pruned == []
     stored = copy.deepcopy(api.store[(PLURAL, NS, JOB)])
     assert SERVER_META <= set(stored["metadata"])
@@ -197,14 +201,86 @@ def test_unreachable_server_is_a_clear_message_not_a_traceback() -> None:
     assert "cannot reach" in _error(backend.list).message
 
 
-def test_a_silent_server_times_out_instead_of_hanging() -> None:
-    with socket.socket() as silent:  # accepts connections (kernel backlog) and never answers
+@pytest.fixture()
+def silent_url() -> Iterator[str]:
+    """An address that accepts TCP connections (the kernel's backlog) and never says anything."""
+    with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        backend = _backend(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=(0.3, 0.3))
+        yield f"127.0.0.1:{silent.getsockname()[1]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_hung_apiserver_gives_a_clear_error_within_15_seconds(silent_url: str) -> None:
+    """A GET is retried by urllib3 by default (4 tries, the client sets no read timeout): here one
+    read timeout ends it, and an HTTPS server that never finishes the TLS handshake is the same."""
+    for scheme in ("http", "https"):
+        backend = _backend(f"{scheme}://{silent_url}")
         start = time.monotonic()
-        err = _error(backend.submit, _prepared(backend))
-        assert "timed out" in err.message and time.monotonic() - start < 10
+        err = _error(backend.status, JOB)
+        took = time.monotonic() - start
+        assert took < 15, (scheme, took)
+        assert "did not answer in time" in err.message, err.message
+        assert err.hint and "kubectl cluster-info" in err.hint and "may have been created" not in err.hint
+    assert took < k8s_client.READ_S + 2  # the TLS handshake is bounded by the connect timeout
+
+
+def test_a_timed_out_create_says_the_job_may_exist(silent_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s_client, "TIMEOUT", (0.5, 0.5))
+    backend = _backend(f"http://{silent_url}")
+    err = _error(backend.submit, _prepared(backend))
+    assert err.message.startswith(f"create PyTorchJob {NS}/{JOB}: the Kubernetes apiserver at http://{silent_url}")
+    assert err.hint and "may have been created" in err.hint and "dist-jobs status --backend k8s" in err.hint
+
+
+def test_an_untrusted_certificate_is_named_as_such(tmp_path: Any) -> None:
+    """Not "is the cluster up?": the server answered, with a certificate the kubeconfig's CA did not sign."""
+    import http.server
+    import ssl
+    import subprocess
+    import threading
+
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        backend = _backend(f"https://127.0.0.1:{server.server_address[1]}")
+        err = _error(backend.status, JOB)
+    finally:
+        server.shutdown()
+    assert "TLS certificate is not trusted" in err.message and "CERTIFICATE_VERIFY_FAILED" in err.message
+    assert err.hint and "certificate-authority" in err.hint and "cluster up" not in err.hint
+
+
+def test_a_missing_namespace_says_to_create_it() -> None:
+    from dist_jobs.backends.k8s_errors import api_error
+
+    class Missing(Exception):
+        status = 404
+        body = json.dumps(
+            {
+                "kind": "Status",
+                "status": "Failure",
+                "message": 'namespaces "ml" not found',
+                "reason": "NotFound",
+                "details": {"name": "ml", "kind": "namespaces"},
+                "code": 404,
+            }
+        )
+
+    err = api_error(Missing(), "create PyTorchJob ml/j")
+    assert err.message == 'create PyTorchJob ml/j: namespaces "ml" not found (404 NotFound)'
+    assert err.hint and "kubectl create namespace ml" in err.hint and "k8s.namespace" in err.hint
 
 
 # --- status, list, cancel ---------------------------------------------------------------------
@@ -335,6 +411,26 @@ def test_logs_before_the_pods_exist_and_of_a_missing_job(api: FakeKubeAPI, backe
     assert "not found" in _error(backend.logs, "no-such-job").message
     _operator_pod(api, JOB, "master", 0, "")  # nothing written yet: the apiserver answers 204, no body
     assert list(backend.logs(JOB)) == []
+
+
+def test_logs_of_a_pod_that_has_not_started_is_an_error_not_silence(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    """The apiserver answers an unscheduled pod's log with nothing (204): `logs` must not print nothing, exit 0."""
+    backend.submit(_prepared(backend))
+    master = _operator_pod(api, JOB, "master", 0, "")
+    api.pods[(NS, master)]["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    err = _error(backend.logs, JOB)
+    assert err.message == f"PyTorchJob {NS}/{JOB}: pod {master} is Pending (Unschedulable): it has no log yet"
+    assert err.hint and f"kubectl describe pod {master}" in err.hint
+    waiting = {"name": "pytorch", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    api.pods[(NS, master)]["status"] = {"phase": "Pending", "containerStatuses": [waiting]}
+    assert "is ContainerCreating" in _error(backend.logs, JOB, follow=True).message
+    restarted = {**waiting, "lastState": {"terminated": {"exitCode": 200}}}
+    api.pods[(NS, master)]["status"] = {"phase": "Pending", "containerStatuses": [restarted]}
+    api.pod_logs[(NS, master)] = "the last run's log\n"
+    assert list(backend.logs(JOB)) == ["the last run's log"]  # a restarting container still has one
 
 
 def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, backend: K8sBackend) -> None:

@@ -87,12 +87,15 @@ def test_submit_dry_run_prints_the_manifest_and_the_server_check(
     assert [r.query.get("dryRun") for r in api.requests if r.method == "POST"] == [["All"]]
 
 
-def test_submit_dry_run_of_a_refused_manifest_exits_1(
-    capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
+def test_submit_of_a_spec_kubernetes_would_refuse_exits_2_before_any_request(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
 ) -> None:
+    """The stand-in (like the real apiserver) would answer 422 for this label key; the spec rules say it first."""
     spec = write_spec(tmp_path, k8s={"pvc": "ckpt", "labels": {"bad key!": "x"}})
-    code, _, err = run(capsys, *k8s("submit", kubeconfig, "--dry-run", str(spec)))
-    assert code == 1 and "422 Invalid" in err and "metadata.labels" in err and "hint:" in err
+    for extra in (["--dry-run"], []):
+        code, out, err = run(capsys, *k8s("submit", kubeconfig, *extra, str(spec)))
+        assert (code, out) == (2, "") and "k8s.labels (key)" in err and "'bad key!'" in err and "fix:" in err
+    assert api.requests == []
 
 
 def test_errors_exit_1_with_message_and_hint_and_no_traceback(

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from dist_jobs.render.k8s import k8s_name
-from dist_jobs.render.quoting import dns1035
 from dist_jobs.spec import run_id
+from dist_jobs.spec.k8s_names import dns1035
 from dist_jobs.spec.load import load_spec
 
 SWEEP = "sweep-resnet50-imagenet-" + "bs256-wd5e-4-cosine-warmup500-" * 5

@@ -23,11 +23,13 @@ from hypothesis import strategies as st
 
 from dist_jobs.errors import SpecError
 from dist_jobs.render import render
-from dist_jobs.render.quoting import dns1035, sh, yaml_value
+from dist_jobs.render.quoting import sh, yaml_value
 from dist_jobs.spec import run_id
+from dist_jobs.spec.k8s_names import dns1035
 from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED
 from dist_jobs.spec.train import TrainConfig
+from support import kubelet
 from support.render_helpers import make_stubs, run_script
 from support.yaml11 import KubectlRefused, read_like_kubectl, require_kubectl
 
@@ -177,7 +179,7 @@ def test_manifest_reads_back_the_same_in_yaml_1_1_and_1_2(
             "env": env,
             "command": ["python3", "t.py", *args],
             "checkpoint_dir": "/" + ckpt,
-            "workdir": workdir,
+            "workdir": "/" + workdir,  # a container's working directory is absolute (k8s_rules)
             "k8s": {"labels": labels, "annotations": annotations, "launch": "direct"},
         }
     )
@@ -191,11 +193,13 @@ def test_manifest_reads_back_the_same_in_yaml_1_1_and_1_2(
     for rtype in ("Master", "Worker"):
         tmpl = doc["spec"]["pytorchReplicaSpecs"][rtype]["template"]
         container = tmpl["spec"]["containers"][0]
-        assert container["command"][4:] == ["python3", "-m", "dist_jobs.launch", "--", "python3", "t.py", *args]
-        got_env = {e["name"]: e["value"] for e in container["env"]}
+        # Every `$` is doubled for the kubelet (test_kubelet_props.py): undo that to compare.
+        command = [kubelet.expand(word, {}) for word in container["command"][4:]]
+        assert command == ["python3", "-m", "dist_jobs.launch", "--", "python3", "t.py", *args]
+        got_env = {e["name"]: kubelet.expand(e["value"], {}) for e in container["env"] if "value" in e}
         assert {k: got_env[k] for k in env} == env
         assert got_env["DIST_JOBS_CHECKPOINT_DIR"] == "/" + ckpt
-        assert container["workingDir"] == workdir
+        assert container["workingDir"] == "/" + workdir
         assert {k: tmpl["metadata"]["labels"][k] for k in labels} == labels
         assert tmpl["metadata"].get("annotations", {}) == annotations
 

@@ -48,12 +48,16 @@ def test_seed_job_master_and_worker() -> None:
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "256Gi"}
     assert c["resources"]["requests"]["cpu"] == "32"
     assert c["command"][4:9] == ["torchrun", "--nproc-per-node=4", "--no-python", "python3", "-m"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["DIST_JOBS_BACKEND"] == "k8s" and env["DIST_JOBS_CHECKPOINT_DIR"] == "/shared/checkpoints"
+    assert env["DIST_JOBS_MAX_REQUEUES"] == "3"  # the pod entrypoint's restart cap
+    assert env["DIST_JOBS_SUBMISSION"] == {"fieldRef": {"fieldPath": "metadata.annotations['dist-jobs/submission']"}}
     assert {"dshm", "shared"} == {
         v["name"] for v in doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"]
     }
     assert replicas["Master"]["restartPolicy"] == "ExitCode"
+    # under ExitCode the operator's backoffLimit caps nothing (kubeflow/trainer#2045): not rendered
+    assert "backoffLimit" not in doc["spec"]["runPolicy"]
 
 
 def test_single_node_has_no_worker() -> None:
@@ -104,6 +108,7 @@ def test_shm_off_and_options() -> None:
                 "node_selector": {"gpu": "a100"},
                 "ttl_seconds_after_finished": 60,
                 "active_deadline_seconds": 3600,
+                "restart_policy": "OnFailure",
                 "backoff_limit": 7,
                 "tolerations": [{"key": "g", "operator": "Exists", "effect": "NoSchedule"}],
             },
@@ -120,6 +125,36 @@ def test_trainjob_valid_against_its_crd() -> None:
     doc = manifest({**SEED, "k8s": {"api": "trainjob"}})
     assert doc["kind"] == "TrainJob" and doc["spec"]["trainer"]["numNodes"] == 2
     assert doc["spec"]["trainer"]["numProcPerNode"] == 4
+
+
+def test_trainjob_carries_the_pod_settings_through_runtime_patches() -> None:
+    """Every pod-level setting a PyTorchJob has reaches the TrainJob's `node` pods (CRD v2.3)."""
+    k8s = {
+        "api": "trainjob",
+        "pvc": "ckpt",
+        "shm_size": "2Gi",
+        "service_account": "trainer",
+        "image_pull_secrets": ["regcred"],
+        "node_selector": {"gpu": "a100"},
+        "tolerations": [{"key": "g", "operator": "Exists", "effect": "NoSchedule"}],
+        "labels": {"team": "ml"},
+        "annotations": {"example.com/owner": "me"},
+    }
+    doc = manifest({**SEED, "preemption": {"grace_seconds": 600}, "k8s": k8s})
+    pytorch = manifest({**SEED, "preemption": {"grace_seconds": 600}, "k8s": {**k8s, "api": "pytorchjob"}})
+    (patch,) = doc["spec"]["runtimePatches"]
+    assert patch["manager"] == "dist-jobs"
+    (step,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert step["name"] == "node"
+    pod = step["template"]["spec"]["template"]
+    want = pytorch["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert pod["metadata"]["labels"] == {**want["metadata"]["labels"], "dist-jobs/run": "resnet50-ddp"}
+    assert pod["metadata"]["annotations"] == want["metadata"]["annotations"]
+    settings = {k: v for k, v in want["spec"].items() if k != "containers"}
+    assert {k: v for k, v in pod["spec"].items() if k != "containers"} == settings
+    assert settings["terminationGracePeriodSeconds"] == 600 and settings["serviceAccountName"] == "trainer"
+    mounts = want["spec"]["containers"][0]["volumeMounts"]
+    assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": mounts}]
 
 
 def test_validator_catches_a_broken_manifest() -> None:

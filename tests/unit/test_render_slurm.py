@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from dist_jobs.constants import REQUEUE_LIMIT_EXIT_CODE
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.paths import REPO
@@ -129,6 +130,25 @@ def test_no_requeue_past_max_or_on_failure(tmp_path) -> None:
     assert "maximum of 2 requeues" in proc.stderr
     proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, rc=1)
     assert proc.returncode == 1 and not [c for c in calls if c["prog"] == "scontrol"]
+
+
+def test_restart_cap_counted_in_the_run_directory(tmp_path) -> None:
+    """Requeues from outside the script (scontrol requeue, preemption) count too: past max_requeues
+    the script refuses to start with REQUEUE_LIMIT_EXIT_CODE; a new submission starts afresh."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    script = render(load_spec(data={**SEED, "preemption": {"max_requeues": 1}}), "slurm")
+    for attempt in range(2):  # the first start and one requeue, as SLURM_RESTART_COUNT never says
+        proc, calls = run_script(script, tmp_path, stubs, rc=200)
+        assert proc.returncode == 200 and [c for c in calls if c["prog"] == "srun"], proc.stderr
+        assert f"batch start {attempt + 1} of at most 2" in proc.stdout
+    proc, calls = run_script(script, tmp_path, stubs, rc=200)
+    assert proc.returncode == REQUEUE_LIMIT_EXIT_CODE and calls == []
+    assert "has started 2 times for this submission and preemption.max_requeues is 1" in proc.stderr
+    proc, calls = run_script(script, tmp_path, stubs, {"SLURM_JOB_ID": "4243"})  # resubmitted: its own count
+    assert proc.returncode == 0 and [c for c in calls if c["prog"] == "srun"]
+    counts = tmp_path / "checkpoints" / "resnet50-ddp" / "attempts"
+    assert len((counts / "4242" / "batch").read_text().splitlines()) == 2
+    assert not (counts / "4243").exists()  # a success forgets its count
 
 
 def test_preempted_marker_maps_to_requeue(tmp_path) -> None:

@@ -246,3 +246,69 @@ def test_inconsistent_launch_exits_3_before_importing_torch() -> None:
     )
     assert out.stdout.split() == ["3", "False"], out.stderr
     assert "WORLD_SIZE='4'" in out.stderr and "hint:" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- a vanished peer ---------------------------------------------------------------------------
+GLOO_RESET = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [10.0.0.2]:21415: Connection reset by "
+    "peer. This is typically caused by a remote worker hanging or bugs in the application."
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (RuntimeError(GLOO_RESET), True),  # a collective, as gloo reports a dead peer (seen with kill -9)
+        (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer"), True),
+        (dist.DistStoreError("Timed out after 61 seconds waiting for clients. 1/2 clients joined."), True),
+        (dist.DistNetworkError("The client socket has failed to connect to [master]:23456"), True),
+        (RuntimeError("DataLoader worker (pid 7) timed out"), False),  # not torch.distributed's
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),  # a bug
+        (ValueError("Connection reset by gloo"), False),
+    ],
+)
+def test_peer_lost_tells_a_vanished_peer_from_a_bug(error: BaseException, lost: bool) -> None:
+    from dist_jobs.train.distributed import peer_lost
+
+    assert peer_lost(error) is lost
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_lost_peer_in_rendezvous_exits_with_the_retryable_code(tmp_path: Path) -> None:
+    """Rank 1 of 2 whose rank 0 never comes: the TCPStore times out, exit 200 (not 1), and the code
+    is left for the pod entrypoint, as torchrun would otherwise report 1."""
+    env = {
+        **child_env(),
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),  # nothing listens: the client fails to connect until the timeout
+        "DIST_JOBS_ENV": "torchrun",
+        "DIST_JOBS_BACKEND": "local",  # two "nodes" on this host, both on loopback
+        "DIST_JOBS_RDZV_TIMEOUT": "3",
+        "DIST_JOBS_EXIT_NOTE": str(tmp_path / "note"),
+    }
+    argv = [PYTHON, "-m", "dist_jobs.train", "--device", "cpu", "--fake-samples", "8", "--epochs", "1"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 200, proc.stderr[-2000:]
+    assert "rank 1 lost a peer (" in proc.stderr and "exiting with 200" in proc.stderr
+    assert (tmp_path / "note").read_text() == "200\n"
+
+
+def test_the_first_failure_of_a_pod_is_the_noted_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dist_jobs.train.__main__ import note_exit
+
+    monkeypatch.setenv("DIST_JOBS_EXIT_NOTE", str(tmp_path / "note"))
+    note_exit(1)  # a bug in one rank...
+    note_exit(200)  # ...makes its neighbour lose a peer: the cause is kept
+    assert (tmp_path / "note").read_text() == "1\n"
