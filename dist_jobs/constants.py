@@ -7,3 +7,7 @@ VERSION = "0.1.0"
 # above 128+64, so it cannot be mistaken for death by a signal. The sbatch script, the pod
 # entrypoint and the local launcher all read it from here.
 REQUEUE_EXIT_CODE = 200
+
+# `dist-jobs wait` / `submit --wait`: how the job ended, as the shell sees it. A failed job's
+# own exit code is not reused: 2 already means bad input and 200 "requeue me".
+WAIT_EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 3, "timeout": 4}

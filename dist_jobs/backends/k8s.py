@@ -103,6 +103,10 @@ class K8sBackend:
         _ = self.client  # loading the kubeconfig is what tells the context's namespace
         return self._client_namespace or "default"
 
+    def namespace_in_use(self) -> str:
+        """The namespace every call goes to: what a job handle (k8s://NS/KIND/NAME) records."""
+        return self._ns()
+
     def _custom(self) -> Any:
         from kubernetes import client
 

@@ -116,6 +116,7 @@ class SlurmBackend:
                         "launcher": spec.launcher,
                         "nodes": spec.nodes,
                         "procs_per_node": spec.procs,
+                        "run_dir": str(self._run_dir(spec, workdir)),
                         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     },
                     indent=2,
@@ -126,6 +127,30 @@ class SlurmBackend:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return job_id
+
+    @staticmethod
+    def _run_dir(spec: JobSpec, workdir: Path) -> Path:
+        root = Path(spec.checkpoint_dir).expanduser()
+        return (root if root.is_absolute() else workdir / root) / spec.run_id
+
+    def run_dir(self, job_id: str) -> Path:
+        """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
+        for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
+            found = json.loads(meta.read_text()).get("run_dir")
+            if found:
+                return Path(found)
+        raise BackendError(
+            f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
+            "attach from the folder you submitted from (or pass its --jobs-dir)",
+        )
+
+    def cluster_name(self) -> str:
+        """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
+        if not hasattr(self, "_cluster"):
+            proc = self.run(["scontrol", "show", "config"])
+            found = re.search(r"^ClusterName\s*=\s*(\S+)", proc.stdout, re.M) if proc.returncode == 0 else None
+            self._cluster = found.group(1) if found else "default"
+        return self._cluster
 
     def _workdir(self, spec: JobSpec) -> Path:
         if not spec.workdir:

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
@@ -116,16 +117,7 @@ def _build(
     steps = data.steps_per_epoch(loader, c, dist.world_size)
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
-    folder = checkpoint_folder(c)
-    if folder is not None and dist.is_main:
-        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
-    ckpt = (
-        None
-        if folder is None
-        else Checkpointer(
-            folder, rank=dist.rank, world_size=dist.world_size, keep=c.keep_checkpoints, async_write=c.async_checkpoint
-        )
-    )
+    folder, ckpt = _checkpointer(c, dist)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(
@@ -151,6 +143,16 @@ def _build(
     )
 
 
+def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer | None]:
+    folder = checkpoint_folder(c)
+    if folder is None:
+        return None, None
+    if dist.is_main:
+        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
+    keep, async_write = c.keep_checkpoints, c.async_checkpoint
+    return folder, Checkpointer(folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write)
+
+
 def _train(run: Run) -> dict[str, float]:
     c, pos = run.config, run.pos
     with run.reporter.start(pos.step):
@@ -168,6 +170,9 @@ def _train(run: Run) -> dict[str, float]:
             if run.saved_step != pos.step:
                 _save(run)
             run.ckpt.wait()
+    folder = checkpoint_folder(c)
+    if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
+        write_result(folder, run.metrics)
     return dict(run.metrics)
 
 

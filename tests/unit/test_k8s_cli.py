@@ -64,11 +64,11 @@ def k8s(verb: str, kubeconfig: Path, *rest: str) -> list[str]:
     return [verb, "--backend", "k8s", "--kubeconfig", str(kubeconfig), *rest]
 
 
-def test_submit_prints_the_job_name_and_uses_the_kubeconfig(
+def test_submit_prints_the_job_handle_and_uses_the_kubeconfig(
     capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
 ) -> None:
     code, out, err = run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
-    assert (code, out, err) == (0, f"{JOB}\n", "")
+    assert (code, out, err) == (0, f"k8s://default/PyTorchJob/{JOB}\n", "")
     (post,) = [r for r in api.requests if r.method == "POST"]
     assert post.headers.get("authorization") == f"Bearer {TOKEN}"  # the kubeconfig's user
     assert post.query["fieldValidation"] == ["Strict"]
@@ -152,28 +152,30 @@ def test_status_list_cancel(
     code, out, _ = run(capsys, *k8s("status", kubeconfig, JOB))
     assert code == 0
     assert out.splitlines() == [
-        f"{JOB}  {JOB}  Running  PyTorchJob {JOB} is running.",
+        f"k8s://default/PyTorchJob/{JOB}  {JOB}  running (Running)  PyTorchJob {JOB} is running.",
         "  Master: active=1",
         "  Worker: active=1",
     ]
     code, out, _ = run(capsys, *k8s("status", kubeconfig, "--json", JOB))
     assert json.loads(out) == {
-        "job_id": JOB,
+        "handle": f"k8s://default/PyTorchJob/{JOB}",
         "name": JOB,
-        "state": "Running",
+        "state": "running",
+        "word": "Running",
         "detail": f"PyTorchJob {JOB} is running.",
-        "Master": "active=1",
-        "Worker": "active=1",
+        "ranks": {},
+        "extra": {"Master": "active=1", "Worker": "active=1"},
     }
 
     code, out, _ = run(capsys, *k8s("list", kubeconfig))
     assert code == 0
-    assert [line.split("\t")[:3] for line in out.splitlines()] == [
-        [JOB, JOB, "Running"],
-        ["other-ddp", "other-ddp", "Pending"],
+    assert [line.split()[:4] for line in out.splitlines()] == [
+        ["HANDLE", "NAME", "STATE", "SCHEDULER"],
+        [f"k8s://default/PyTorchJob/{JOB}", JOB, "running", "Running"],
+        ["k8s://default/PyTorchJob/other-ddp", "other-ddp", "pending", "Pending"],
     ]
 
-    assert run(capsys, *k8s("cancel", kubeconfig, JOB))[:2] == (0, f"cancelled {JOB}\n")
+    assert run(capsys, *k8s("cancel", kubeconfig, JOB))[:2] == (0, f"cancelled k8s://default/PyTorchJob/{JOB}\n")
     code, out, err = run(capsys, *k8s("status", kubeconfig, JOB))
     assert (code, out) == (1, "") and f'"{JOB}" not found (404 NotFound)' in err and "hint:" in err
 
@@ -186,7 +188,7 @@ def test_namespace_comes_from_the_flag_or_the_kubeconfig_context(
     assert run(capsys, *k8s("status", kubeconfig, JOB))[0] == 1  # current context: namespace default
     assert run(capsys, *k8s("status", kubeconfig, "--namespace", "ml", JOB))[0] == 0
     code, out, _ = run(capsys, *k8s("status", kubeconfig, "--context", "team-ml", JOB))
-    assert code == 0 and out.startswith(f"{JOB}  {JOB}  Pending")
+    assert code == 0 and out.startswith(f"k8s://ml/PyTorchJob/{JOB}  {JOB}  pending (Pending)")
 
 
 def test_logs_of_rank_1_are_the_first_workers(
@@ -216,7 +218,7 @@ def test_the_installed_entry_point_in_a_subprocess(api: FakeKubeAPI, kubeconfig:
         )
 
     ok = dj("submit", "--backend", "k8s", spec)  # $KUBECONFIG, as kubectl reads it
-    assert (ok.returncode, ok.stdout) == (0, f"{JOB}\n"), ok.stderr
+    assert (ok.returncode, ok.stdout) == (0, f"k8s://default/PyTorchJob/{JOB}\n"), ok.stderr
     again = dj("submit", "--backend", "k8s", spec)
     assert again.returncode == 1 and "409 AlreadyExists" in again.stderr
     assert "Traceback" not in again.stderr and again.stdout == ""
