@@ -19,11 +19,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.slurm_batchlog import finished_status
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -164,7 +166,7 @@ class SlurmBackend:
                 job.job_id,
                 job.name,
                 job.state,
-                job.reason,
+                "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
             )
         acct = self.run(
@@ -177,13 +179,16 @@ class SlurmBackend:
                 f"SLURM knows no job {job_id}",
                 "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
             )
-        return JobStatus(
-            state.job_id,
-            state.name,
-            state.state,
-            f"exit {state.exit_code}",
-            {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)},
-        )
+        meta = self._meta(job_id)
+        log = Path(meta.get("log_dir", "")) / f"{meta.get('run', '')}-{job_id}.out"
+        text = log.read_text(errors="replace") if meta and log.is_file() else ""
+        return finished_status(state, meta.get("run", ""), text)
+
+    def _meta(self, job_id: str) -> dict[str, Any]:
+        """job.json of a job submitted from here ({} for others)."""
+        for path in self.jobs_dir.glob(f"*-{job_id}/job.json"):
+            return dict(json.loads(path.read_text()))
+        return {}
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
