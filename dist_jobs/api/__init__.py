@@ -117,8 +117,19 @@ def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobI
 
 def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
     """Jobs dist-jobs submitted that the backend still knows (SLURM: yours in the queue)."""
+    if backend == "k8s" and "kind" not in options:
+        return [*list_jobs("k8s", kind="PyTorchJob", **options), *_trainjobs(options)]
     chosen = _backend(backend, **options)
     return [info_of(str(_handle(backend, s.job_id, chosen)), s) for s in chosen.list()]
+
+
+def _trainjobs(options: dict[str, Any]) -> list[JobInfo]:
+    try:
+        return list_jobs("k8s", kind="TrainJob", **options)
+    except DistJobsError as exc:
+        if "404 page not found" in exc.message:  # no TrainJob CRD on this cluster: none to list
+            return []
+        raise
 
 
 def cancel(job_id: str, backend_name: str | None = None, **options: Any) -> None:

@@ -222,3 +222,22 @@ def test_the_installed_entry_point_in_a_subprocess(api: FakeKubeAPI, kubeconfig:
     again = dj("submit", "--backend", "k8s", spec)
     assert again.returncode == 1 and "409 AlreadyExists" in again.stderr
     assert "Traceback" not in again.stderr and again.stdout == ""
+
+
+def test_a_trainjob_is_found_by_its_handle_everywhere_a_pytorchjob_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with FakeKubeAPI([crd_path("PyTorchJob"), crd_path("TrainJob")]) as server:
+        config = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+        spec = write_spec(tmp_path, name="tj", k8s={"pvc": "ckpt", "api": "trainjob"})
+        code, out, err = run(capsys, *k8s("submit", config, str(spec)))
+        assert (code, out) == (0, "k8s://default/TrainJob/tj\n"), err
+        handle = out.strip()
+        # Before handles, `status tj` looked for a PyTorchJob: 404. The handle carries the kind.
+        code, out, err = run(capsys, "status", "--kubeconfig", str(config), "-o", "json", handle)
+        assert code == 0 and json.loads(out)["handle"] == handle, err
+        assert json.loads(out)["state"] == "pending"
+        code, out, _ = run(capsys, *k8s("list", config))
+        assert code == 0 and out.splitlines()[1].split()[:3] == [handle, "tj", "pending"]
+        assert run(capsys, "cancel", "--kubeconfig", str(config), handle)[:2] == (0, f"cancelled {handle}\n")
+        assert ("trainjobs", "default", "tj") not in server.store
