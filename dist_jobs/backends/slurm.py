@@ -26,6 +26,7 @@ import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_batchlog import finished_status
+from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -106,7 +107,8 @@ class SlurmBackend:
             chdir = [] if spec.workdir else [f"--chdir={self.cwd}"]
             proc = self.run(["sbatch", "--parsable", *chdir, *job_python_export(spec), str(script)])
             if proc.returncode != 0:
-                raise sbatch_error(proc.stderr, proc.returncode)
+                big = self._too_big(spec) if TOO_BIG.search(proc.stderr) else None
+                raise big or sbatch_error(proc.stderr, proc.returncode)
             job_id = parse_sbatch_job_id(proc.stdout)
             (staging / "job.json").write_text(
                 json.dumps(
@@ -145,6 +147,11 @@ class SlurmBackend:
             f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
             "attach from the folder you submitted from (or pass its --jobs-dir)",
         )
+
+    def _too_big(self, spec: JobSpec) -> BackendError | None:
+        """After a rejection: the limit the spec passes, with the cluster's numbers (sinfo)."""
+        proc = self.run(["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT])
+        return too_big(spec, proc.stdout) if proc.returncode == 0 else None
 
     def cluster_name(self) -> str:
         """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
