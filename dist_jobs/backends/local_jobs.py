@@ -17,13 +17,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.local import LocalBackend
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
-from dist_jobs.spec import JobSpec
+
+if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor the renderer
+    from dist_jobs.spec import JobSpec
 
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
@@ -34,8 +36,24 @@ def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
     return (root if root.is_absolute() else workdir / root).resolve() / spec.run_id
 
 
-class LocalJobs(LocalBackend):
-    """LocalBackend (prepare, run in the foreground) plus submit/status/logs/cancel/list."""
+class LocalJobs:
+    """The local backend's queue verbs; prepare and the foreground run are LocalBackend's."""
+
+    name = "local"
+
+    def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
+        self.out = out
+        self.workdir = workdir or Path.cwd()
+
+    def prepare(self, spec: JobSpec) -> Prepared:
+        from dist_jobs.backends.local import LocalBackend
+
+        return LocalBackend(self.out, self.workdir).prepare(spec)
+
+    def run(self, spec: JobSpec) -> int:
+        from dist_jobs.backends.local import LocalBackend
+
+        return LocalBackend(self.out, self.workdir).run(spec)
 
     def submit(self, prepared: Prepared) -> str:
         import msgspec
@@ -134,6 +152,8 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
+
+    from dist_jobs.backends.local import LocalBackend
 
     code = 130
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -8,9 +8,12 @@ backend asks `sinfo --Node --format SINFO_FORMAT` and this module names the limi
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from dist_jobs.errors import BackendError
-from dist_jobs.spec import JobSpec
+
+if TYPE_CHECKING:  # `dist-jobs status` imports this module and must not load the spec classes
+    from dist_jobs.spec import JobSpec
 
 SINFO_FORMAT = "%N|%c|%m|%P"  # node, CPUs, memory (MB), partitions (the default one ends in '*')
 # sbatch's words for a request no node (or not enough nodes) can hold: only then is sinfo asked.

@@ -123,3 +123,19 @@ def test_a_second_submit_of_a_running_run_is_refused(tmp_path: Path) -> None:
     second = dj(*argv, cwd=tmp_path)
     dj("cancel", first.stdout.strip(), cwd=tmp_path)
     assert second.returncode == 2 and "already running" in second.stderr and "hint:" in second.stderr
+
+
+def test_status_by_handle_stays_light(tmp_path: Path) -> None:
+    """`dist-jobs status HANDLE` loads no renderer, torch or kubernetes (yaml and the spec classes:
+    issue 16's lazy imports)."""
+    sub = dj("submit", "--backend", "local", "--name", "light", "--procs-per-node", "1", "--", "true", cwd=tmp_path)
+    probe = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from dist_jobs.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["status", {sub.stdout.strip()!r}])
+        print(json.dumps([rc, sorted({{m.split(".")[0] for m in sys.modules}})]))
+    """)
+    out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=60)
+    rc, modules = json.loads(out.stdout)
+    assert rc == 0 and not {"jinja2", "torch", "kubernetes", "submitit"} & set(modules), out.stderr
