@@ -78,7 +78,7 @@ def submit(spec: JobSpec, backend: str = "local", **options: Any) -> Job:
     job_id = chosen.submit(chosen.prepare(spec))
     if backend == "k8s":
         kind = "TrainJob" if spec.k8s.api == "trainjob" else "PyTorchJob"
-        ns = chosen.namespace_in_use()  # type: ignore[attr-defined]
+        ns = spec.k8s.namespace or chosen.namespace_in_use()  # type: ignore[attr-defined]  # where _create put it
         return Job(Handle("k8s", job_id, namespace=ns, kind=kind), _backend("k8s", **{**options, "kind": kind}))
     return Job(_handle(backend, job_id, chosen), chosen)
 
@@ -120,7 +120,7 @@ def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
     if backend == "k8s" and "kind" not in options:
         return [*list_jobs("k8s", kind="PyTorchJob", **options), *_trainjobs(options)]
     chosen = _backend(backend, **options)
-    return [info_of(str(_handle(backend, s.job_id, chosen)), s) for s in chosen.list()]
+    return [info_of(Job(_handle(backend, s.job_id, chosen), chosen).handle, s) for s in chosen.list()]
 
 
 def _trainjobs(options: dict[str, Any]) -> list[JobInfo]:

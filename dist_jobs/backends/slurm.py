@@ -214,7 +214,8 @@ class SlurmBackend:
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
         return [
-            JobStatus(j.job_id, j.name, j.state, j.reason, {"nodes": j.nodelist}) for j in parse_squeue(proc.stdout)
+            JobStatus(j.job_id, j.name, j.state, "" if j.reason == "None" else j.reason, {"nodes": j.nodelist})
+            for j in parse_squeue(proc.stdout)
         ]
 
     def cancel(self, job_id: str) -> None:

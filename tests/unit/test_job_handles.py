@@ -177,3 +177,17 @@ def test_env_prints_yaml_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert as_json["master_port"] == 29511
     assert yaml.safe_load(dj("env", "-o", "yaml", cwd=tmp_path).stdout) == as_json
     assert json.loads(dj("env", "--json", cwd=tmp_path).stdout) == as_json
+
+
+def test_list_gives_every_slurm_job_its_full_handle(tmp_path: Path) -> None:
+    fixtures = REPO / "tests" / "fixtures" / "slurm"
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "scontrol":  # asked once for the whole list
+            return subprocess.CompletedProcess(argv, 0, "ClusterName             = distjobs\n", "")
+        return subprocess.CompletedProcess(argv, 0, (fixtures / "squeue_format.txt").read_text(), "")
+
+    infos = dist_jobs.list_jobs("slurm", runner=runner, jobs_dir=tmp_path)
+    assert [i.handle for i in infos][:2] == ["slurm://distjobs/34", "slurm://distjobs/35"]
+    assert {i.state for i in infos} <= {JobState.PENDING, JobState.RUNNING}
+    assert all(i.detail != "None" for i in infos)

@@ -184,7 +184,7 @@ def test_namespace_comes_from_the_flag_or_the_kubeconfig_context(
     capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
 ) -> None:
     spec = write_spec(tmp_path, k8s={"pvc": "ckpt", "namespace": "ml"})
-    assert run(capsys, *k8s("submit", kubeconfig, str(spec)))[0] == 0
+    assert run(capsys, *k8s("submit", kubeconfig, str(spec)))[:2] == (0, f"k8s://ml/PyTorchJob/{JOB}\n")
     assert run(capsys, *k8s("status", kubeconfig, JOB))[0] == 1  # current context: namespace default
     assert run(capsys, *k8s("status", kubeconfig, "--namespace", "ml", JOB))[0] == 0
     code, out, _ = run(capsys, *k8s("status", kubeconfig, "--context", "team-ml", JOB))

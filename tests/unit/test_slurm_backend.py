@@ -285,7 +285,7 @@ def test_list_reads_squeue(tmp_path: Path) -> None:
         ("34", "fx-pending|pipe name", "PENDING", "Resources"),
         ("35", "fx-pending-2", "PENDING", "Priority"),
         ("36", "fx-held", "PENDING", "JobHeldUser"),
-        ("33", "fx-running", "RUNNING", "None"),
+        ("33", "fx-running", "RUNNING", ""),  # squeue's "None" is no reason, not a word to show
     ]
     assert jobs[3].extra == {"nodes": "n[1-2]"}
     argv = runner.calls[0]
