@@ -17,6 +17,7 @@ import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.k8s_errors import api_error, no_config, unreachable
+from dist_jobs.backends.k8s_ranks import with_ranks
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
@@ -103,8 +104,7 @@ class K8sBackend:
         _ = self.client  # loading the kubeconfig is what tells the context's namespace
         return self._client_namespace or "default"
 
-    def namespace_in_use(self) -> str:
-        """The namespace every call goes to: what a job handle (k8s://NS/KIND/NAME) records."""
+    def namespace_in_use(self) -> str:  # what a job handle (k8s://NS/KIND/NAME) records
         return self._ns()
 
     def _custom(self) -> Any:
@@ -178,7 +178,16 @@ class K8sBackend:
         )
 
     def status(self, job_id: str) -> JobStatus:
-        return job_status(self._get(job_id))
+        obj = self._get(job_id)
+        return with_ranks(job_status(obj), self._pods(job_id), self.kind, _has_master(obj))
+
+    def _pods(self, job: str) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.client)
+        label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
+        found = self._call(f"list pods of {job}", core.list_namespaced_pod, self._ns(), label_selector=f"{label}={job}")
+        return [self.client.sanitize_for_serialization(p) for p in found.items]
 
     def list(self) -> list[JobStatus]:
         group, version, plural = APIS[self.kind]

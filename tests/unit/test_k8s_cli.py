@@ -241,3 +241,33 @@ def test_a_trainjob_is_found_by_its_handle_everywhere_a_pytorchjob_is(
         assert code == 0 and out.splitlines()[1].split()[:3] == [handle, "tj", "pending"]
         assert run(capsys, "cancel", "--kubeconfig", str(config), handle)[:2] == (0, f"cancelled {handle}\n")
         assert ("trainjobs", "default", "tj") not in server.store
+
+
+CONTAINER = {"image": "reg.example/train:1", "imageID": "", "ready": False, "restartCount": 0}  # required fields
+
+
+def test_status_names_the_rank_that_failed_first_from_container_statuses(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
+    api.set_status(PLURAL, "default", JOB, {"conditions": [{"type": "Failed", "status": "True", "message": "x"}]})
+    ends = {
+        ("master", 0): {"terminated": {"exitCode": 143, "reason": "Error", "finishedAt": "2026-11-24T09:00:09Z"}},
+        ("worker", 0): {"terminated": {"exitCode": 3, "reason": "Error", "finishedAt": "2026-11-24T09:00:05Z"}},
+        ("worker", 1): {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-11-24T09:00:07Z"}},
+    }
+    for (rtype, index), state in ends.items():
+        labels = {f"{OP}job-name": JOB, f"{OP}replica-type": rtype, f"{OP}replica-index": str(index)}
+        api.pods[("default", f"{JOB}-{rtype}-{index}")] = {
+            "metadata": {"labels": labels},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "pytorch", "state": state, **CONTAINER}]},
+        }
+    code, out, err = run(capsys, *k8s("status", kubeconfig, "-o", "json", JOB))
+    got = json.loads(out)
+    assert code == 0 and got["state"] == "failed", err
+    assert got["detail"] == "rank 1 failed first: exit 3; x"
+    assert got["ranks"] == {
+        "0": "killed by SIGTERM (exit 143)",
+        "1": "exit 3",
+        "2": "killed by SIGKILL (exit 137) (OOMKilled)",
+    }
