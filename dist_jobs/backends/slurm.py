@@ -189,7 +189,7 @@ class SlurmBackend:
         meta = self._meta(job_id)
         log = Path(meta.get("log_dir", "")) / f"{meta.get('run', '')}-{job_id}.out"
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
-        return finished_status(state, meta.get("run", ""), text)
+        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
 
     def _meta(self, job_id: str) -> dict[str, Any]:
         """job.json of a job submitted from here ({} for others)."""

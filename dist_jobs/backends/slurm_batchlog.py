@@ -39,9 +39,13 @@ class BatchOutcome:
 
     @property
     def summary(self) -> str:
+        return self.told("rank")
+
+    def told(self, unit: str) -> str:
+        """The outcome in a line; `unit`: what srun's task is (rank; in torchrun mode a node)."""
         parts = []
         if self.first_failed is not None:
-            parts.append(f"rank {self.first_failed} failed first: {self.ranks[self.first_failed]}")
+            parts.append(f"{unit} {self.first_failed} failed first: {self.ranks[self.first_failed]}")
         if self.requeues_used_up is not None:
             n = self.requeues_used_up
             parts.append(f"preempted with the requeues used up ({n} of {n})")
@@ -93,7 +97,7 @@ def parse_batch_log(text: str) -> BatchOutcome:
     )
 
 
-def finished_status(state: SacctJobState, run: str, log_text: str) -> JobStatus:
+def finished_status(state: SacctJobState, run: str, log_text: str, launcher: str = "srun") -> JobStatus:
     """A job squeue has forgotten: sacct's state, told truthfully with its batch log (if read).
 
     `run`: the run name recorded at submit; sacct's name right after the end is a placeholder
@@ -101,7 +105,8 @@ def finished_status(state: SacctJobState, run: str, log_text: str) -> JobStatus:
     """
     outcome = parse_batch_log(log_text)
     code = state.exit_code if outcome.exit_code is None else outcome.exit_code
-    detail = outcome.summary or describe_exit(code, state.exit_signal)
+    # torchrun mode runs one srun task per node: srun's task numbers are nodes, not ranks
+    detail = outcome.told("node" if launcher == "torchrun" else "rank") or describe_exit(code, state.exit_signal)
     name = run if (state.name == "allocation" and run) else state.name
     extra = {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)}
-    return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks)
+    return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from dist_jobs.backends.slurm import SlurmBackend
-from dist_jobs.backends.slurm_batchlog import parse_batch_log
+from dist_jobs.backends.slurm_batchlog import finished_status, parse_batch_log
 from dist_jobs.backends.slurm_output import parse_sacct, sacct_job_state
 from support.paths import TESTS
 
@@ -105,3 +105,10 @@ def test_a_running_jobs_reason_is_not_the_word_none(tmp_path: Path) -> None:
 
     status = SlurmBackend(runner=squeue, jobs_dir=tmp_path, cwd=tmp_path).status("33")
     assert (status.state, status.detail) == ("RUNNING", "")
+
+
+def test_in_torchrun_mode_srun_tasks_are_nodes_not_ranks() -> None:
+    state = sacct_job_state(parse_sacct(read("sacct_rank1_exit3.txt")), "98")
+    assert state is not None
+    status = finished_status(state, "run", read("batchlog_rank1_exit3.txt"), launcher="torchrun")
+    assert status.detail == "node 1 failed first: exit 3 on n1" and status.ranks == {}
