@@ -3,6 +3,8 @@
     import dist_jobs
     spec = dist_jobs.load_spec("job.yaml", {"nodes": 2})
     print(dist_jobs.render(spec, "slurm"))
+    job = dist_jobs.submit(spec, backend="local")    # or "slurm", "k8s": a Job, printable handle
+    job.wait(); print(job.result())                  # dist_jobs.attach(handle) from another shell
 
 The names below are re-exported lazily from `dist_jobs.api`: `import dist_jobs` costs nothing
 that `dist-jobs render` does not already pay, and imports no torch, kubernetes or submitit.
@@ -21,9 +23,15 @@ if TYPE_CHECKING:
 __version__ = VERSION
 
 _API = (
+    "Job",
+    "JobInfo",
+    "JobState",
+    "WaitTimeout",
+    "attach",
     "backend",
     "call_local",
     "cancel",
+    "job",
     "list_jobs",
     "load_spec",
     "logs",

@@ -17,3 +17,7 @@ PREEMPTED_MARKER = "PREEMPTED"
 # Kubernetes' restartPolicy ExitCode nor the batch script retries it; distinct from 1 (a bug),
 # 2 (bad flags) and 3 (an inconsistent launch).
 REQUEUE_LIMIT_EXIT_CODE = 5
+
+# `dist-jobs wait` / `submit --wait`: how the job ended, as the shell sees it. A failed job's
+# own exit code is not reused: 2 already means bad input and 200 "requeue me".
+WAIT_EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 3, "timeout": 4}

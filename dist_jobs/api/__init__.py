@@ -11,16 +11,25 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dist_jobs.api.handle import FORMS, Handle, handle_for, is_handle, parse_handle
+from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
+from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, UsageError
 
 if TYPE_CHECKING:  # each verb imports only what it uses: `status` needs no jinja2 or yaml
-    from dist_jobs.backends import Backend, JobStatus, Prepared
+    from dist_jobs.backends import Backend, Prepared
     from dist_jobs.spec import JobSpec
 
 __all__ = [
+    "Job",
+    "JobInfo",
+    "JobState",
+    "WaitTimeout",
+    "attach",
     "backend",
     "call_local",
     "cancel",
+    "job",
     "list_jobs",
     "load_spec",
     "logs",
@@ -59,33 +68,82 @@ def backend(name: str, **options: Any) -> Backend:
     return get_backend(name, **options)
 
 
+_backend = backend  # `submit(spec, backend=...)` shadows the function inside the verbs
+
+
 def prepare(spec: JobSpec, backend_name: str, **options: Any) -> Prepared:
     """The dry run: the exact bytes `submit` would hand to the scheduler, nothing submitted."""
     return backend(backend_name, **options).prepare(spec)
 
 
-def submit(spec: JobSpec, backend_name: str, **options: Any) -> str:
-    """Submit `spec`; returns the scheduler's job id (SLURM) or name (Kubernetes)."""
-    chosen = backend(backend_name, **options)
-    return chosen.submit(chosen.prepare(spec))
+def submit(spec: JobSpec, backend: str = "local", **options: Any) -> Job:
+    """Submit `spec` to `backend` (slurm, k8s, local: detached processes); its Job handle."""
+    chosen = _backend(backend, **options)
+    job_id = chosen.submit(chosen.prepare(spec))
+    if backend == "k8s":
+        kind = "TrainJob" if spec.k8s.api == "trainjob" else "PyTorchJob"
+        ns = spec.k8s.namespace or chosen.namespace_in_use()  # type: ignore[attr-defined]  # where _create put it
+        return Job(Handle("k8s", job_id, namespace=ns, kind=kind), _backend("k8s", **{**options, "kind": kind}))
+    return Job(_handle(backend, job_id, chosen), chosen)
 
 
-def status(job_id: str, backend_name: str, **options: Any) -> JobStatus:
-    return backend(backend_name, **options).status(job_id)
+def attach(handle: str, **options: Any) -> Job:
+    """The Job named by `handle` (as printed by submit), from any shell or notebook."""
+    parsed = parse_handle(handle)
+    if parsed.backend == "k8s":
+        options = {**options, "namespace": parsed.namespace, "kind": parsed.kind}
+    return Job(parsed, _backend(parsed.backend, **options))
 
 
-def list_jobs(backend_name: str, **options: Any) -> list[JobStatus]:
-    return backend(backend_name, **options).list()
+def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
+    """A handle (`slurm://c/123`) or a bare id with its backend name, as a Job."""
+    if is_handle(job_id):
+        return attach(job_id, **options)
+    if backend_name is None:
+        raise UsageError(
+            f"{job_id!r} is a bare job id: which backend runs it?", f"pass --backend, or a handle: {FORMS}"
+        )
+    chosen = _backend(backend_name, **options)
+    return Job(_handle(backend_name, job_id, chosen), chosen)
 
 
-def cancel(job_id: str, backend_name: str, **options: Any) -> None:
-    backend(backend_name, **options).cancel(job_id)
+def _handle(backend_name: str, job_id: str, chosen: Any) -> Handle:
+    # SLURM's cluster name is asked for only when the handle is printed (Job.handle): a status
+    # by bare id must not cost an extra scontrol call.
+    if backend_name == "k8s":
+        return handle_for("k8s", job_id, namespace=chosen.namespace_in_use(), kind=chosen.kind)
+    return handle_for(backend_name, job_id)
+
+
+def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobInfo:
+    return job(job_id, backend_name, **options).status()
+
+
+def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
+    """Jobs dist-jobs submitted that the backend still knows (SLURM: yours in the queue)."""
+    if backend == "k8s" and "kind" not in options:
+        return [*list_jobs("k8s", kind="PyTorchJob", **options), *_trainjobs(options)]
+    chosen = _backend(backend, **options)
+    return [info_of(Job(_handle(backend, s.job_id, chosen), chosen).handle, s) for s in chosen.list()]
+
+
+def _trainjobs(options: dict[str, Any]) -> list[JobInfo]:
+    try:
+        return list_jobs("k8s", kind="TrainJob", **options)
+    except DistJobsError as exc:
+        if "404 page not found" in exc.message:  # no TrainJob CRD on this cluster: none to list
+            return []
+        raise
+
+
+def cancel(job_id: str, backend_name: str | None = None, **options: Any) -> None:
+    job(job_id, backend_name, **options).cancel()
 
 
 def logs(
-    job_id: str, backend_name: str, rank: int | None = None, follow: bool = False, **options: Any
+    job_id: str, backend_name: str | None = None, rank: int | None = None, follow: bool = False, **options: Any
 ) -> Iterator[str]:
-    return backend(backend_name, **options).logs(job_id, rank=rank, follow=follow)
+    return job(job_id, backend_name, **options).logs(rank=rank, follow=follow)
 
 
 def call_local(spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -23,7 +23,7 @@ def get_backend(name: str, **options: object) -> Backend:
 
         return K8sBackend(**options)  # type: ignore[arg-type]
     if name == "local":
-        from dist_jobs.backends.local import LocalBackend
+        from dist_jobs.backends.local_jobs import LocalJobs
 
-        return LocalBackend(**options)  # type: ignore[arg-type,return-value]  # runs jobs; no queue to ask
+        return LocalJobs(**options)  # type: ignore[arg-type]
     raise UsageError(f"unknown backend {name!r}", "use --backend slurm, k8s or local")

@@ -30,6 +30,7 @@ class JobStatus:
     state: str  # the scheduler's own word: PENDING, RUNNING, Succeeded, ...
     detail: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    ranks: dict[int, str] = field(default_factory=dict)  # per-rank detail where the backend knows it
 
     @property
     def finished(self) -> bool:

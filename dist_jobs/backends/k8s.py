@@ -21,6 +21,7 @@ import yaml
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.k8s_client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s_errors import api_error, no_config, not_started, unreachable
+from dist_jobs.backends.k8s_ranks import with_ranks
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
@@ -80,6 +81,9 @@ class K8sBackend:
         """--namespace, else the kubeconfig context's namespace, else `default` (kubectl's order)."""
         return self.namespace or self.client.namespace or "default"
 
+    def namespace_in_use(self) -> str:  # what a job handle (k8s://NS/KIND/NAME) records
+        return self._ns()
+
     @contextlib.contextmanager
     def _translated(self, what: str, kind: str | None = None) -> Iterator[None]:
         """ApiException -> its message and a hint; a socket-level failure -> what went wrong."""
@@ -129,7 +133,9 @@ class K8sBackend:
         return self._call(f"get {self.kind} {self._ns()}/{name}", "GET", self._objects(self.kind, self._ns(), name))
 
     def status(self, job_id: str) -> JobStatus:
-        return job_status(self._get(job_id))
+        obj = self._get(job_id)
+        label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
+        return with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
 
     def list(self) -> list[JobStatus]:
         group, _, plural = APIS[self.kind]

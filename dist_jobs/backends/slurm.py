@@ -13,9 +13,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.slurm_batchlog import finished_status
+from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
+from dist_jobs.backends.slurm_logs import attempt_files, stitch
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -109,7 +112,8 @@ class SlurmBackend:
             chdir = [] if spec.workdir else [f"--chdir={self.cwd}"]
             proc = self.run(["sbatch", "--parsable", *chdir, *job_python_export(spec), str(script)])
             if proc.returncode != 0:
-                raise sbatch_error(proc.stderr, proc.returncode)
+                big = self._too_big(spec) if TOO_BIG.search(proc.stderr) else None
+                raise big or sbatch_error(proc.stderr, proc.returncode)
             job_id = parse_sbatch_job_id(proc.stdout)
             (staging / "job.json").write_text(
                 json.dumps(
@@ -121,6 +125,7 @@ class SlurmBackend:
                         "launcher": spec.launcher,
                         "nodes": spec.nodes,
                         "procs_per_node": spec.procs,
+                        "run_dir": str(self._run_dir(spec, self._workdir(spec))),
                         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     },
                     indent=2,
@@ -131,6 +136,37 @@ class SlurmBackend:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return job_id
+
+    @staticmethod
+    def _run_dir(spec: JobSpec, workdir: Path) -> Path:
+        root = Path(spec.checkpoint_dir).expanduser()
+        return (root if root.is_absolute() else workdir / root) / spec.run_id
+
+    def run_dir(self, job_id: str) -> Path:
+        """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
+        import json
+
+        for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
+            found = json.loads(meta.read_text()).get("run_dir")
+            if found:
+                return Path(found)
+        raise BackendError(
+            f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
+            "attach from the folder you submitted from (or pass its --jobs-dir)",
+        )
+
+    def _too_big(self, spec: JobSpec) -> BackendError | None:
+        """After a rejection: the limit the spec passes, with the cluster's numbers (sinfo)."""
+        proc = self.run(["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT])
+        return too_big(spec, proc.stdout) if proc.returncode == 0 else None
+
+    def cluster_name(self) -> str:
+        """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
+        if not hasattr(self, "_cluster"):
+            proc = self.run(["scontrol", "show", "config"])
+            found = re.search(r"^ClusterName\s*=\s*(\S+)", proc.stdout, re.M) if proc.returncode == 0 else None
+            self._cluster = found.group(1) if found else "default"
+        return self._cluster
 
     def _workdir(self, spec: JobSpec) -> Path:
         if not spec.workdir:
@@ -144,7 +180,7 @@ class SlurmBackend:
                 job.job_id,
                 job.name,
                 job.state,
-                job.reason,
+                "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
             )
         acct = self.run(
@@ -161,13 +197,18 @@ class SlurmBackend:
                 f"SLURM knows no job {job_id}",
                 "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
             )
-        return JobStatus(
-            state.job_id,
-            state.name,
-            state.state,
-            f"exit {state.exit_code}",
-            {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)},
-        )
+        meta = self._meta(job_id)
+        log = Path(meta.get("log_dir", "")) / f"{meta.get('run', '')}-{job_id}.out"
+        text = log.read_text(errors="replace") if meta and log.is_file() else ""
+        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
+
+    def _meta(self, job_id: str) -> dict[str, Any]:
+        """job.json of a job submitted from here ({} for others)."""
+        import json
+
+        for path in self.jobs_dir.glob(f"*-{job_id}/job.json"):
+            return dict(json.loads(path.read_text()))
+        return {}
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
@@ -192,7 +233,8 @@ class SlurmBackend:
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
         return [
-            JobStatus(j.job_id, j.name, j.state, j.reason, {"nodes": j.nodelist}) for j in parse_squeue(proc.stdout)
+            JobStatus(j.job_id, j.name, j.state, "" if j.reason == "None" else j.reason, {"nodes": j.nodelist})
+            for j in parse_squeue(proc.stdout)
         ]
 
     def cancel(self, job_id: str) -> None:
@@ -220,15 +262,15 @@ class SlurmBackend:
         node and its file holds all that node's ranks: rank R is in node R // procs_per_node's."""
         log_dir, run, procs = self._log_location(job_id)
         task = (rank or 0) // procs if procs else (rank or 0)
-        files = _attempt_files(log_dir, run, job_id, task)
+        files = attempt_files(log_dir, run, job_id, task)
         if not files and not follow:
             raise BackendError(
                 f"no logs for job {job_id} rank {rank or 0} in {log_dir}",
                 "the job may not have started yet (`dist-jobs status`), or use --follow",
             )
-        yield from _stitch(
+        yield from stitch(
             files,
-            lambda: _attempt_files(log_dir, run, job_id, task),
+            lambda: attempt_files(log_dir, run, job_id, task),
             (lambda: not self.status(job_id).finished) if follow else (lambda: False),
         )
 
@@ -259,32 +301,3 @@ def _missing_dirs(path: Path) -> list[Path]:
             break
         missing.append(folder)
     return missing[::-1]
-
-
-def _attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]:
-    pattern = re.compile(rf"{re.escape(run)}-{re.escape(job_id)}-attempt(\d+)-rank{rank}\.out$")
-    found = [
-        (int(m.group(1)), p)
-        for p in log_dir.glob(f"*-{job_id}-attempt*-rank{rank}.out")
-        if (m := pattern.search(p.name))
-    ]
-    return [p for _, p in sorted(found)]
-
-
-def _stitch(files: list[Path], refresh: Callable[[], list[Path]], running: Callable[[], bool]) -> Iterator[str]:
-    """Each attempt's file in order, with a banner; with follow, new lines and new attempts too."""
-    done: dict[Path, int] = {}
-    while True:
-        for path in files:
-            if path not in done:
-                yield f"==> {path.name} <=="
-                done[path] = 0
-            with path.open("r", errors="replace") as fh:
-                fh.seek(done[path])
-                for line in fh:
-                    yield line.rstrip("\n")
-                done[path] = fh.tell()
-        if not running():
-            return
-        time.sleep(1.0)
-        files = refresh()

@@ -9,22 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from dist_jobs.cli.flags import add_spec_flags, split_command
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
 
-_VERBS = {
-    "render": "print the sbatch script or Kubernetes manifest",
-    "submit": "submit the job (--dry-run prints what would be submitted)",
-    "run": "run the job here as local processes (gloo on CPU without GPUs)",
-    "status": "show a job's state",
-    "cancel": "cancel a job",
-    "logs": "print a job's logs",
-    "list": "list dist-jobs jobs",
-    "env": "print the ranks this process resolves (run it under srun/torchrun)",
-    "schema": "print the job spec's JSON Schema (for editor completion of job.yaml)",
-}
+OUTPUT = ("table", "json", "yaml")
+JOB_HELP = "job handle (slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME, local:///RUN/DIR) or a bare id with --backend"
 
 
 def _parser(verb: str | None = None) -> argparse.ArgumentParser:
@@ -37,38 +29,81 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dist-jobs {VERSION}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
-    for name, text in _VERBS.items():
-        p = sub.add_parser(name, help=text)
-        if verb in (None, name):
-            _verb_arguments(name, p)
+
+    p = sub.add_parser("render", help="print the sbatch script or Kubernetes manifest")
+    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
+    p.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    if verb in (None, "render"):  # the spec flags are most of the parser's build time
+        add_spec_flags(p)
+
+    _submit_parser(sub, spec_flags=verb in (None, "submit"))
+
+    p = sub.add_parser("run", help="run the job here as local processes (gloo on CPU without GPUs)")
+    p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
+    p.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # submit --backend local's detached run
+    if verb in (None, "run"):
+        add_spec_flags(p)
+
+    _job_parsers(sub)
+
+    p = sub.add_parser("list", help="list dist-jobs jobs")
+    p.add_argument("--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler to ask")
+    _output_option(p)
+    _backend_options(p)
+
+    p = sub.add_parser("env", help="print the ranks this process resolves (run it under srun/torchrun)")
+    _output_option(p)
+    p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
+    sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
+    p = sub.add_parser("completion", help='print a shell completion script: eval "$(dist-jobs completion bash)"')
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
     return parser
 
 
-def _verb_arguments(verb: str, p: argparse.ArgumentParser) -> None:
-    if verb in ("render", "submit"):
-        what = "slurm: sbatch script; k8s: manifest" if verb == "render" else "the scheduler to submit to"
-        p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help=what)
-    if verb == "render":
-        p.add_argument("-o", "--output", help="write to FILE instead of stdout")
-    if verb == "submit":
-        p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
-        _backend_options(p, namespace=False)
-    if verb == "run":
-        p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
-    if verb in ("render", "submit", "run"):
+def _submit_parser(sub: Any, spec_flags: bool) -> None:
+    p = sub.add_parser("submit", help="submit the job (--dry-run prints what would be submitted)")
+    p.add_argument(
+        "--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler (local: detached processes)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
+    p.add_argument(
+        "--wait", action="store_true", help="wait for the job to end; exit 0 if it succeeded, 1 if it failed"
+    )
+    p.add_argument(
+        "--follow", "-f", action="store_true", help="print every rank's log as it is written (implies --wait)"
+    )
+    p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 4)")
+    _output_option(p)
+    _backend_options(p, namespace=False)
+    if spec_flags:
         add_spec_flags(p)
-    if verb in ("status", "cancel", "logs", "list"):
-        p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="the job's scheduler")
-        if verb != "list":
-            p.add_argument("job", help="job id (SLURM) or job name (Kubernetes)")
+
+
+def _job_parsers(sub: Any) -> None:
+    verbs = {
+        "status": "show a job's state: normalised, the scheduler's word, and which rank failed",
+        "cancel": "cancel a job",
+        "logs": "print a job's logs",
+        "wait": "wait for a job to end; exit 0 if it succeeded, 1 failed, 3 cancelled, 4 timeout",
+    }
+    for verb, text in verbs.items():
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("job", metavar="HANDLE", help=JOB_HELP)
+        p.add_argument("--backend", choices=["slurm", "k8s", "local"], help="the scheduler of a bare job id")
         _backend_options(p)
-    if verb == "status":
-        p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    if verb == "logs":
-        p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0)")
-        p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
-    if verb == "env":
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if verb in ("status", "wait"):
+            _output_option(p)
+        if verb == "status":
+            p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
+        if verb == "wait":
+            p.add_argument("--timeout", type=float, help="give up after SECONDS (exit 4)")
+        if verb == "logs":
+            p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0; local: all)")
+            p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+
+
+def _output_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=OUTPUT, default="table", help="table (default), json or yaml")
 
 
 def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
@@ -78,8 +113,7 @@ def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
             "--kind",
             dest="k8s_kind",
             choices=["PyTorchJob", "TrainJob"],
-            default="PyTorchJob",
-            help="Kubernetes: the job's kind (default PyTorchJob)",
+            help="Kubernetes: the kind of a bare job name (default PyTorchJob; a handle carries its kind; list: both)",
         )
     p.add_argument("--context", dest="k8s_context", help="kubeconfig context")
     p.add_argument(
@@ -94,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is not None and args.verb not in ("render", "submit", "run"):
         print(f"dist-jobs {args.verb}: a command after `--` only goes with render, submit or run", file=sys.stderr)
         return 2
+    if args.verb == "completion":  # it reads the parser, which lives here
+        from dist_jobs.cli.completion import script
+
+        sys.stdout.write(script(_parser(), args.shell))
+        return 0
     try:
         from dist_jobs.cli.commands import COMMANDS
 

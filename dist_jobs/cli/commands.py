@@ -16,6 +16,8 @@ from typing import Any
 
 from dist_jobs import api
 from dist_jobs.cli.flags import overrides_from
+from dist_jobs.cli.output import columns, emit, info_table
+from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import UsageError
 
 
@@ -23,18 +25,27 @@ def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
     return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend)
 
 
-def _backend(args: argparse.Namespace) -> Any:
-    options: dict[str, Any] = {}
-    if args.backend == "k8s":
-        options = {
+def _options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    if backend == "k8s":
+        return {
             "namespace": getattr(args, "k8s_namespace", None),
             "context": args.k8s_context,
             "kubeconfig": args.k8s_kubeconfig,
             **({"kind": args.k8s_kind} if getattr(args, "k8s_kind", None) else {}),
         }
-    elif args.backend == "slurm" and getattr(args, "jobs_dir", None):
-        options = {"jobs_dir": Path(args.jobs_dir)}
-    return api.backend(args.backend, **options)
+    if backend == "slurm" and getattr(args, "jobs_dir", None):
+        return {"jobs_dir": Path(args.jobs_dir)}
+    return {}
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    return api.backend(args.backend, **_options(args, args.backend))
+
+
+def _job(args: argparse.Namespace) -> Any:
+    """The Job of `HANDLE`, or of a bare id with --backend."""
+    backend = api.parse_handle(args.job).backend if api.is_handle(args.job) else args.backend
+    return api.job(args.job, backend, **(_options(args, backend) if backend else {}))
 
 
 def _write(text: str, output: str | None) -> None:
@@ -72,61 +83,75 @@ def cmd_render(args: argparse.Namespace, command: list[str] | None) -> int:
 
 def cmd_submit(args: argparse.Namespace, command: list[str] | None) -> int:
     spec = _load(args, command)
-    backend = _backend(args)
-    prepared = backend.prepare(spec)
     if args.dry_run:
+        backend = _backend(args)
+        prepared = backend.prepare(spec)
         sys.stdout.write(prepared.payload)
         check = getattr(backend, "server_dry_run", None)
         if args.backend == "k8s" and check is not None:
             print(f"# server-side dry run: {check(prepared)}", file=sys.stderr)
         return 0
-    job_id = backend.submit(prepared)
-    print(job_id)
-    return 0
+    job = api.submit(spec, args.backend, **_options(args, args.backend))
+    record = {"handle": job.handle, "backend": args.backend, "id": job.id, "name": spec.run_id}
+    print(emit(record, args.output, job.handle), flush=True)
+    if not (args.wait or args.follow):
+        return 0
+    if args.follow:
+        for line in job.follow(_follow_ranks(spec, args.backend)):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+    return _ended(job.wait(args.timeout), args.output, stream=sys.stderr)
+
+
+def _follow_ranks(spec: Any, backend: str) -> list[int] | None:
+    """The ranks whose logs hold every line: the local log has all; one file per torchrun node."""
+    if backend == "local":
+        return None
+    if backend == "k8s" or spec.launcher == "torchrun":
+        return [node * spec.procs for node in range(spec.nodes)] if backend == "slurm" else list(range(spec.nodes))
+    return list(range(spec.world_size))
+
+
+def _ended(info: Any, fmt: str, stream: Any = None) -> int:
+    print(emit(info.to_dict(), fmt, info_table(info)), file=stream or sys.stdout)
+    return WAIT_EXIT_CODES.get(info.state.value, WAIT_EXIT_CODES["failed"])
 
 
 def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
+    if args.record:  # the detached run of `submit --backend local`
+        from dist_jobs.backends.local_jobs import run_recorded
+
+        return run_recorded(_load(args, command), Path(args.record))
     return api.run_local(_load(args, command))
 
 
 def cmd_status(args: argparse.Namespace, _: Any) -> int:
-    status = _backend(args).status(args.job)
-    if args.json:
-        import json
-
-        print(
-            json.dumps(
-                {
-                    "job_id": status.job_id,
-                    "name": status.name,
-                    "state": status.state,
-                    "detail": status.detail,
-                    **status.extra,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(f"{status.job_id}  {status.name}  {status.state}" + (f"  {status.detail}" if status.detail else ""))
-        for key, value in status.extra.items():
-            print(f"  {key}: {value}")
+    info = _job(args).status()
+    print(emit(info.to_dict(), args.output, info_table(info)))
     return 0
 
 
+def cmd_wait(args: argparse.Namespace, _: Any) -> int:
+    return _ended(_job(args).wait(args.timeout), args.output)
+
+
 def cmd_list(args: argparse.Namespace, _: Any) -> int:
-    for status in _backend(args).list():
-        print(f"{status.job_id}\t{status.name}\t{status.state}\t{status.detail}")
+    infos = api.list_jobs(args.backend, **_options(args, args.backend))
+    rows = [[i.handle, i.name, str(i.state), i.word, i.detail] for i in infos]
+    table = columns(["HANDLE", "NAME", "STATE", "SCHEDULER", "DETAIL"], rows)
+    print(emit([i.to_dict() for i in infos], args.output, table))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace, _: Any) -> int:
-    _backend(args).cancel(args.job)
-    print(f"cancelled {args.job}")
+    job = _job(args)
+    job.cancel()
+    print(f"cancelled {job.handle}")
     return 0
 
 
 def cmd_logs(args: argparse.Namespace, _: Any) -> int:
-    for line in _backend(args).logs(args.job, rank=args.rank, follow=args.follow):
+    for line in _job(args).logs(rank=args.rank, follow=args.follow):
         sys.stdout.write(line if line.endswith("\n") else line + "\n")
         sys.stdout.flush()
     return 0
@@ -138,7 +163,7 @@ def cmd_env(args: argparse.Namespace, _: Any) -> int:
     from dist_jobs.ranks.selfcheck import check
 
     info = resolve()
-    print(as_json(info) if args.json else as_table(info))
+    print(emit(json.loads(as_json(info)), args.output, as_table(info)))
     check(info)  # printed first, so a launch that does not add up is still visible; then exit 3
     return 0
 
@@ -159,6 +184,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "list": cmd_list,
     "cancel": cmd_cancel,
     "logs": cmd_logs,
+    "wait": cmd_wait,
     "env": cmd_env,
     "schema": cmd_schema,
 }

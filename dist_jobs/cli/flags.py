@@ -60,10 +60,24 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 
+# The help's sections, by the spec path's first part: `dist-jobs submit --help` reads by topic.
+GROUPS = {
+    "slurm": "SLURM flags",
+    "k8s": "Kubernetes flags",
+    "nccl": "training flags (NCCL, any spec field)",
+    "": "training flags (NCCL, any spec field)",  # --set: train.* and every other field
+    "preemption": "preemption flags",
+}
+
+
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", nargs="?", help="job.yaml (optional: flags alone make a spec)")
-    group = parser.add_argument_group("job spec flags (override job.yaml)")
+    groups: dict[str, Any] = {}
     for f in FLAGS:
+        title = GROUPS.get(
+            f.path.split(".")[0] if "." in f.path or not f.path else "job", "job flags (override job.yaml)"
+        )
+        group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
         dest = "flag_" + f.flag.lstrip("-").replace("-", "_")
         if f.kind == "true":
             group.add_argument(f.flag, dest=dest, action="store_const", const=True, help=f.help)

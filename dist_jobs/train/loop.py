@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
@@ -176,6 +177,9 @@ def _train(run: Run) -> dict[str, float]:
             if run.saved_step != pos.step:
                 _save(run)
             run.ckpt.wait()
+    folder = checkpoint_folder(c)
+    if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
+        write_result(folder, run.metrics)
     return dict(run.metrics)
 
 

@@ -4,6 +4,7 @@ real v1.20.2 apiserver (patched for kubernetes#99804) with the PyTorchJob, Train
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -95,12 +96,15 @@ def test_submit_status_cancel(kubeconfig: Path) -> None:
     assert "kind: PyTorchJob" in dry.stdout and "server-side dry run" in dry.stderr
     sub = dj(kubeconfig, "submit", *common)
     assert sub.returncode == 0, sub.stderr
-    assert sub.stdout.strip() == name
+    handle = sub.stdout.strip()
+    assert handle == f"k8s://default/PyTorchJob/{name}"
     again = dj(kubeconfig, "submit", *common)
     assert again.returncode == 1 and "409" in again.stderr and "Traceback" not in again.stderr
     status = dj(kubeconfig, "status", "--backend", "k8s", name, "--namespace", "default")
     assert status.returncode == 0, status.stderr
     assert name in status.stdout
+    by_handle = dj(kubeconfig, "status", "-o", "json", handle)
+    assert by_handle.returncode == 0 and json.loads(by_handle.stdout)["handle"] == handle, by_handle.stderr
     listed = dj(kubeconfig, "list", "--backend", "k8s", "--namespace", "default")
     assert name in listed.stdout
     cancel = dj(kubeconfig, "cancel", "--backend", "k8s", name, "--namespace", "default")

@@ -64,11 +64,11 @@ def k8s(verb: str, kubeconfig: Path, *rest: str) -> list[str]:
     return [verb, "--backend", "k8s", "--kubeconfig", str(kubeconfig), *rest]
 
 
-def test_submit_prints_the_job_name_and_uses_the_kubeconfig(
+def test_submit_prints_the_job_handle_and_uses_the_kubeconfig(
     capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
 ) -> None:
     code, out, err = run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
-    assert (code, out, err) == (0, f"{JOB}\n", "")
+    assert (code, out, err) == (0, f"k8s://default/PyTorchJob/{JOB}\n", "")
     (post,) = [r for r in api.requests if r.method == "POST"]
     assert post.headers.get("authorization") == f"Bearer {TOKEN}"  # the kubeconfig's user
     assert post.query["fieldValidation"] == ["Strict"]
@@ -155,28 +155,30 @@ def test_status_list_cancel(
     code, out, _ = run(capsys, *k8s("status", kubeconfig, JOB))
     assert code == 0
     assert out.splitlines() == [
-        f"{JOB}  {JOB}  Running  PyTorchJob {JOB} is running.",
+        f"k8s://default/PyTorchJob/{JOB}  {JOB}  running (Running)  PyTorchJob {JOB} is running.",
         "  Master: active=1",
         "  Worker: active=1",
     ]
     code, out, _ = run(capsys, *k8s("status", kubeconfig, "--json", JOB))
     assert json.loads(out) == {
-        "job_id": JOB,
+        "handle": f"k8s://default/PyTorchJob/{JOB}",
         "name": JOB,
-        "state": "Running",
+        "state": "running",
+        "word": "Running",
         "detail": f"PyTorchJob {JOB} is running.",
-        "Master": "active=1",
-        "Worker": "active=1",
+        "ranks": {},
+        "extra": {"Master": "active=1", "Worker": "active=1"},
     }
 
     code, out, _ = run(capsys, *k8s("list", kubeconfig))
     assert code == 0
-    assert [line.split("\t")[:3] for line in out.splitlines()] == [
-        [JOB, JOB, "Running"],
-        ["other-ddp", "other-ddp", "Pending"],
+    assert [line.split()[:4] for line in out.splitlines()] == [
+        ["HANDLE", "NAME", "STATE", "SCHEDULER"],
+        [f"k8s://default/PyTorchJob/{JOB}", JOB, "running", "Running"],
+        ["k8s://default/PyTorchJob/other-ddp", "other-ddp", "pending", "Pending"],
     ]
 
-    assert run(capsys, *k8s("cancel", kubeconfig, JOB))[:2] == (0, f"cancelled {JOB}\n")
+    assert run(capsys, *k8s("cancel", kubeconfig, JOB))[:2] == (0, f"cancelled k8s://default/PyTorchJob/{JOB}\n")
     code, out, err = run(capsys, *k8s("status", kubeconfig, JOB))
     assert (code, out) == (1, "") and f'"{JOB}" not found (404 NotFound)' in err and "hint:" in err
 
@@ -185,11 +187,11 @@ def test_namespace_comes_from_the_flag_or_the_kubeconfig_context(
     capsys: pytest.CaptureFixture[str], kubeconfig: Path, tmp_path: Path
 ) -> None:
     spec = write_spec(tmp_path, k8s={"pvc": "ckpt", "namespace": "ml"})
-    assert run(capsys, *k8s("submit", kubeconfig, str(spec)))[0] == 0
+    assert run(capsys, *k8s("submit", kubeconfig, str(spec)))[:2] == (0, f"k8s://ml/PyTorchJob/{JOB}\n")
     assert run(capsys, *k8s("status", kubeconfig, JOB))[0] == 1  # current context: namespace default
     assert run(capsys, *k8s("status", kubeconfig, "--namespace", "ml", JOB))[0] == 0
     code, out, _ = run(capsys, *k8s("status", kubeconfig, "--context", "team-ml", JOB))
-    assert code == 0 and out.startswith(f"{JOB}  {JOB}  Pending")
+    assert code == 0 and out.startswith(f"k8s://ml/PyTorchJob/{JOB}  {JOB}  pending (Pending)")
 
 
 def test_logs_of_rank_1_are_the_first_workers(
@@ -219,7 +221,56 @@ def test_the_installed_entry_point_in_a_subprocess(api: FakeKubeAPI, kubeconfig:
         )
 
     ok = dj("submit", "--backend", "k8s", spec)  # $KUBECONFIG, as kubectl reads it
-    assert (ok.returncode, ok.stdout) == (0, f"{JOB}\n"), ok.stderr
+    assert (ok.returncode, ok.stdout) == (0, f"k8s://default/PyTorchJob/{JOB}\n"), ok.stderr
     again = dj("submit", "--backend", "k8s", spec)
     assert again.returncode == 1 and "409 AlreadyExists" in again.stderr
     assert "Traceback" not in again.stderr and again.stdout == ""
+
+
+def test_a_trainjob_is_found_by_its_handle_everywhere_a_pytorchjob_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with FakeKubeAPI([crd_path("PyTorchJob"), crd_path("TrainJob")]) as server:
+        config = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+        spec = write_spec(tmp_path, name="tj", k8s={"pvc": "ckpt", "api": "trainjob"})
+        code, out, err = run(capsys, *k8s("submit", config, str(spec)))
+        assert (code, out) == (0, "k8s://default/TrainJob/tj\n"), err
+        handle = out.strip()
+        # Before handles, `status tj` looked for a PyTorchJob: 404. The handle carries the kind.
+        code, out, err = run(capsys, "status", "--kubeconfig", str(config), "-o", "json", handle)
+        assert code == 0 and json.loads(out)["handle"] == handle, err
+        assert json.loads(out)["state"] == "pending"
+        code, out, _ = run(capsys, *k8s("list", config))
+        assert code == 0 and out.splitlines()[1].split()[:3] == [handle, "tj", "pending"]
+        assert run(capsys, "cancel", "--kubeconfig", str(config), handle)[:2] == (0, f"cancelled {handle}\n")
+        assert ("trainjobs", "default", "tj") not in server.store
+
+
+CONTAINER = {"image": "reg.example/train:1", "imageID": "", "ready": False, "restartCount": 0}  # required fields
+
+
+def test_status_names_the_rank_that_failed_first_from_container_statuses(
+    capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
+    api.set_status(PLURAL, "default", JOB, {"conditions": [{"type": "Failed", "status": "True", "message": "x"}]})
+    ends = {
+        ("master", 0): {"terminated": {"exitCode": 143, "reason": "Error", "finishedAt": "2026-11-24T09:00:09Z"}},
+        ("worker", 0): {"terminated": {"exitCode": 3, "reason": "Error", "finishedAt": "2026-11-24T09:00:05Z"}},
+        ("worker", 1): {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-11-24T09:00:07Z"}},
+    }
+    for (rtype, index), state in ends.items():
+        labels = {f"{OP}job-name": JOB, f"{OP}replica-type": rtype, f"{OP}replica-index": str(index)}
+        api.pods[("default", f"{JOB}-{rtype}-{index}")] = {
+            "metadata": {"labels": labels},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "pytorch", "state": state, **CONTAINER}]},
+        }
+    code, out, err = run(capsys, *k8s("status", kubeconfig, "-o", "json", JOB))
+    got = json.loads(out)
+    assert code == 0 and got["state"] == "failed", err
+    assert got["detail"] == "rank 1 failed first: exit 3; x"
+    assert got["ranks"] == {
+        "0": "killed by SIGTERM (exit 143)",
+        "1": "exit 3",
+        "2": "killed by SIGKILL (exit 137) (OOMKilled)",
+    }

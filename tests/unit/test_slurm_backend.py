@@ -175,7 +175,8 @@ def test_submit_with_workdir_keeps_its_chdir_and_logs_there(tmp_path: Path) -> N
     ],
 )
 def test_sbatch_errors_become_clear_backend_errors(tmp_path: Path, fixture_name: str, message: str, hint: str) -> None:
-    runner = FakeRunner(sbatch=(1, "", fixture(fixture_name)))
+    # sinfo unanswered: the message falls back to sbatch's own words (test_slurm_limits has sinfo's)
+    runner = FakeRunner(sbatch=(1, "", fixture(fixture_name)), sinfo=(1, "", ""))
     with pytest.raises(BackendError) as caught:
         submit(tmp_path, runner)
     assert message in caught.value.message and "sbatch said:" in caught.value.message
@@ -194,7 +195,7 @@ def test_a_failed_submit_leaves_no_folders_it_made(tmp_path: Path) -> None:
 
 def test_gres_error_names_the_gpu_request(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="GPU request") as caught:
-        submit(tmp_path, FakeRunner(sbatch=(1, "", SBATCH_NO_GRES)), gpus_per_node=4)
+        submit(tmp_path, FakeRunner(sbatch=(1, "", SBATCH_NO_GRES), sinfo=(1, "", "")), gpus_per_node=4)
     assert "sinfo -o '%P %G'" in (caught.value.hint or "")
 
 
@@ -311,7 +312,7 @@ def test_list_reads_squeue(tmp_path: Path) -> None:
         ("34", "fx-pending|pipe name", "PENDING", "Resources"),
         ("35", "fx-pending-2", "PENDING", "Priority"),
         ("36", "fx-held", "PENDING", "JobHeldUser"),
-        ("33", "fx-running", "RUNNING", "None"),
+        ("33", "fx-running", "RUNNING", ""),  # squeue's "None" is no reason, not a word to show
     ]
     assert jobs[3].extra == {"nodes": "n[1-2]"}
     argv = runner.calls[0]

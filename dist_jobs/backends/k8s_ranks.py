@@ -1,0 +1,73 @@
+"""Per-rank detail of a Kubernetes job from its pods' container statuses (pure, on dicts as the
+apiserver returns them): which rank failed first, with which exit code or signal.
+
+A pod's rank is what the operator gave it: PyTorchJob master = 0, worker i = i + 1 (i without a
+master); a TrainJob's node pod is its Indexed Job's completion index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dist_jobs.backends.base import JobStatus
+from dist_jobs.backends.state import describe_exit
+
+OP = "training.kubeflow.org/"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def pod_rank(pod: dict[str, Any], kind: str, has_master: bool) -> int | None:
+    meta = pod.get("metadata") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    if kind == "TrainJob":
+        index = notes.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
+        return int(str(index)) if str(index).isdigit() else None
+    index = labels.get(f"{OP}replica-index")
+    if not str(index).isdigit():
+        return None
+    if labels.get(f"{OP}replica-type") == "master":
+        return 0
+    return int(str(index)) + (1 if has_master else 0)
+
+
+def _container(pod: dict[str, Any]) -> tuple[str, str]:
+    """(what the main container says, when it ended or '') from its current or last state."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if not statuses:
+        return (pod.get("status") or {}).get("phase", "Pending").lower(), ""
+    state, last = statuses[0].get("state") or {}, statuses[0].get("lastState") or {}
+    ended = state.get("terminated") or last.get("terminated")
+    if "waiting" in state and not ended:
+        return f"waiting: {state['waiting'].get('reason', '?')}", ""
+    if "running" in state and not state.get("terminated"):
+        return "running", ""
+    if not ended:
+        return "unknown", ""
+    what = describe_exit(ended.get("exitCode"), ended.get("signal"))
+    if ended.get("reason") not in (None, "Completed", "Error"):
+        what += f" ({ended['reason']})"  # OOMKilled, ContainerCannotRun, ...
+    return what, str(ended.get("finishedAt") or "") if ended.get("exitCode") else ""
+
+
+def rank_detail(pods: list[dict[str, Any]], kind: str, has_master: bool) -> tuple[dict[int, str], str]:
+    """({rank: what its container says}, 'rank R failed first: ...' or '')."""
+    ranks: dict[int, str] = {}
+    failures: list[tuple[str, int]] = []
+    for pod in pods:
+        rank = pod_rank(pod, kind, has_master)
+        if rank is None:
+            continue
+        what, failed_at = _container(pod)
+        ranks[rank] = what
+        if failed_at:
+            failures.append((failed_at, rank))
+    first = min(failures)[1] if failures else None
+    return ranks, (f"rank {first} failed first: {ranks[first]}" if first is not None else "")
+
+
+def with_ranks(status: JobStatus, pods: list[dict[str, Any]], kind: str, has_master: bool) -> JobStatus:
+    """`status` with each rank's container state; a failed rank's story replaces a bare message."""
+    ranks, first = rank_detail(pods, kind, has_master)
+    detail = f"{first}; {status.detail}" if first and status.detail else (first or status.detail)
+    return replace(status, detail=detail, ranks=ranks)

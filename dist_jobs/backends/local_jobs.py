@@ -1,0 +1,204 @@
+"""The local backend as a queue: `submit` starts a detached `dist-jobs run` in a new session.
+
+Everything about the job lives in `<run dir>/local/` (the run dir is `<checkpoint_dir>/<run>`):
+spec.yaml, the launcher's pid, output.log (every rank's output, prefixed `[rank N]`), and
+exit_code once it ends. So any shell that can read the run directory can attach to the job:
+its id IS the run directory. Cancel sends SIGTERM to the `dist-jobs run` process, which stops
+its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.state import describe_exit
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.errors import BackendError, UsageError
+
+if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor the renderer
+    from dist_jobs.spec import JobSpec
+
+FOLDER = "local"  # below the run directory
+PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
+
+
+def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
+    root = Path(spec.checkpoint_dir).expanduser()
+    return (root if root.is_absolute() else workdir / root).resolve() / spec.run_id
+
+
+class LocalJobs:
+    """The local backend's queue verbs; prepare and the foreground run are LocalBackend's."""
+
+    name = "local"
+
+    def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
+        self.out = out
+        self.workdir = workdir or Path.cwd()
+
+    def prepare(self, spec: JobSpec) -> Prepared:
+        from dist_jobs.backends.local import LocalBackend
+
+        return LocalBackend(self.out, self.workdir).prepare(spec)
+
+    def run(self, spec: JobSpec) -> int:
+        from dist_jobs.backends.local import LocalBackend
+
+        return LocalBackend(self.out, self.workdir).run(spec)
+
+    def submit(self, prepared: Prepared) -> str:
+        import msgspec
+        import yaml
+
+        spec = prepared.spec
+        folder = run_dir_of(spec, self.workdir) / FOLDER
+        if _alive(folder):
+            raise UsageError(
+                f"run {spec.run_id} is already running here (local://{folder.parent})",
+                "wait for it, cancel it, or pick another --name",
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in (EXIT, CANCELLED, PID):
+            (folder / stale).unlink(missing_ok=True)
+        (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
+        argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
+        with (folder / LOG).open("wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a closed terminal or Ctrl-C in this shell must not reach it
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        _write(folder / PID, str(proc.pid))
+        # Reap it if this process outlives it (a notebook): no zombie that looks alive.
+        threading.Thread(target=proc.wait, daemon=True).start()
+        return str(folder.parent)
+
+    def run_dir(self, job_id: str) -> Path:
+        return Path(job_id)
+
+    def status(self, job_id: str) -> JobStatus:
+        folder = _folder(job_id)
+        name = folder.parent.name
+        code = _read_int(folder / EXIT)
+        if code is None:
+            if _alive(folder):
+                return JobStatus(job_id, name, "RUNNING", f"pid {_read_int(folder / PID)}")
+            return JobStatus(job_id, name, "FAILED", f"the launcher died without an exit code; see {folder / LOG}")
+        if code == 0:
+            return JobStatus(job_id, name, "COMPLETED", "exit 0")
+        if (folder / CANCELLED).exists():
+            return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
+        word = "PREEMPTED" if code == REQUEUE_EXIT_CODE else "FAILED"
+        return JobStatus(job_id, name, word, describe_exit(code))
+
+    def list(self) -> list[JobStatus]:
+        root = (self.workdir / "checkpoints").resolve()
+        return [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
+
+    def cancel(self, job_id: str) -> None:
+        folder = _folder(job_id)
+        if not _alive(folder):
+            raise BackendError(f"local job {job_id} is not running: nothing to cancel", f"see {folder / LOG}")
+        _write(folder / CANCELLED, time.strftime("%Y-%m-%dT%H:%M:%S"))
+        pid = _read_int(folder / PID)
+        assert pid is not None  # _alive read it
+        os.kill(pid, signal.SIGTERM)
+
+    def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
+        """Every rank's lines (rank None) or rank `rank`'s, from output.log; follow: until it ends."""
+        folder = _folder(job_id)
+        prefixes = _prefixes(folder, rank)
+        offset = 0
+        while True:
+            running = follow and _alive(folder)  # asked before reading: no line written before the end is lost
+            with (folder / LOG).open("r", errors="replace") as fh:
+                fh.seek(offset)
+                for line in fh:
+                    if prefixes is None or line.startswith(prefixes):
+                        yield line.rstrip("\n")
+                offset = fh.tell()
+            if not running:
+                return
+            time.sleep(0.5)
+
+
+def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:
+    if rank is None:
+        return None
+    import yaml
+
+    data = yaml.safe_load((folder / SPEC).read_text()) or {}
+    if data.get("launcher") == "torchrun":  # one torchrun per node: its workers' lines carry [defaultN]
+        procs = data.get("procs_per_node") or data.get("gpus_per_node") or 1
+        return (f"[node {rank // procs}] [default{rank % procs}]",)
+    return (f"[rank {rank}] ",)
+
+
+def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> int:
+    """`dist-jobs run --record FOLDER`: run in the foreground, SIGTERM as Ctrl-C, exit code to FOLDER."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    from dist_jobs.backends.local import LocalBackend
+
+    code = 130
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        code = LocalBackend(workdir=workdir).run(spec)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _write(folder / EXIT, str(code))
+    return code
+
+
+def _folder(job_id: str) -> Path:
+    folder = Path(job_id) / FOLDER
+    if not (folder / PID).exists():
+        raise BackendError(
+            f"no local job in {job_id} (no {FOLDER}/{PID} there)",
+            "a local job's id is its run directory, <checkpoint_dir>/<run>, as `dist-jobs submit` printed it",
+        )
+    return folder
+
+
+def _alive(folder: Path) -> bool:
+    pid = _read_int(folder / PID)
+    if pid is None or _read_int(folder / EXIT) is not None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): a live pid is the best we know
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    return b"dist_jobs" in cmdline  # a recycled pid runs something else
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)

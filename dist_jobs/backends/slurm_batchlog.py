@@ -1,0 +1,112 @@
+"""What the batch script's own log says about how the job ended (pure; real captured logs in
+tests/fixtures/slurm/). sacct alone cannot tell: it reports the step of a job whose rank 1
+exited with 3 as CANCELLED 0:15 (srun stopped the other ranks) and masks exit codes to 7 bits
+(a batch script's 200, "requeue me", reads as 72). The log has srun's per-task lines, the
+script's true exit code and its requeue decisions:
+
+    srun: error: n1: task 1: Exited with exit code 3
+    srun: error: n2: tasks 2-3: Terminated
+    dist-jobs: requeueing job 7 (attempt 0 of at most 5 requeues)
+    dist-jobs: preempted, but the maximum of 5 requeues is reached
+    dist-jobs: step finished with exit code 143
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from dist_jobs.backends.base import JobStatus
+from dist_jobs.backends.slurm_output import SacctJobState
+from dist_jobs.backends.state import describe_exit
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+
+_ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
+_TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
+_EXITED = re.compile(r"Exited with exit code (\d+)")
+_STEP_END = re.compile(r"^dist-jobs: step finished with exit code (\d+)", re.M)
+_USED_UP = re.compile(r"maximum of (\d+) requeues is reached")
+_SIGNALS = {"Terminated": "SIGTERM", "Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    attempt: int | None = None  # the last attempt the log shows
+    first_failed: int | None = None  # the first rank srun reported failing (torchrun mode: a node's task)
+    ranks: dict[int, str] = field(default_factory=dict)
+    exit_code: int | None = None  # the batch script's own, unmasked
+    requeues_used_up: int | None = None  # the maximum, when a preempted run hit it
+
+    @property
+    def summary(self) -> str:
+        return self.told("rank")
+
+    def told(self, unit: str) -> str:
+        """The outcome in a line; `unit`: what srun's task is (rank; in torchrun mode a node)."""
+        parts = []
+        if self.first_failed is not None:
+            parts.append(f"{unit} {self.first_failed} failed first: {self.ranks[self.first_failed]}")
+        if self.requeues_used_up is not None:
+            n = self.requeues_used_up
+            parts.append(f"preempted with the requeues used up ({n} of {n})")
+        elif self.exit_code is not None and not parts:
+            parts.append(describe_exit(self.exit_code))
+        return "; ".join(parts)
+
+
+def _tasks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out.extend(range(int(low), int(high or low) + 1))
+    return out
+
+
+def _what(text: str) -> tuple[str, bool]:
+    """(what happened to the task, whether it failed by itself rather than being stopped)."""
+    exited = _EXITED.search(text)
+    if exited:
+        code = int(exited.group(1))
+        return describe_exit(code), code != REQUEUE_EXIT_CODE  # 200: checkpointed on a signal
+    name = _SIGNALS.get(text)
+    if name == "SIGTERM":
+        return "stopped (SIGTERM) after another rank failed", False
+    return (f"killed by {name}" if name else text), True
+
+
+def parse_batch_log(text: str) -> BatchOutcome:
+    """The outcome of the last attempt in a batch log (--open-mode=append keeps every attempt)."""
+    starts = list(_ATTEMPT.finditer(text))
+    last = text[starts[-1].start() :] if starts else text
+    ranks: dict[int, str] = {}
+    first: int | None = None
+    for match in _TASK.finditer(last):
+        what, failed = _what(match.group("what"))
+        for task in _tasks(match.group("tasks")):
+            ranks.setdefault(task, f"{what} on {match.group('node')}")
+            if failed and first is None:
+                first = task
+    ends = _STEP_END.findall(last)
+    used_up = _USED_UP.findall(last)
+    return BatchOutcome(
+        attempt=int(starts[-1].group(1)) if starts else None,
+        first_failed=first,
+        ranks=ranks,
+        exit_code=int(ends[-1]) if ends else None,
+        requeues_used_up=int(used_up[-1]) if used_up else None,
+    )
+
+
+def finished_status(state: SacctJobState, run: str, log_text: str, launcher: str = "srun") -> JobStatus:
+    """A job squeue has forgotten: sacct's state, told truthfully with its batch log (if read).
+
+    `run`: the run name recorded at submit; sacct's name right after the end is a placeholder
+    (`allocation`, with no partition yet) until slurmdbd merges the job record.
+    """
+    outcome = parse_batch_log(log_text)
+    code = state.exit_code if outcome.exit_code is None else outcome.exit_code
+    # torchrun mode runs one srun task per node: srun's task numbers are nodes, not ranks
+    detail = outcome.told("node" if launcher == "torchrun" else "rank") or describe_exit(code, state.exit_signal)
+    name = run if (state.name == "allocation" and run) else state.name
+    extra = {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)}
+    return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})

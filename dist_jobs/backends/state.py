@@ -1,0 +1,88 @@
+"""One vocabulary for every scheduler: JobState, and what an exit code means.
+
+SLURM says COMPLETED, Kubernetes Succeeded, a local run exit 0: `normalise` maps each
+scheduler's own word onto JobState, which the Python API and `dist-jobs status` show next to it.
+"""
+
+from __future__ import annotations
+
+import signal
+from enum import Enum
+
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REQUEUED = "requeued"  # preempted and checkpointed, waiting to run again
+    UNKNOWN = "unknown"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_WORDS: dict[str, JobState] = {
+    # SLURM (squeue and sacct)
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "REQUEUED": JobState.REQUEUED,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "SUSPENDED": JobState.PENDING,
+    "COMPLETED": JobState.SUCCEEDED,
+    "FAILED": JobState.FAILED,
+    "TIMEOUT": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "DEADLINE": JobState.FAILED,
+    "PREEMPTED": JobState.FAILED,  # final only when it was not requeued (then it says REQUEUED)
+    "CANCELLED": JobState.CANCELLED,
+    # Kubernetes job conditions (PyTorchJob, TrainJob) and what dist-jobs says of a deleted job
+    "CREATED": JobState.PENDING,
+    "RESTARTING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED,
+    "COMPLETE": JobState.SUCCEEDED,
+    "TERMINATING": JobState.CANCELLED,
+    "DELETED": JobState.CANCELLED,
+}
+
+
+def normalise(word: str) -> JobState:
+    """The JobState of a scheduler's word (case and a trailing '+' or ' by 0' ignored)."""
+    key = word.strip().split(" ")[0].rstrip("+").upper()
+    return _WORDS.get(key, JobState.UNKNOWN)
+
+
+def describe_exit(code: int | None, sig: int | None = None) -> str:
+    """`exit 3`, `killed by SIGKILL (exit 137)`, `preempted and checkpointed (exit 200)`."""
+    if sig:
+        return f"killed by {_signal_name(sig)}"
+    if code is None:
+        return "no exit code"
+    if code == REQUEUE_EXIT_CODE:
+        return f"preempted and checkpointed (exit {code})"
+    if 128 < code < 128 + 65:  # a shell's way of saying "killed by signal code-128"
+        return f"killed by {_signal_name(code - 128)} (exit {code})"
+    return f"exit {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

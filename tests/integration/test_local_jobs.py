@@ -1,0 +1,141 @@
+"""The local backend as a queue: a detached `dist-jobs run`, attached to from other processes.
+
+One job's life through the Python API and through the CLI: submit, wait, logs, status of a
+failed rank, cancel, result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import dist_jobs
+from dist_jobs.api.job import Job
+from support.paths import PYTHON, REPO, TESTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+TRAIN = {
+    "model": "support.train_support:tiny_net",
+    "data": "fake",
+    "image_size": 16,
+    "fake_samples": 32,
+    "batch_size": 4,
+    "epochs": 1,
+    "device": "cpu",
+    "progress": False,
+    "log_every": 1,
+}
+
+
+def dj(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **ENV}
+    return subprocess.run(
+        [PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+def test_python_api_submit_attach_from_another_process_wait_logs_result(tmp_path: Path) -> None:
+    spec = dist_jobs.load_spec(data={"name": "api-train", "nodes": 1, "procs_per_node": 2, "env": ENV, "train": TRAIN})
+    job = dist_jobs.submit(spec, backend="local", workdir=tmp_path)
+    assert isinstance(job, Job) and job.handle == f"local://{tmp_path.resolve()}/checkpoints/api-train"
+    # Another process (another shell, a notebook) finds the job by its handle alone.
+    probe = textwrap.dedent(f"""
+        import json, dist_jobs
+        job = dist_jobs.attach({job.handle!r})
+        info = job.wait(timeout=240, poll=0.5)
+        print(json.dumps({{"info": info.to_dict(), "result": job.result()}}))
+    """)
+    out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=280)
+    assert out.returncode == 0, out.stderr + "\n".join(job.logs())
+    seen = json.loads(out.stdout)
+    assert seen["info"]["state"] == "succeeded" and seen["info"]["word"] == "COMPLETED"
+    assert seen["result"]["step"] == 4.0 and "train_loss" in seen["result"]  # 32 samples / (2 ranks x 4)
+    rank1 = list(job.logs(rank=1))
+    assert rank1 and all(line.startswith("[rank 1] ") for line in rank1)
+    assert {line.split("]")[0] for line in job.logs()} == {"[rank 0", "[rank 1"}
+    assert [i.handle for i in dist_jobs.list_jobs("local", workdir=tmp_path)] == [job.handle]
+
+
+def test_cli_submit_wait_follow_exits_with_the_outcome_and_status_names_the_exit(tmp_path: Path) -> None:
+    code = (
+        "import os; r = os.environ['RANK']; print('hello from', r, flush=True); raise SystemExit(3 if r == '1' else 0)"
+    )
+    proc = dj("submit", "--backend", "local", "--name", "fails", "--nodes", "2", "--procs-per-node", "1",
+              "--wait", "--follow", "--", "python3", "-c", code, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    handle = proc.stdout.splitlines()[0]
+    assert handle == f"local://{tmp_path.resolve()}/checkpoints/fails"
+    assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout
+    assert "failed (FAILED)  exit 3" in proc.stderr
+    status = dj("status", "-o", "json", handle, cwd=REPO)  # elsewhere: the handle is enough
+    assert json.loads(status.stdout)["detail"] == "exit 3" and json.loads(status.stdout)["state"] == "failed"
+    assert dj("wait", handle, cwd=REPO).returncode == 1
+    assert dj("logs", "--rank", "1", handle, cwd=REPO).stdout == "[rank 1] hello from 1\n"
+    bare = dj("status", "--backend", "local", "checkpoints/fails", cwd=tmp_path)
+    assert bare.returncode == 0 and bare.stdout.startswith(handle)
+
+
+def test_cancel_stops_every_rank_and_says_cancelled(tmp_path: Path) -> None:
+    code = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(120)"
+    sub = dj("submit", "--backend", "local", "--name", "long", "--nodes", "2", "--procs-per-node", "1",
+             "-o", "json", "--", "python3", "-c", code, cwd=tmp_path)  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    handle = json.loads(sub.stdout)["handle"]
+    job = dist_jobs.attach(handle)
+    deadline = time.monotonic() + 60
+    while len([line for line in job.logs() if " pid " in line]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [int(line.split()[-1]) for line in job.logs() if " pid " in line]
+    assert len(pids) == 2 and job.status().state == "running"
+    assert dj("cancel", handle, cwd=REPO).stdout == f"cancelled {handle}\n"
+    waited = dj("wait", "--timeout", "60", handle, cwd=REPO)
+    assert waited.returncode == 3 and "cancelled (CANCELLED)" in waited.stdout, waited.stdout + waited.stderr
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+    again = dj("cancel", handle, cwd=REPO)
+    assert again.returncode == 1 and "not running" in again.stderr
+
+
+def test_a_second_submit_of_a_running_run_is_refused(tmp_path: Path) -> None:
+    argv = [
+        "submit",
+        "--backend",
+        "local",
+        "--name",
+        "twice",
+        "--procs-per-node",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(30)",
+    ]
+    first = dj(*argv, cwd=tmp_path)
+    second = dj(*argv, cwd=tmp_path)
+    dj("cancel", first.stdout.strip(), cwd=tmp_path)
+    assert second.returncode == 2 and "already running" in second.stderr and "hint:" in second.stderr
+
+
+def test_status_by_handle_stays_light(tmp_path: Path) -> None:
+    """`dist-jobs status HANDLE` loads no renderer, torch or kubernetes (yaml and the spec classes:
+    issue 16's lazy imports)."""
+    sub = dj("submit", "--backend", "local", "--name", "light", "--procs-per-node", "1", "--", "true", cwd=tmp_path)
+    probe = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from dist_jobs.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["status", {sub.stdout.strip()!r}])
+        print(json.dumps([rc, sorted({{m.split(".")[0] for m in sys.modules}})]))
+    """)
+    out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=60)
+    rc, modules = json.loads(out.stdout)
+    assert rc == 0 and not {"jinja2", "torch", "kubernetes", "submitit"} & set(modules), out.stderr

@@ -1,0 +1,100 @@
+"""One job's life on the real test cluster through the Python API and the CLI: submit, wait,
+logs, result, and the status of a failed rank (which rank, which code), by handle alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import dist_jobs
+from support.paths import REPO, TESTS
+from support.tiers import requires
+
+pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(300)]
+
+VENV_BIN = Path(sys.executable).parent
+TRAIN = {
+    "model": "support.train_support:tiny_net",
+    "data": "fake",
+    "image_size": 16,
+    "fake_samples": 32,
+    "batch_size": 4,
+    "epochs": 1,
+    "device": "cpu",
+    "progress": False,
+    "log_every": 1,
+}
+
+
+def spec_data(root: Path, name: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "nodes": 2,
+        "procs_per_node": 1,
+        "cpus_per_task": 1,
+        "time": "5",
+        "log_dir": str(root / "logs"),
+        "checkpoint_dir": str(root / "checkpoints"),
+        "setup": [f'export PATH="{VENV_BIN}:$PATH"'],
+        "env": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"},
+        "train": TRAIN,
+        **fields,
+    }
+
+
+def dj(root: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=root, timeout=timeout
+    )
+
+
+def test_python_api_submit_wait_logs_result(tmp_path: Path) -> None:
+    spec = dist_jobs.load_spec(data=spec_data(tmp_path, "api-life"))
+    job = dist_jobs.submit(spec, backend="slurm", jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    try:
+        assert re.fullmatch(rf"slurm://[^/]+/{job.id}", str(job)), str(job)
+        info = dist_jobs.attach(job.handle, jobs_dir=tmp_path / "runs", cwd=tmp_path).wait(timeout=200, poll=1)
+        assert (info.state, info.word) == (dist_jobs.JobState.SUCCEEDED, "COMPLETED"), list(job.logs(0))
+        result = job.result()
+        assert result["step"] == 4.0 and "train_loss" in result  # 32 samples / (2 ranks x batch 4)
+        assert any("step 4/4" in line for line in job.logs(rank=0))
+    finally:
+        subprocess.run(["scancel", job.id], capture_output=True)
+
+
+def test_cli_submit_wait_exits_1_and_status_names_the_failed_rank(tmp_path: Path) -> None:
+    path = tmp_path / "fails.yaml"
+    path.write_text(yaml.safe_dump(spec_data(tmp_path, "cli-fails", procs_per_node=2)))
+    code = textwrap.dedent("""
+        import os, sys, time
+        rank = int(os.environ["RANK"])
+        print("rank", rank, "up", flush=True)
+        time.sleep(1 if rank == 1 else 60)
+        sys.exit(3 if rank == 1 else 0)
+    """)
+    jobs = ["--jobs-dir", str(tmp_path / "runs")]
+    sub = dj(tmp_path, "submit", "--backend", "slurm", *jobs, "--wait", str(path), "--", "python3", "-c", code)
+    handle = sub.stdout.splitlines()[0] if sub.stdout else ""
+    try:
+        assert sub.returncode == 1, sub.stdout + sub.stderr
+        assert handle.startswith("slurm://") and "rank 1 failed first: exit 3" in sub.stderr
+        status = json.loads(dj(tmp_path, "status", *jobs, "-o", "json", handle).stdout)
+        assert (status["state"], status["word"]) == ("failed", "FAILED")
+        assert status["detail"].startswith("rank 1 failed first: exit 3 on ")
+        assert status["ranks"]["1"].startswith("exit 3") and "SIGTERM" in status["ranks"]["0"]
+        assert "None" not in json.dumps(status) and "allocation" not in json.dumps(status)
+        logs = dj(tmp_path, "logs", *jobs, "--rank", "1", handle)
+        assert "rank 1 up" in logs.stdout, logs.stderr
+        assert dj(tmp_path, "wait", *jobs, handle).returncode == 1
+    finally:
+        if handle:
+            subprocess.run(["scancel", handle.rsplit("/", 1)[1]], capture_output=True)

@@ -1,0 +1,193 @@
+"""One job handle on every backend: handle strings, the normalised state, wait, result.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dist_jobs
+from dist_jobs.api.handle import Handle, parse_handle
+from dist_jobs.api.job import Job, WaitTimeout
+from dist_jobs.backends.base import JobStatus
+from dist_jobs.backends.state import JobState, describe_exit, normalise
+from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.result import read_result, write_result
+from support.paths import PYTHON, REPO
+
+
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("slurm://distjobs/123", Handle("slurm", "123", cluster="distjobs")),
+        ("slurm://c/77_3", Handle("slurm", "77_3", cluster="c")),
+        ("k8s://ml/PyTorchJob/ddp", Handle("k8s", "ddp", namespace="ml", kind="PyTorchJob")),
+        ("k8s://default/TrainJob/t1", Handle("k8s", "t1", namespace="default", kind="TrainJob")),
+        ("local:///runs/checkpoints/r1", Handle("local", "/runs/checkpoints/r1")),
+    ],
+)
+def test_handles_round_trip(text: str, parsed: Handle) -> None:
+    assert parse_handle(text) == parsed
+    assert str(parsed) == text
+
+
+@pytest.mark.parametrize(
+    "text", ["123", "slurm://123", "slurm://c/abc", "k8s://ns/Job/x", "k8s://ns/name", "local://relative", "x://a/b"]
+)
+def test_a_bad_handle_says_which_forms_exist(text: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_handle(text)
+    assert text in caught.value.message and caught.value.hint
+    assert "PyTorchJob" in caught.value.hint or "slurm://CLUSTER/ID" in caught.value.hint
+
+
+@pytest.mark.parametrize(
+    "word, state",
+    [
+        ("PENDING", JobState.PENDING),
+        ("RUNNING", JobState.RUNNING),
+        ("COMPLETING", JobState.RUNNING),
+        ("COMPLETED", JobState.SUCCEEDED),
+        ("CANCELLED by 0", JobState.CANCELLED),
+        ("CANCELLED+", JobState.CANCELLED),
+        ("TIMEOUT", JobState.FAILED),
+        ("OUT_OF_MEMORY", JobState.FAILED),
+        ("REQUEUED", JobState.REQUEUED),
+        ("Succeeded", JobState.SUCCEEDED),
+        ("Failed", JobState.FAILED),
+        ("Created", JobState.PENDING),
+        ("Terminating", JobState.CANCELLED),
+        ("SOMETHING_NEW", JobState.UNKNOWN),
+    ],
+)
+def test_every_schedulers_word_has_a_normalised_state(word: str, state: JobState) -> None:
+    assert normalise(word) is state
+
+
+def test_exit_codes_are_decoded() -> None:
+    assert describe_exit(3) == "exit 3"
+    assert describe_exit(137) == "killed by SIGKILL (exit 137)"
+    assert describe_exit(143) == "killed by SIGTERM (exit 143)"
+    assert describe_exit(200) == "preempted and checkpointed (exit 200)"
+    assert describe_exit(0, 9) == "killed by SIGKILL"
+    assert describe_exit(None) == "no exit code"
+
+
+class Scripted:
+    """A backend whose status walks through `words`, then stays at the last."""
+
+    name = "slurm"
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        self.asked = 0
+        self.cancelled: list[str] = []
+
+    def status(self, job_id: str) -> JobStatus:
+        word = self.words[min(self.asked, len(self.words) - 1)]
+        self.asked += 1
+        return JobStatus(job_id, "run", word, "exit 3" if word == "FAILED" else "", ranks={1: "exit 3"})
+
+    def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
+        yield from [f"line of rank {rank}"]
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+    def cluster_name(self) -> str:
+        return "c1"
+
+
+def test_wait_polls_until_the_job_ends_and_status_keeps_the_schedulers_word() -> None:
+    backend = Scripted(["PENDING", "RUNNING", "RUNNING", "FAILED"])
+    job = Job(Handle("slurm", "42"), backend)  # type: ignore[arg-type]
+    info = job.wait(poll=0.0)
+    assert (info.state, info.word, info.detail, info.ranks) == (JobState.FAILED, "FAILED", "exit 3", {1: "exit 3"})
+    assert backend.asked == 4
+    assert job.handle == "slurm://c1/42" and repr(job) == "Job('slurm://c1/42')"
+    assert info.to_dict()["state"] == "failed" and info.to_dict()["ranks"] == {"1": "exit 3"}
+
+
+def test_wait_times_out_with_the_state_it_saw() -> None:
+    job = Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING"]))  # type: ignore[arg-type]
+    with pytest.raises(WaitTimeout) as caught:
+        job.wait(timeout=0.2, poll=0.05)
+    assert "still running after 0.2 s" in caught.value.message and caught.value.exit_code == 4
+
+
+def test_follow_merges_every_rank_with_a_prefix() -> None:
+    job = Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING"]))  # type: ignore[arg-type]
+    assert sorted(job.follow([0, 1, 2])) == [f"[rank {r}] line of rank {r}" for r in range(3)]
+
+
+def test_result_is_written_atomically_and_read_back(tmp_path: Path) -> None:
+    with pytest.raises(DistJobsError) as caught:
+        read_result(tmp_path)
+    assert "no result" in caught.value.message and caught.value.hint
+    write_result(tmp_path / "run", {"loss": 0.5, "step": 8.0})
+    assert read_result(tmp_path / "run") == {"loss": 0.5, "step": 8.0}
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["result.json"]  # no temporary left
+
+
+def test_the_package_exports_the_job_api_lazily() -> None:
+    assert {"submit", "attach", "list_jobs", "Job", "JobState"} <= set(dist_jobs.__all__)
+    assert dist_jobs.JobState.SUCCEEDED.finished and not dist_jobs.JobState.REQUEUED.finished
+
+
+def dj(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_a_bare_id_without_backend_is_a_usage_error() -> None:
+    proc = dj("status", "12345")
+    assert proc.returncode == 2 and "which backend" in proc.stderr and "slurm://CLUSTER/ID" in proc.stderr
+
+
+def test_bash_completion_knows_every_verb_and_flag() -> None:
+    proc = dj("completion", "bash")
+    assert proc.returncode == 0
+    script = proc.stdout
+    assert "complete -o filenames -F _dist_jobs dist-jobs" in script
+    assert "render submit run status cancel logs wait list env schema completion" in script
+    submit = next(line for line in script.splitlines() if line.strip().startswith("submit)"))
+    assert "--wait" in submit and "--follow" in submit and "--max-requeues" in submit and "--record" not in submit
+    bash = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+
+
+def test_submit_help_groups_flags_by_topic() -> None:
+    out = dj("submit", "--help").stdout
+    out = out[out.index("job flags") :]
+    sections = ["job flags", "SLURM flags", "Kubernetes flags", "training flags", "preemption flags"]
+    positions = [out.index(s) for s in sections]
+    assert positions == sorted(positions)
+    assert out.index("--partition") > out.index("SLURM flags") > out.index("--nodes")
+    assert out.index("--max-requeues") > out.index("preemption flags")
+
+
+def test_env_prints_yaml_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    monkeypatch.setenv("MASTER_PORT", "29511")  # else each call derives its own
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    as_json = json.loads(dj("env", "-o", "json", cwd=tmp_path).stdout)
+    assert as_json["master_port"] == 29511
+    assert yaml.safe_load(dj("env", "-o", "yaml", cwd=tmp_path).stdout) == as_json
+    assert json.loads(dj("env", "--json", cwd=tmp_path).stdout) == as_json
+
+
+def test_list_gives_every_slurm_job_its_full_handle(tmp_path: Path) -> None:
+    fixtures = REPO / "tests" / "fixtures" / "slurm"
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "scontrol":  # asked once for the whole list
+            return subprocess.CompletedProcess(argv, 0, "ClusterName             = distjobs\n", "")
+        return subprocess.CompletedProcess(argv, 0, (fixtures / "squeue_format.txt").read_text(), "")
+
+    infos = dist_jobs.list_jobs("slurm", runner=runner, jobs_dir=tmp_path)
+    assert [i.handle for i in infos][:2] == ["slurm://distjobs/34", "slurm://distjobs/35"]
+    assert {i.state for i in infos} <= {JobState.PENDING, JobState.RUNNING}
+    assert all(i.detail != "None" for i in infos)

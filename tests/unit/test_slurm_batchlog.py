@@ -1,0 +1,114 @@
+"""How a SLURM job ended, from its batch log: real logs captured from the test cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from dist_jobs.backends.slurm import SlurmBackend
+from dist_jobs.backends.slurm_batchlog import finished_status, parse_batch_log
+from dist_jobs.backends.slurm_output import parse_sacct, sacct_job_state
+from support.paths import TESTS
+
+FIXTURES = TESTS / "fixtures" / "slurm"
+
+
+def read(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_the_rank_that_failed_first_and_its_code_where_sacct_says_15() -> None:
+    state = sacct_job_state(parse_sacct(read("sacct_rank1_exit3.txt")), "98")
+    assert state is not None and (state.state, state.exit_code) == ("FAILED", 15)  # what sacct alone says
+    got = parse_batch_log(read("batchlog_rank1_exit3.txt"))
+    assert got.first_failed == 1 and got.exit_code == 143 and got.attempt == 0
+    assert got.ranks == {
+        1: "exit 3 on n1",
+        0: "stopped (SIGTERM) after another rank failed on n1",
+        2: "stopped (SIGTERM) after another rank failed on n2",
+        3: "stopped (SIGTERM) after another rank failed on n2",
+    }
+    assert got.summary == "rank 1 failed first: exit 3 on n1"
+
+
+def test_a_rank_killed_by_a_signal_is_named() -> None:
+    got = parse_batch_log(read("batchlog_rank1_killed.txt"))
+    assert got.first_failed == 1 and got.ranks[1] == "killed by SIGKILL on n1"
+    assert got.summary == "rank 1 failed first: killed by SIGKILL on n1"
+
+
+def test_requeues_used_up_reads_n_of_n_and_200_not_72() -> None:
+    state = sacct_job_state(parse_sacct(read("sacct_requeues_used_up.txt")), "104")
+    assert state is not None and (state.exit_code, state.attempts) == (72, 2)
+    got = parse_batch_log(read("batchlog_requeues_used_up.txt"))
+    assert (got.attempt, got.exit_code, got.requeues_used_up, got.first_failed) == (1, 200, 1, None)
+    assert got.ranks[0] == "preempted and checkpointed (exit 200) on n1"
+    assert got.summary == "preempted with the requeues used up (1 of 1)"
+
+
+def test_an_empty_or_foreign_log_says_nothing() -> None:
+    got = parse_batch_log("hello\n")
+    assert (got.first_failed, got.exit_code, got.ranks, got.summary) == (None, None, {}, "")
+
+
+def _submitted(tmp_path: Path, job_id: str, run: str, batchlog: str) -> SlurmBackend:
+    """A jobs dir as `submit` leaves it, with the job's real batch log in its log folder."""
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    (tmp_path / "logs" / f"{run}-{job_id}.out").write_text(read(batchlog))
+    folder = tmp_path / "runs" / f"{run}-{job_id}"
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text(json.dumps({"job_id": job_id, "run": run, "log_dir": str(tmp_path / "logs")}))
+    return SlurmBackend(runner=Runner(job_id), jobs_dir=tmp_path / "runs", cwd=tmp_path)
+
+
+class Runner:
+    """squeue has forgotten the job; sacct answers from the captured file."""
+
+    def __init__(self, job_id: str) -> None:
+        self.sacct = {
+            "98": "sacct_rank1_exit3.txt",
+            "104": "sacct_requeues_used_up.txt",
+            "31": "sacct_failed_just_finished.txt",
+        }[job_id]
+
+    def __call__(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "squeue":
+            return subprocess.CompletedProcess(argv, 1, "", read("squeue_err_unknown_job.txt"))
+        return subprocess.CompletedProcess(argv, 0, read(self.sacct), "")
+
+
+def test_status_names_the_failed_rank_and_every_ranks_end(tmp_path: Path) -> None:
+    status = _submitted(tmp_path, "98", "fx-rank1-fails", "batchlog_rank1_exit3.txt").status("98")
+    assert (status.state, status.detail) == ("FAILED", "rank 1 failed first: exit 3 on n1")
+    assert status.ranks[1] == "exit 3 on n1" and len(status.ranks) == 4
+
+
+def test_status_says_requeues_used_up(tmp_path: Path) -> None:
+    status = _submitted(tmp_path, "104", "fx-requeues-used-up", "batchlog_requeues_used_up.txt").status("104")
+    assert (status.state, status.detail) == ("FAILED", "preempted with the requeues used up (1 of 1)")
+    assert "72" not in status.detail and status.extra["attempts"] == "2"
+
+
+def test_status_right_after_the_end_shows_the_run_name_not_a_placeholder(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    status = _submitted(tmp_path, "31", "fx-failed", "batchlog_rank1_exit3.txt")
+    (tmp_path / "logs" / "fx-failed-31.out").unlink()  # no log: sacct's word alone
+    got = status.status("31")
+    assert (got.name, got.detail) == ("fx-failed", "exit 3")
+
+
+def test_a_running_jobs_reason_is_not_the_word_none(tmp_path: Path) -> None:
+    def squeue(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        line = read("squeue_format_long.txt").splitlines()[3]  # 33 RUNNING, Reason None
+        return subprocess.CompletedProcess(argv, 0, line + "\n", "")
+
+    status = SlurmBackend(runner=squeue, jobs_dir=tmp_path, cwd=tmp_path).status("33")
+    assert (status.state, status.detail) == ("RUNNING", "")
+
+
+def test_in_torchrun_mode_srun_tasks_are_nodes_not_ranks() -> None:
+    state = sacct_job_state(parse_sacct(read("sacct_rank1_exit3.txt")), "98")
+    assert state is not None
+    status = finished_status(state, "run", read("batchlog_rank1_exit3.txt"), launcher="torchrun")
+    assert status.detail == "node 1 failed first: exit 3 on n1" and status.ranks == {}
