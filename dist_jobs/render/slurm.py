@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
-from dist_jobs.render.common import header_lines, step_signal, torchrun_tail
+from dist_jobs.render.common import header_lines, step_signal
 from dist_jobs.render.quoting import sbatch_value, sh, slurm_filename
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
@@ -108,7 +108,6 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "task_python": task_python,
         "check_python": not (container_flags or prefix),
         "program": spec.argv,
-        "torchrun_args": torchrun_tail(spec.argv) if spec.launcher == "torchrun" else [],
         "procs": spec.procs,
         "master_port": spec.master_port,
         "array": bool(spec.slurm.array),

@@ -192,7 +192,7 @@ def test_trainjob_submit_status_logs_cancel(kubeconfig: Path) -> None:
     name = f"tj-{uuid.uuid4().hex[:8]}"
     common = ["--backend", "k8s", str(REPO / "k8s/examples/trainjob.yaml"), "--name", name, "--namespace", "default"]
     sub = dj(kubeconfig, "submit", *common)
-    assert (sub.returncode, sub.stdout.strip()) == (0, name), sub.stderr
+    assert (sub.returncode, sub.stdout.strip()) == (0, f"k8s://default/TrainJob/{name}"), sub.stderr  # a handle
     try:
         _trainjob_verbs(kubeconfig, name)
     finally:
@@ -204,8 +204,11 @@ def _trainjob_verbs(kubeconfig: Path, name: str) -> None:
     status = dj(kubeconfig, "status", "--backend", "k8s", name, *ns)
     assert status.returncode == 1 and "not found" in status.stderr  # a PyTorchJob unless --kind says otherwise
     tj = ["--backend", "k8s", "--kind", "TrainJob", *ns]
-    status = dj(kubeconfig, "status", *tj, name)
-    assert (status.returncode, status.stdout.split()) == (0, [name, name, "Pending"]), status.stderr
+    status = dj(kubeconfig, "status", *tj, "-o", "json", name)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "pending" and name in json.loads(status.stdout)["handle"]
+    by_handle = dj(kubeconfig, "status", "-o", "json", f"k8s://default/TrainJob/{name}")  # the kind travels with it
+    assert by_handle.returncode == 0 and json.loads(by_handle.stdout)["state"] == "pending", by_handle.stderr
     listed = dj(kubeconfig, "list", *tj)
     assert name in listed.stdout.split(), listed.stderr
     from dist_jobs.backends.k8s import K8sBackend

@@ -130,8 +130,10 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
         (srun,) = [c for c in calls if c["prog"] == "srun"]
         expected_tail = ["python3", "-u", "user script.py", *args]  # torchrun too: interpreter and flags kept
         assert srun["argv"][-len(expected_tail) :] == expected_tail
+        # Every process runs through the per-task launcher (torchrun: --no-python, then the launcher).
+        assert srun["argv"][-len(expected_tail) - 3 : -len(expected_tail)] == ["-m", "dist_jobs.launch", "--"]
         if launcher == "torchrun":
-            assert srun["argv"][-len(expected_tail) - 1] == "--no-python"
+            assert "--no-python" in srun["argv"][: -len(expected_tail)]
         for key, value in env.items():
             assert srun["env"][key] == value
         assert srun["env"]["DIST_JOBS_RUN"] == run_id(name)
