@@ -106,12 +106,6 @@ def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per
     }
 
 
-def _local_argv(argv: list[str]) -> list[str]:
-    # `python3` on a cluster is the job's activated environment; here it is the interpreter that
-    # runs dist-jobs, whatever PATH says.
-    return [sys.executable, *argv[1:]] if argv[0] in ("python", "python3") else argv
-
-
 def _launched(argv: list[str]) -> list[str]:
     # The per-task launcher exports torch's env:// variables and a thread count, then execs argv;
     # it also makes `python3` the interpreter that runs dist-jobs, whatever PATH says.
@@ -139,7 +133,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
             f"--rdzv-endpoint={MASTER}:{port}",
             f"--rdzv-id={job_id}",
             "--tee=3",
-            *torchrun_tail(_local_argv(spec.argv)),
+            *torchrun_tail(_launched(spec.argv)),  # every worker through the launcher, as on SLURM
         ]
         env = {**common, **_slurm_task_env(spec, node, 0, job_id, 1)}
         procs.append(LocalProc(f"node {node}", argv, env))
