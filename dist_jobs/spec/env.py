@@ -26,5 +26,9 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
         ("NCCL_SOCKET_IFNAME", nccl.socket_ifname),
         ("NCCL_IB_DISABLE", None if nccl.ib_disable is None else str(int(nccl.ib_disable))),
         ("NCCL_DEBUG", nccl.debug),
+        # A collective that outlives its timeout (train.collective_timeout) becomes an error that
+        # ends the process, instead of a hang; torch reads this name since 2.2 (warning on the
+        # legacy NCCL_ASYNC_ERROR_HANDLING, so that one is left out).
+        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     ]
     return {**{k: v for k, v in pairs if v is not None}, **spec.env}

@@ -91,6 +91,17 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     async_checkpoint: bool = False
     preempt_signals: tuple[SignalName, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
     resume: bool = True
+    hang_watchdog: Annotated[
+        bool, Meta(description="exit with the requeue code (after dumping stacks) when no optimizer step completes")
+    ] = True
+    hang_factor: Annotated[
+        float, Meta(ge=1, description="hang: no step for max(this x median step time, hang_min_seconds)")
+    ] = 20.0
+    hang_min_seconds: Annotated[float, Meta(gt=0, description="hang: never sooner than this")] = 300.0
+    collective_timeout: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description="seconds a collective may wait for its peers (default: $DIST_JOBS_RDZV_TIMEOUT, 300)"),
+    ] = None
 
     def to_argv(self) -> list[str]:
         """Flags for the fields that differ from their defaults, in declaration order. A value

@@ -122,7 +122,9 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         allow_loopback=simulated_nodes(env),
     )
     backend = backend_for(device, config.procs_per_device)
-    timeout = timedelta(seconds=rendezvous_timeout(env))
+    # Also every collective's limit: NCCL with TORCH_NCCL_ASYNC_ERROR_HANDLING (job_env) turns one
+    # that waits longer into an error instead of a hang.
+    timeout = timedelta(seconds=config.collective_timeout or rendezvous_timeout(env))
     if device.type == "cuda":
         if config.deterministic:  # cuBLAS reads it when the context is created
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

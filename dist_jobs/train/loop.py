@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +30,7 @@ from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train import data, models, signals
+from dist_jobs.train import data, live, models, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
 from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll, session
@@ -90,7 +90,9 @@ def fit(
         run = _build(config, dist, flag, model, train_data, eval_data, loss_fn, dict(state or {}))
         try:
             resume(run)
-            return _train(run)
+            watching: AbstractContextManager[Any] = run.watchdog or nullcontext()
+            with watching:
+                return _train(run)
         finally:
             if run.ckpt is not None:
                 run.ckpt.close()
@@ -123,6 +125,7 @@ def _build(
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
     folder, ckpt = _checkpointer(c, dist)
+    progress_dir = folder if dist.is_main else None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(
@@ -145,6 +148,8 @@ def _build(
         loss_fn=loss_fn,
         no_sync=no_sync,
         user_state=user_state,
+        live=live.Live(progress_dir, total, live.attempt_number()),
+        watchdog=live.watchdog(c, dist.rank, folder),
     )
 
 
@@ -162,11 +167,16 @@ def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer
 
 def _train(run: Run) -> dict[str, float]:
     c, pos = run.config, run.pos
+    run.live.checkpoint_step = run.saved_step if run.saved_step >= 0 else None  # resumed from it
+    run.live.start(pos.step)
+    touch = run.watchdog.touch if run.watchdog is not None else None
     with run.reporter.start(pos.step):
         while pos.epoch < c.epochs and not _max_steps_reached(run):
             finished, train = _train_epoch(run)
             if run.eval_loader is not None:
-                run.metrics.update(evaluate(run.model, run.eval_loader, run.loss_fn, run.dist.device, run.autocast))
+                held_out = evaluate(run.model, run.eval_loader, run.loss_fn, run.dist.device, run.autocast, touch)
+                run.metrics.update(held_out)
+                run.live.update(pos.step, pos.epoch, held_out)
             run.metrics.update({"train_" + k: v for k, v in train.items()})
             run.metrics.update(epoch=float(pos.epoch), step=float(pos.step))
             run.reporter.report(pos.step, "epoch", run.metrics, title=f"epoch {pos.epoch} done")
@@ -177,8 +187,10 @@ def _train(run: Run) -> dict[str, float]:
             if run.saved_step != pos.step:
                 _save(run)
             run.ckpt.wait()
+            run.live.checkpoint_step = run.saved_step
     folder = checkpoint_folder(c)
     if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
+        run.live.update(pos.step, min(pos.epoch, c.epochs - 1), {}, finished=True)
         write_result(folder, run.metrics)
     return dict(run.metrics)
 
@@ -214,11 +226,14 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
         pos.batches, pos.step = pos.batches + c.grad_accum, pos.step + 1
         pos.samples += samples_per_step
         run.reporter.advance()
+        if run.watchdog is not None:
+            run.watchdog.beat()
         if pos.step % c.log_every == 0:  # the only place the hot loop waits for numbers
             values = {**meter.reduce(), "lr": run.optimizer.param_groups[0]["lr"]}
             run.reporter.report(
                 pos.step, "train", values, title=f"step {pos.step}/{run.total_steps} epoch {pos.epoch} train"
             )
+            run.live.update(pos.step, pos.epoch, values)
         _boundary(run)
         if _max_steps_reached(run):
             return False, meter.reduce()
@@ -242,9 +257,17 @@ def _boundary(run: Run) -> None:
 
 def _save(run: Run) -> None:
     assert run.ckpt is not None
+    if run.watchdog is not None:
+        run.watchdog.touch()  # a save is progress, and its time is not a step's
     shared = shared_state(run) if run.dist.is_main else None
+    previous = run.saved_step
     run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
+    # save() returns once this write is committed, or (async) the previous one is.
+    committed = previous if run.ckpt.async_write else run.pos.step
+    run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step
     run.last_save, run.saved_step = time.monotonic(), run.pos.step
+    if run.watchdog is not None:
+        run.watchdog.touch()
 
 
 def _stop(run: Run) -> None:

@@ -89,11 +89,13 @@ def evaluate(
     loss_fn: LossFn,
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[Any]],
+    on_batch: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """The loss function's loss and metrics over the held-out set, reduced over ranks (a collective).
 
     Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank to
     run the same number of batches, which an unpadded evaluation split does not promise.
+    `on_batch` is called after each batch (the hang watchdog's touch: evaluating is progress).
     """
     model.eval()
     meter = Meter(device)
@@ -102,6 +104,8 @@ def evaluate(
         with autocast():
             loss, values = call_loss(loss_fn, model, batch)
         meter.add(batch_size(batch), {"loss": loss, **values})
+        if on_batch is not None:
+            on_batch()
     model.train()
     result = meter.reduce()
     return {f"eval_{k}": v for k, v in result.items() if k not in ("samples", "samples_per_s")}

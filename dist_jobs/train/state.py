@@ -17,7 +17,9 @@ from dist_jobs.train import signals
 from dist_jobs.train.batches import LossFn
 from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll
+from dist_jobs.train.live import Live
 from dist_jobs.train.metrics import Reporter
+from dist_jobs.train.watchdog import Watchdog
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Run:
     loss_fn: LossFn
     no_sync: Callable[[], AbstractContextManager[Any]]  # skips DDP's gradient all_reduce (accumulation)
     user_state: Mapping[str, Any]  # the caller's objects with state_dict()/load_state_dict()
+    live: Live  # rank 0's progress.json and metrics.jsonl
+    watchdog: Watchdog | None  # every rank's hang watchdog (None: train.hang_watchdog is off)
     pos: Position = field(default_factory=Position)
     metrics: dict[str, float] = field(default_factory=dict)
     last_save: float = field(default_factory=time.monotonic)

@@ -1,0 +1,107 @@
+"""What a running job tells the outside: rank 0's live progress, and every rank's hang watchdog.
+
+`Live` writes `<run dir>/progress.json` and appends `<run dir>/metrics.jsonl`
+(dist_jobs.rundir.progress) at the points the loop already has its numbers: each log interval,
+where Meter.reduce() synchronized the ranks anyway, and each epoch's end. It adds no collective
+and no GPU sync; other ranks do nothing. `watchdog()` builds the rank's hang watchdog
+(dist_jobs.train.watchdog) from the training config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from dist_jobs.constants import PREEMPTED_MARKER
+from dist_jobs.rundir.attempts import Attempts
+from dist_jobs.rundir.progress import append_history, write_progress
+from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.watchdog import Watchdog
+
+log = logging.getLogger("dist_jobs.train")
+# Not metrics of the model: shown as samples_per_s, or not at all.
+_NOT_METRICS = frozenset({"samples", "samples_per_s", "epoch", "step"})
+
+
+def attempt_number(environ: Mapping[str, str] | None = None) -> int:
+    """0 for a job's first start, n after n requeues/restarts (SLURM's count, else the run dir's)."""
+    env = os.environ if environ is None else environ
+    restarts = env.get("SLURM_RESTART_COUNT", "").strip()
+    if restarts.isdigit():
+        return int(restarts)
+    try:  # the pod entrypoint (and the batch script) count each start in the run directory
+        return max(Attempts.from_env(env).count() - 1, 0)
+    except (ValueError, OSError):
+        return 0
+
+
+class Live:
+    """Rank 0's progress.json and metrics.jsonl; every method does nothing when `folder` is None."""
+
+    def __init__(self, folder: Path | None, total_steps: int, attempt: int) -> None:
+        self.folder = folder
+        self.total = total_steps
+        self.attempt = attempt
+        self.metrics: dict[str, float] = {}
+        self.checkpoint_step: int | None = None
+        self._mark: tuple[float, int] | None = None  # (time, step) of the previous update: the ETA's pace
+        self._failed = False
+        self._rate: float | None = None
+
+    def start(self, step: int) -> None:
+        self._mark = (time.monotonic(), step)
+
+    def update(self, step: int, epoch: int, values: Mapping[str, float], *, finished: bool = False) -> None:
+        """Record `values` (the latest of each metric is kept) and rewrite the progress file."""
+        if self.folder is None:
+            return
+        fresh = {k: float(v) for k, v in values.items() if k not in _NOT_METRICS}
+        self.metrics.update(fresh)
+        now, wall = time.monotonic(), time.time()
+        if "samples_per_s" in values:
+            self._rate = float(values["samples_per_s"])
+        record: dict[str, object] = {
+            "step": step,
+            "total_steps": self.total,
+            "epoch": epoch,
+            "metrics": dict(self.metrics),
+            "samples_per_s": self._rate,
+            "eta_s": 0.0 if finished else self._eta(now, step),
+            "checkpoint_step": self.checkpoint_step,
+            "attempt": self.attempt,
+            "time": wall,
+            "state": "finished" if finished else "running",
+        }
+        try:
+            if fresh:
+                append_history(self.folder, {"step": step, "epoch": epoch, "time": wall, "metrics": fresh})
+            write_progress(self.folder, record)
+        except (OSError, ValueError) as exc:  # progress is for people: training goes on without it
+            if not self._failed:
+                log.warning("progress: cannot write %s: %s (training goes on)", self.folder, exc)
+            self._failed = True
+
+    def _eta(self, now: float, step: int) -> float | None:
+        mark, self._mark = self._mark, (now, step)
+        if mark is None or step <= mark[1]:
+            return None
+        return (self.total - step) * (now - mark[0]) / (step - mark[1])
+
+
+def watchdog(config: TrainConfig, rank: int, folder: Path | None) -> Watchdog | None:
+    """The rank's hang watchdog (None when train.hang_watchdog is off). When it fires it leaves
+    the marker the batch script and the pod entrypoint read as "requeue", as a preemption does."""
+    if not config.hang_watchdog:
+        return None
+
+    def mark() -> None:
+        if folder is None:
+            return
+        tmp = folder / f".{PREEMPTED_MARKER}.hang.{os.getpid()}.tmp"
+        tmp.write_text(f"hang (rank {rank})\n")
+        os.replace(tmp, folder / PREEMPTED_MARKER)
+
+    return Watchdog(config.hang_factor, config.hang_min_seconds, rank=rank, on_fire=mark)
