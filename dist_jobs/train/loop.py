@@ -108,11 +108,7 @@ def _build(
     loss_fn: LossFn,
     user_state: dict[str, Any],
 ) -> Run:
-    on_gpu = dist.device.type == "cuda"
-    if c.amp == "fp16" and not on_gpu:
-        raise UsageError(
-            f"amp: fp16 needs a CUDA GPU (GradScaler), this run is on {dist.device}", hint="use --amp bf16 on CPU"
-        )
+    on_gpu = _check_amp(c, dist)
     model, ddp = models.place(model, c, dist.device, dist.world_size, warn=dist.is_main)
     no_sync = ddp.no_sync if isinstance(ddp, DistributedDataParallel) else nullcontext
     if c.compile:
@@ -125,7 +121,6 @@ def _build(
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
     folder, ckpt = _checkpointer(c, dist)
-    progress_dir = folder if dist.is_main else None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(
@@ -148,9 +143,19 @@ def _build(
         loss_fn=loss_fn,
         no_sync=no_sync,
         user_state=user_state,
-        live=live.Live(progress_dir, total, live.attempt_number()),
+        live=live.Live(folder if dist.is_main else None, total, live.attempt_number()),
         watchdog=live.watchdog(c, dist.rank, folder),
     )
+
+
+def _check_amp(c: TrainConfig, dist: Dist) -> bool:
+    """Whether the run is on a GPU; fp16 (GradScaler) needs one."""
+    on_gpu = dist.device.type == "cuda"
+    if c.amp == "fp16" and not on_gpu:
+        raise UsageError(
+            f"amp: fp16 needs a CUDA GPU (GradScaler), this run is on {dist.device}", hint="use --amp bf16 on CPU"
+        )
+    return on_gpu
 
 
 def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer | None]:
