@@ -41,6 +41,8 @@ class JobInfo:
     detail: str = ""
     ranks: dict[int, str] = field(default_factory=dict)  # per-rank detail where known
     extra: dict[str, str] = field(default_factory=dict)
+    # rank 0's <run dir>/progress.json (dist_jobs.rundir.progress) when it is readable from here
+    progress: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -82,7 +84,23 @@ class Job:
         return f"Job({self.handle!r})"
 
     def status(self) -> JobInfo:
-        return info_of(self.handle, self._backend.status(self.id))
+        """The scheduler's state, with the run's live progress where its run directory is readable."""
+        info = info_of(self.handle, self._backend.status(self.id))
+        return replace(info, progress=self.progress())
+
+    def progress(self) -> dict[str, Any] | None:
+        """Rank 0's `<run dir>/progress.json`: step of total, epoch, metrics, samples/s, ETA, last
+        checkpoint, attempt, state. None before the first log interval, or when the run directory
+        is not readable from here (a Kubernetes volume this host does not mount)."""
+        from dist_jobs.rundir.progress import read_progress
+
+        find = getattr(self._backend, "run_dir", None)
+        if find is None:
+            return None
+        try:
+            return read_progress(Path(find(self.id)))
+        except DistJobsError:
+            return None
 
     def wait(self, timeout: float | None = None, poll: float = 2.0) -> JobInfo:
         """Until the job succeeds, fails or is cancelled; WaitTimeout after `timeout` seconds."""

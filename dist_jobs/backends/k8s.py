@@ -14,6 +14,7 @@ import builtins
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -70,6 +71,7 @@ class K8sBackend:
         self._context, self._kubeconfig = context, kubeconfig
         self._client = api_client
         self.kind = kind
+        self._seen: dict[str, dict[str, Any]] = {}  # the last object _get returned, by name
 
     @property
     def client(self) -> KubeClient:
@@ -130,7 +132,22 @@ class K8sBackend:
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
-        return self._call(f"get {self.kind} {self._ns()}/{name}", "GET", self._objects(self.kind, self._ns(), name))
+        obj = self._call(f"get {self.kind} {self._ns()}/{name}", "GET", self._objects(self.kind, self._ns(), name))
+        self._seen[name] = obj
+        return obj
+
+    def run_dir(self, job_id: str) -> Path:
+        """`<checkpoint dir>/<run>` as the pods see it (the job's DIST_JOBS_CHECKPOINT_DIR, under the
+        volume's mount path): readable here where this host mounts the same shared filesystem there."""
+        obj = self._seen.get(job_id) or self._get(job_id)
+        env = {e.get("name"): e.get("value") for e in _container_env(obj) if isinstance(e, dict)}
+        root, run = env.get("DIST_JOBS_CHECKPOINT_DIR"), env.get("DIST_JOBS_RUN")
+        if not (isinstance(root, str) and isinstance(run, str)):
+            raise BackendError(
+                f"{self.kind} {self._ns()}/{job_id} does not name its run directory (no DIST_JOBS_CHECKPOINT_DIR)",
+                "it was not submitted by dist-jobs: read the run's files from a pod that mounts its volume",
+            )
+        return Path(root) / run
 
     def status(self, job_id: str) -> JobStatus:
         obj = self._get(job_id)
@@ -223,6 +240,17 @@ def pytorchjob_selector(job: str, rank: int, has_master: bool) -> str:
         f"{PYTORCHJOB_LABEL}job-name={job},{PYTORCHJOB_LABEL}replica-type={rtype},"
         f"{PYTORCHJOB_LABEL}replica-index={index}"
     )
+
+
+def _container_env(obj: dict[str, Any]) -> builtins.list[Any]:
+    """The env list of a PyTorchJob's first replica container, or of a TrainJob's trainer."""
+    spec = obj.get("spec") or {}
+    if "trainer" in spec:
+        return list((spec.get("trainer") or {}).get("env") or [])
+    for replica in (spec.get("pytorchReplicaSpecs") or {}).values():
+        for container in replica.get("template", {}).get("spec", {}).get("containers", []):
+            return list(container.get("env") or [])
+    return []
 
 
 def _has_master(job: dict[str, Any]) -> bool:

@@ -81,7 +81,7 @@ def _submit_parser(sub: Any, spec_flags: bool) -> None:
 
 def _job_parsers(sub: Any) -> None:
     verbs = {
-        "status": "show a job's state: normalised, the scheduler's word, and which rank failed",
+        "status": "show a job's state (normalised and the scheduler's word), which rank failed, and its progress",
         "cancel": "cancel a job",
         "logs": "print a job's logs",
         "wait": "wait for a job to end; exit 0 if it succeeded, 1 failed, 3 cancelled, 4 timeout",
@@ -95,6 +95,10 @@ def _job_parsers(sub: Any) -> None:
             _output_option(p)
         if verb == "status":
             p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
+            p.add_argument(
+                "--follow", "-f", action="store_true", help="show it again every --interval s until the job ends"
+            )
+            p.add_argument("--interval", type=float, default=5.0, help="with --follow: seconds between refreshes")
         if verb == "wait":
             p.add_argument("--timeout", type=float, help="give up after SECONDS (exit 4)")
         if verb == "logs":

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,21 @@ def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
 
 
 def cmd_status(args: argparse.Namespace, _: Any) -> int:
-    info = _job(args).status()
-    print(emit(info.to_dict(), args.output, info_table(info)))
+    if args.follow and not args.interval > 0:
+        raise UsageError(f"--interval {args.interval:g}: must be more than 0 seconds", "e.g. --interval 5")
+    job = _job(args)
+    info = job.status()
+    print(emit(info.to_dict(), args.output, info_table(info)), flush=True)
+    if not args.follow:
+        return 0
+    # --follow: again every --interval seconds until the job has ended; Ctrl-C ends it with 130
+    # (cli.main), like any interrupted verb. On a terminal the table is redrawn in place.
+    redraw = args.output == "table" and sys.stdout.isatty()
+    while not info.finished:
+        time.sleep(args.interval)
+        info = job.status()
+        text = emit(info.to_dict(), args.output, info_table(info))
+        print(("\x1b[H\x1b[J" if redraw else "") + text, flush=True)
     return 0
 
 

@@ -34,4 +34,9 @@ def info_table(info: Any) -> str:
     lines = [head]
     lines += [f"  {key}: {value}" for key, value in info.extra.items() if value]
     lines += [f"  rank {rank}: {what}" for rank, what in sorted(info.ranks.items())]
+    progress = getattr(info, "progress", None)
+    if progress:
+        from dist_jobs.rundir.progress import describe
+
+        lines.append(f"  progress: {describe(progress)}")
     return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Live progress: progress.json and metrics.jsonl (rundir.progress, train.live), Job.progress() and
+`dist-jobs status` showing it on the local, SLURM and Kubernetes backends, and `status --follow`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dist_jobs.api.handle import Handle
+from dist_jobs.api.job import Job, JobInfo
+from dist_jobs.backends.local_jobs import LocalJobs
+from dist_jobs.backends.state import JobState
+from dist_jobs.cli.output import info_table
+from dist_jobs.rundir.progress import (
+    HISTORY,
+    PROGRESS,
+    append_history,
+    describe,
+    read_history,
+    read_progress,
+    write_progress,
+)
+from dist_jobs.train.live import Live, attempt_number
+from support.paths import PYTHON
+
+RECORD: dict[str, Any] = {
+    "step": 40,
+    "total_steps": 100,
+    "epoch": 1,
+    "metrics": {"loss": 0.4123, "lr": 0.1},
+    "samples_per_s": 1234.5,
+    "eta_s": 125.0,
+    "checkpoint_step": 30,
+    "attempt": 1,
+    "time": 1.0,
+    "state": "running",
+}
+
+
+def test_progress_is_replaced_atomically_and_read_back(tmp_path: Path) -> None:
+    assert read_progress(tmp_path / "run") is None  # nothing yet
+    write_progress(tmp_path / "run", RECORD)
+    write_progress(tmp_path / "run", {**RECORD, "step": 41})
+    assert read_progress(tmp_path / "run") == {**RECORD, "step": 41}
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [PROGRESS]  # no temporary left
+
+
+@pytest.mark.parametrize("text", ["", '{"step": 4', "[1, 2]", '{"step": "4"}', "\x00\xff"])
+def test_a_half_written_or_foreign_progress_file_reads_as_none(tmp_path: Path, text: str) -> None:
+    (tmp_path / PROGRESS).write_text(text, errors="surrogateescape")
+    assert read_progress(tmp_path) is None
+
+
+def test_history_skips_a_torn_last_line(tmp_path: Path) -> None:
+    assert read_history(tmp_path) == []
+    append_history(tmp_path, {"step": 10, "epoch": 0, "time": 1.0, "metrics": {"loss": 1.0}})
+    append_history(tmp_path, {"step": 20, "epoch": 0, "time": 2.0, "metrics": {"loss": 0.5}})
+    with open(tmp_path / HISTORY, "a") as fh:
+        fh.write('{"step": 30, "epoch": 0, "ti')  # a writer killed mid-line
+    assert [row["step"] for row in read_history(tmp_path)] == [10, 20]
+
+
+def test_describe_is_one_line_with_every_field() -> None:
+    line = describe(RECORD)
+    assert line == (
+        "step 40/100 (40%) epoch 1  loss 0.4123 lr 0.1  1234 samples/s  eta 2m05s  checkpoint 30  attempt 1"
+    )
+    done = describe({**RECORD, "step": 100, "state": "finished", "checkpoint_step": None, "eta_s": 0.0})
+    assert (
+        done.startswith("step 100/100 (100%)")
+        and "eta" not in done
+        and done.endswith("checkpoint -  attempt 1  finished")
+    )
+
+
+def test_live_writes_progress_and_history_with_an_eta(tmp_path: Path) -> None:
+    live = Live(tmp_path, total_steps=100, attempt=2)
+    live.start(0)
+    time.sleep(0.05)
+    live.update(10, 0, {"loss": 2.0, "lr": 0.1, "samples": 640.0, "samples_per_s": 500.0})
+    live.checkpoint_step = 10
+    live.update(20, 1, {"eval_loss": 1.5})
+    got = read_progress(tmp_path)
+    assert got is not None
+    assert got["metrics"] == {"loss": 2.0, "lr": 0.1, "eval_loss": 1.5}  # the latest of each
+    assert (got["step"], got["total_steps"], got["epoch"], got["attempt"]) == (20, 100, 1, 2)
+    assert (got["samples_per_s"], got["checkpoint_step"], got["state"]) == (500.0, 10, "running")
+    assert isinstance(got["eta_s"], float) and got["eta_s"] > 0
+    assert [r["metrics"] for r in read_history(tmp_path)] == [{"loss": 2.0, "lr": 0.1}, {"eval_loss": 1.5}]
+    live.update(100, 4, {}, finished=True)
+    assert (read_progress(tmp_path) or {})["state"] == "finished"
+    assert len(read_history(tmp_path)) == 2  # no metrics, no row
+
+
+def test_live_without_a_folder_writes_nothing_and_an_unwritable_one_does_not_stop_training(tmp_path: Path) -> None:
+    Live(None, 10, 0).update(1, 0, {"loss": 1.0})
+    (tmp_path / "file").write_text("")
+    Live(tmp_path / "file" / "run", 10, 0).update(1, 0, {"loss": 1.0})  # NotADirectoryError: logged only
+
+
+def test_attempt_counts_slurm_restarts() -> None:
+    assert attempt_number({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert attempt_number({}) == 0
+
+
+# --- Job.status() on every backend --------------------------------------------------------------
+
+
+def _local_job(tmp_path: Path, pid: int) -> Path:
+    run = tmp_path / "checkpoints" / "r1"
+    (run / "local").mkdir(parents=True)
+    (run / "local" / "pid").write_text(f"{pid}\n")
+    return run
+
+
+@pytest.fixture()
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    # A live pid whose command line names dist_jobs: what a running local job looks like.
+    proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(120)", "dist_jobs"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_local_status_carries_the_progress(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    run = _local_job(tmp_path, sleeper.pid)
+    job = Job(Handle("local", str(run)), LocalJobs())
+    assert job.status().progress is None  # before the first log interval
+    write_progress(run, RECORD)
+    info = job.status()
+    assert (info.state, info.progress) == (JobState.RUNNING, RECORD)
+    assert info.to_dict()["progress"] == RECORD
+    assert info_table(info).splitlines()[-1] == f"  progress: {describe(RECORD)}"
+
+
+def test_slurm_status_reads_the_run_dir_recorded_at_submit(tmp_path: Path) -> None:
+    from dist_jobs.backends.slurm import SlurmBackend
+    from dist_jobs.spec.load import load_spec
+
+    squeue = "38|RUNNING|None|2|n[1-2]|0:01|UNLIMITED|2026-11-22T05:22:45|2026-11-22T05:22:56|debug|1|fx\n"
+    answers = {"sbatch": "38\n", "squeue": squeue}
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, answers[argv[0]], "")
+
+    slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    spec = load_spec(data={"name": "fx", "nodes": 2, "procs_per_node": 2, "checkpoint_dir": "ck"})
+    assert slurm.submit(slurm.prepare(spec)) == "38"
+    job = Job(Handle("slurm", "38", cluster="c"), slurm)
+    assert job.progress() is None
+    write_progress(tmp_path / "ck" / spec.run_id, RECORD)
+    assert job.status().progress == RECORD
+    assert Job(Handle("slurm", "39", cluster="c"), slurm).progress() is None  # not submitted from here
+
+
+def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    from dist_jobs.backends import k8s_client
+    from dist_jobs.backends.k8s import K8sBackend
+    from dist_jobs.spec.load import load_spec
+    from support.k8s_offline.validate import crd_path
+    from support.kube_standin import FakeKubeAPI
+
+    data = {
+        "name": "fx",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "image": "reg.example/t:1",
+        "checkpoint_dir": str(tmp_path / "ck"),
+    }
+    with FakeKubeAPI([crd_path("PyTorchJob"), crd_path("TrainJob")]) as api:
+        k8s = K8sBackend(api_client=k8s_client.for_host(api.url))
+        name = k8s.submit(k8s.prepare(load_spec(data={**data, "k8s": {"pvc": "ckpt"}})))
+        job = Job(Handle("k8s", name, namespace="default", kind="PyTorchJob"), k8s)
+        assert k8s.run_dir(name) == tmp_path / "ck" / name
+        assert job.status().progress is None  # nothing there yet (or a volume this host lacks)
+        write_progress(tmp_path / "ck" / name, RECORD)
+        assert job.status().progress == RECORD
+        trainer = K8sBackend(api_client=k8s_client.for_host(api.url), kind="TrainJob", namespace="ml")
+        spec = load_spec(data={**data, "name": "tj", "k8s": {"api": "trainjob", "namespace": "ml", "pvc": "ckpt"}})
+        tj = trainer.submit(trainer.prepare(spec))
+        assert trainer.run_dir(tj) == tmp_path / "ck" / tj
+
+
+# --- dist-jobs status [--follow] ----------------------------------------------------------------
+
+
+def dj(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [PYTHON, "-m", "dist_jobs", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
+
+
+def test_status_prints_the_progress_line_and_json(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    run = _local_job(tmp_path, sleeper.pid)
+    write_progress(run, RECORD)
+    out, err = dj("status", f"local://{run}").communicate(timeout=60)
+    assert f"  progress: {describe(RECORD)}" in out.splitlines(), err
+    out, err = dj("status", f"local://{run}", "-o", "json").communicate(timeout=60)
+    assert json.loads(out)["progress"] == RECORD
+
+
+def test_follow_refreshes_until_the_job_ends(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    run = _local_job(tmp_path, sleeper.pid)
+    write_progress(run, RECORD)
+    follow = dj("status", f"local://{run}", "--follow", "--interval", "0.2")
+    assert follow.stdout is not None
+    assert "running (RUNNING)" in follow.stdout.readline()
+    write_progress(run, {**RECORD, "step": 90})
+    deadline = time.monotonic() + 30
+    while "step 90/100" not in follow.stdout.readline():
+        assert time.monotonic() < deadline, "--follow did not show the new progress"
+    (run / "local" / "exit_code").write_text("0\n")
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 0, err
+    assert "succeeded (COMPLETED)" in out.splitlines()[-2]  # the last table: the state, then progress
+
+
+def test_follow_ends_cleanly_on_ctrl_c(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    run = _local_job(tmp_path, sleeper.pid)
+    follow = dj("status", f"local://{run}", "--follow", "--interval", "0.2")
+    assert follow.stdout is not None and "running" in follow.stdout.readline()
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130 and "Traceback" not in err and "interrupted" in err
+
+
+def test_follow_refuses_a_non_positive_interval(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    run = _local_job(tmp_path, sleeper.pid)
+    follow = dj("status", f"local://{run}", "--follow", "--interval", "0")
+    out, err = follow.communicate(timeout=60)
+    assert follow.returncode == 2 and "--interval 0" in err and "Traceback" not in err
+
+
+def test_status_help_explains_follow() -> None:
+    out, _ = dj("status", "--help").communicate(timeout=60)
+    assert "--follow" in out and "--interval" in out
+
+
+def test_an_info_without_progress_has_no_progress_line() -> None:
+    info = JobInfo("local:///x", "x", JobState.RUNNING, "RUNNING")
+    assert "progress" not in info_table(info)
