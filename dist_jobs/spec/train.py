@@ -100,7 +100,10 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     hang_min_seconds: Annotated[float, Meta(gt=0, description="hang: never sooner than this")] = 300.0
     collective_timeout: Annotated[
         Annotated[float, Meta(gt=0)] | None,
-        Meta(description="seconds a collective may wait for its peers (default: $DIST_JOBS_RDZV_TIMEOUT, 300)"),
+        Meta(
+            description="seconds a collective may wait for its peers "
+            "(default: 2 x hang_min_seconds, at least the rendezvous timeout)"
+        ),
     ] = None
 
     def to_argv(self) -> list[str]:

@@ -122,9 +122,7 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         allow_loopback=simulated_nodes(env),
     )
     backend = backend_for(device, config.procs_per_device)
-    # Also every collective's limit: NCCL with TORCH_NCCL_ASYNC_ERROR_HANDLING (job_env) turns one
-    # that waits longer into an error instead of a hang.
-    timeout = timedelta(seconds=config.collective_timeout or rendezvous_timeout(env))
+    timeout = timedelta(seconds=rendezvous_timeout(env))
     if device.type == "cuda":
         if config.deterministic:  # cuBLAS reads it when the context is created
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -135,6 +133,7 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         if peer_lost(exc):
             raise _as_peer_lost(exc, info.rank) from exc
         raise
+    timeout = collective_timeout(config, timeout)
     atexit.unregister(_let_gloo_workers_finish)  # once per process, however many sessions
     atexit.register(_let_gloo_workers_finish)
     try:
@@ -146,6 +145,20 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         raise
     finally:
         dist.destroy_process_group()
+
+
+def collective_timeout(config: TrainConfig, rendezvous: timedelta) -> timedelta:
+    """Every collective's limit once the group is up: NCCL with TORCH_NCCL_ASYNC_ERROR_HANDLING
+    (job_env) turns one that waits longer into an error instead of a hang. By default twice the
+    hang watchdog's floor (never below the rendezvous timeout), so the watchdog, which dumps the
+    stacks and exits with the requeue code, fires first. The rendezvous keeps its own timeout."""
+    floor = 2 * config.hang_min_seconds if config.hang_watchdog else 0.0
+    seconds = config.collective_timeout or max(rendezvous.total_seconds(), floor)
+    timeout = timedelta(seconds=seconds)
+    setter = getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None and timeout != rendezvous:  # torch >= 2.3; older ones keep the rendezvous one
+        setter(timeout)
+    return timeout
 
 
 def _init_process_group(info: RankInfo, backend: str, device: torch.device, timeout: timedelta) -> None:

@@ -48,12 +48,17 @@ class Watchdog:
         stream: TextIO | None = None,
         exit: Callable[[int], object] = os._exit,
         check_every_s: float | None = None,
+        linger_s: float | None = None,
     ) -> None:
         self.factor, self.floor_s, self.rank = factor, floor_s, rank
         self._on_fire = on_fire
         self._stream = stream
         self._exit = exit
         self._check_every = check_every_s if check_every_s is not None else min(1.0, max(floor_s / 10, 0.01))
+        # After its dump, a firing rank waits this long before exiting: its peers, stalled in the
+        # same collective since the same step, fire within one check and dump their stacks too
+        # before the launcher (srun --kill-on-bad-exit, torchrun) kills them for this exit.
+        self._linger = linger_s if linger_s is not None else 3 * self._check_every
         self._times: deque[float] = deque(maxlen=WINDOW)
         self._last: float | None = None  # None: not armed (no step completed yet)
         self._stop = threading.Event()
@@ -121,4 +126,5 @@ class Watchdog:
             except Exception as exc:  # the exit below matters more than the marker
                 stream.write(f"dist-jobs: rank {self.rank}: hang watchdog: leaving the requeue marker failed: {exc}\n")
         stream.flush()
+        time.sleep(self._linger)
         self._exit(REQUEUE_EXIT_CODE)

@@ -1,0 +1,89 @@
+"""The hang watchdog with the real training on the local backend: rank 1 of 2 stops stepping at
+step 6 (tests/support/hang_support.py); both ranks dump their threads' stacks into the output and
+the launcher exits 200 ("run me again"); the same command run again resumes from the last
+checkpoint and finishes. A run that steps slowly but steadily, with the same tight watchdog, is
+left alone. Progress: rank 0's progress.json says how far the run got, and which attempt it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
+from dist_jobs.rundir.progress import read_history, read_progress
+from support.paths import PYTHON, REPO, TESTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+TOTAL = 32  # 128 samples / (2 ranks x batch 4) = 16 steps an epoch, 2 epochs
+TRAIN = {
+    "model": "support.hang_support:stalling_net",
+    "data": "fake",
+    "image_size": 16,
+    "fake_samples": 128,
+    "batch_size": 4,
+    "epochs": 2,
+    "seed": 5,
+    "device": "cpu",
+    "log_every": 2,
+    "progress": False,
+    "checkpoint_every_steps": 4,
+    "hang_min_seconds": 4,
+    "hang_factor": 10,
+}
+
+
+def command() -> list[str]:
+    sets = [arg for key, value in TRAIN.items() for arg in ("--set", f"train.{key}={value}")]
+    return [
+        *(PYTHON, "-m", "dist_jobs", "run", "--backend", "local", "--nodes", "1", "--procs-per-node", "2"),
+        *("--name", "hang", "--checkpoint-dir", "ckpt", *sets),
+    ]
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1", **extra}
+
+
+def run(cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(), cwd=cwd, env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
+
+
+def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "ckpt" / "hang"
+    stall = {"DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"), "DJ_TEST_HANG_STEP": "7"}
+    first = run(tmp_path, **stall)
+    text = first.stdout
+    assert first.returncode == REQUEUE_EXIT_CODE, text[-5000:]
+    assert "hang_support: rank 1 stops stepping at batch 7" in text
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: hang watchdog: no optimizer step completed for \d+ s", text), text[-5000:]
+    # faulthandler's dump: the stalled rank's main thread is in the injected sleep, rank 0's in
+    # DDP's backward (the gradient all_reduce that waits for rank 1).
+    assert "in stop_stepping" in text and text.count("Current thread 0x") == 2, text[-5000:]
+    assert (run_dir / PREEMPTED_MARKER).exists()
+    progress = read_progress(run_dir)
+    assert progress is not None and progress["step"] == 6 and progress["checkpoint_step"] == 4, progress
+    assert progress["state"] == "running" and progress["attempt"] == 0
+
+    again = run(tmp_path, **stall)
+    assert again.returncode == 0, again.stdout[-5000:]
+    assert f"resumed from {run_dir / 'step-4'}" in again.stdout
+    assert "hang watchdog" not in again.stdout
+    done = read_progress(run_dir)
+    assert done is not None and (done["step"], done["state"], done["checkpoint_step"]) == (TOTAL, "finished", TOTAL)
+    assert [row["step"] for row in read_history(run_dir)][-1] == TOTAL
+
+
+def test_a_slow_but_steady_run_is_not_taken_for_a_hang(tmp_path: Path) -> None:
+    """Every step takes 0.6 s: longer than a tenth of the floor, far from factor x median."""
+    proc = run(tmp_path, DJ_TEST_STEP_DELAY="0.6")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "hang watchdog" not in proc.stdout
