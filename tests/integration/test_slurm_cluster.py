@@ -471,6 +471,43 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
 
 
+def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Path, cleanup: list[str]) -> None:
+    """Rank 1 of 4 stops stepping at its 7th batch, on the first attempt only (the injected
+    hang of support/hang_support.py); ranks 0, 2 and 3 wait for it in the gradient all_reduce.
+    Every rank's hang watchdog (floor 5 s) writes all its threads' stacks into its log, leaves
+    the PREEMPTED marker and exits 200; the batch script requeues the job, attempt 1 resumes
+    from the last committed checkpoint (step 4) and finishes. `dist-jobs status` shows the
+    finished progress of attempt 1."""
+    name = "hang"
+    train = {**TRAIN, "model": "support.hang_support:stalling_net", "hang_min_seconds": 5, "hang_factor": 10}
+    data = spec_data(tmp_path, name, train)
+    data["env"].update({"DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"), "DJ_TEST_HANG_STEP": "7"})
+    slurm = backend(tmp_path)
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    cleanup.append(job_id)
+    status = wait_finished(tmp_path, name, job_id, timeout=240)
+    batch = batch_log(tmp_path, name, job_id)
+    assert status.state == "COMPLETED", batch
+    assert f"dist-jobs: requeueing job {job_id} (attempt 0 of at most 3 requeues)" in batch, batch
+    assert "dist-jobs: step finished with exit code 200" in batch
+    first = {
+        r: (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank{r}.out").read_text(errors="replace") for r in range(4)
+    }
+    assert "hang_support: rank 1 stops stepping at batch 7" in first[1]
+    for rank, text in first.items():
+        assert f"rank {rank}: hang watchdog: no optimizer step completed for" in text, text[-3000:]
+        assert "Current thread 0x" in text and "(most recent call first)" in text, text[-3000:]
+    assert "in stop_stepping" in first[1], first[1][-3000:]
+    assert resumed_step(tmp_path, name, job_id) == 4
+    assert final_sacct_state(job_id) == ("COMPLETED", 2)
+    stitched = logs(tmp_path, job_id, 1)
+    assert "hang watchdog" in stitched and stitched.index("-attempt0-rank1.out <==") < stitched.index("-attempt1-")
+    shown = cli(tmp_path, "status", "--backend", "slurm", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"  progress: step {TOTAL_STEPS}/{TOTAL_STEPS} (100%) epoch 2  " in shown.stdout, shown.stdout
+    assert f"checkpoint {TOTAL_STEPS}  attempt 1  finished" in shown.stdout, shown.stdout
+
+
 def test_a_second_submission_of_a_running_job_is_refused(tmp_path: Path, cleanup: list[str]) -> None:
     """The same spec submitted twice: the second job's batch script finds the first one's lock
     and ends with exit code 2 before starting a step, naming the holder and the fix; the first
