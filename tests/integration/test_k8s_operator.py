@@ -229,6 +229,65 @@ def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted:
     assert committed(run_dir)[-1] == 64
 
 
+@needs_pods
+@pytest.mark.timeout(400)
+def test_a_rank_that_stops_stepping_is_dumped_and_its_pods_restarted(
+    submitted: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 3 (the worker pod's second process) stops stepping at its 7th batch, once
+    (support/hang_support.py); every rank's hang watchdog dumps its threads' stacks into the pod's
+    log and leaves the PREEMPTED marker, so both pod entrypoints exit 200 (torchrun alone would
+    say 1), restartPolicy ExitCode recreates them, and the new gang resumes from the checkpoint of
+    step 6 and finishes. `dist-jobs status` reads the run's progress from the pods' run directory."""
+    from support.paths import TESTS
+
+    train = {"fake_samples": 512, "epochs": 1, "eval_every_epoch": False, "log_every": 1}
+    train.update(model="support.hang_support:stalling_net", hang_min_seconds=5, hang_factor=10)
+    data = spec(tmp_path, **train)
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}:{TESTS}")  # the image's python path: the harness passes it on
+    data["env"].update(
+        DJ_TEST_HANG_MARKER=str(tmp_path / "stalled"),
+        DJ_TEST_HANG_RANK="3",
+        DJ_TEST_HANG_STEP="7",
+    )
+    job = submitted(data)
+    run_dir = tmp_path / "shared" / "ckpt" / JOB
+    (tmp_path / "logs").mkdir()
+    with Operator(job, tmp_path / "logs") as operator:
+        phase = operator.run(timeout=300)
+    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+    assert phase == "Succeeded", [a.text()[-3000:] for a in operator.attempts]
+    assert codes == {
+        (f"{JOB}-master-0", 0): REQUEUE_EXIT_CODE,
+        (f"{JOB}-worker-0", 0): REQUEUE_EXIT_CODE,
+        (f"{JOB}-master-0", 1): 0,
+        (f"{JOB}-worker-0", 1): 0,
+    }
+    first = {a.pod: a.text() for a in operator.attempts if a.number == 0}
+    worker, master = first[f"{JOB}-worker-0"], first[f"{JOB}-master-0"]
+    assert "hang_support: rank 3 stops stepping at batch 7" in worker
+    assert "rank 3: hang watchdog: no optimizer step completed for" in worker and "in stop_stepping" in worker
+    assert "rank 0: hang watchdog: no optimizer step completed for" in master, master[-3000:]
+    assert "Current thread 0x" in master and "(most recent call first)" in master
+    second = operator.current(f"{JOB}-master-0").text()
+    resumed = re.search(r"resumed from \S+: epoch 0, step (\d+) of \d+ in it, step (\d+) overall", second)
+    assert resumed is not None and int(resumed.group(2)) == 6, second[-3000:]
+    assert committed(run_dir)[-1] == 16  # 512 samples / (4 ranks x 8)
+    capsys.readouterr()
+    code = main(
+        ["status", "--kubeconfig", str(tmp_path / "kubeconfig"), f"k8s://default/PyTorchJob/{JOB}", "-o", "json"]
+    )
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
+    progress = json.loads(shown.out)["progress"]
+    assert (progress["step"], progress["state"], progress["attempt"], progress["checkpoint_step"]) == (
+        16,
+        "finished",
+        1,
+        16,
+    )
+
+
 def test_elastic_pet_nnodes_is_min_max_after_defaulting(tmp_path: Path) -> None:
     """pytorch_defaults.go setElasticPolicy: min and max are both set before setPodEnv reads them."""
     elastic = manifest(tmp_path, {**spec(tmp_path), "k8s": {"min_nodes": 1, "max_nodes": 3}})
