@@ -168,6 +168,7 @@ def test_status_list_cancel(
         "detail": f"PyTorchJob {JOB} is running.",
         "ranks": {},
         "extra": {"Master": "active=1", "Worker": "active=1"},
+        "progress": None,  # its run directory (/shared/checkpoints/...) is not on this machine
     }
 
     code, out, _ = run(capsys, *k8s("list", kubeconfig))
