@@ -23,6 +23,7 @@ import faulthandler
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -108,17 +109,15 @@ class Watchdog:
         stream = self._stream or sys.stderr
         steps = list(self._times)
         median = statistics.median(steps) if steps else 0.0
-        stream.write(
+        head = (
             f"dist-jobs: rank {self.rank}: hang watchdog: no optimizer step completed for {idle:.0f} s "
             f"(limit {limit:.0f} s = max({self.factor:g} x median step {median:.3g} s, {self.floor_s:g} s)); "
             f"the stacks of all this process's threads follow, then exit {REQUEUE_EXIT_CODE} "
             "to be requeued and resume from the last checkpoint\n"
         )
-        stream.flush()
-        try:
-            faulthandler.dump_traceback(file=stream, all_threads=True)
-        except (ValueError, OSError):  # a stream without a file descriptor (a test's StringIO)
-            faulthandler.dump_traceback(file=sys.__stderr__ or sys.stderr, all_threads=True)
+        # One write of the whole dump: in torchrun mode the ranks of a node share one log, and
+        # their dumps, written at the same moment, must not interleave line by line.
+        stream.write(head + _stacks() + f"dist-jobs: rank {self.rank}: end of the stacks\n")
         stream.flush()
         if self._on_fire is not None:
             try:
@@ -128,3 +127,15 @@ class Watchdog:
         stream.flush()
         time.sleep(self._linger)
         self._exit(REQUEUE_EXIT_CODE)
+
+
+def _stacks() -> str:
+    """faulthandler's dump of every thread, as text (it writes only to a file descriptor)."""
+    try:
+        with tempfile.TemporaryFile() as buffer:
+            faulthandler.dump_traceback(file=buffer, all_threads=True)
+            buffer.seek(0)
+            return buffer.read().decode("utf-8", errors="replace")
+    except OSError:  # no temporary file to be had (a full or read-only /tmp): straight to stderr
+        faulthandler.dump_traceback(file=sys.__stderr__ or sys.stderr, all_threads=True)
+        return ""

@@ -253,3 +253,70 @@ def test_a_missing_namespace_says_to_create_it(kubeconfig: Path) -> None:
     sub = dj(kubeconfig, "submit", *common)
     assert sub.returncode == 1 and f'namespaces "{namespace}" not found (404 NotFound)' in sub.stderr
     assert f"kubectl create namespace {namespace}" in sub.stderr and "Traceback" not in sub.stderr
+
+
+@requires("pods")
+@pytest.mark.timeout(400)
+def test_a_hung_rank_through_the_real_apiserver_and_the_operator_harness(
+    kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dist-jobs submit` to the real apiserver; the operator harness plays the stored PyTorchJob.
+    Rank 1 stops stepping at its 7th batch once (support/hang_support.py): every rank's watchdog
+    dumps its stacks, both pods exit 200 and are recreated, the gang resumes from the checkpoint
+    and finishes; `dist-jobs status` against the apiserver shows the finished progress of the
+    second attempt, read from the run directory the pods were given."""
+    from kubernetes import client
+
+    from support.operator_harness import Operator
+    from support.paths import TESTS
+
+    name = f"hang-{uuid.uuid4().hex[:8]}"
+    train = {"image_size": 8, "fake_samples": 512, "epochs": 1, "batch_size": 8, "eval_every_epoch": False}
+    train.update(model="support.hang_support:stalling_net", hang_min_seconds=5, hang_factor=10, log_every=1)
+    spec = {
+        "name": name,
+        "nodes": 2,
+        "procs_per_node": 2,
+        "checkpoint_dir": "ckpt",
+        "image": "local/dist-jobs:test",
+        "env": {
+            "DIST_JOBS_RDZV_TIMEOUT": "60",
+            "DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"),
+            "DJ_TEST_HANG_STEP": "7",
+        },
+        "train": {**train, "checkpoint_every_steps": 2},
+        "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared"), "namespace": "default"},
+    }
+    path = tmp_path / "hang.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    sub = dj(kubeconfig, "submit", "--backend", "k8s", str(path))
+    assert sub.returncode == 0, sub.stderr
+    handle = sub.stdout.strip()
+    with apiserver_tier.kube_client() as api:
+        stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "kubeflow.org", "v1", "default", "pytorchjobs", name
+        )
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}:{TESTS}")  # the image's python path: the harness passes it on
+    (tmp_path / "logs").mkdir()
+    try:
+        with Operator(stored, tmp_path / "logs") as operator:
+            phase = operator.run(timeout=300)
+        assert phase == "Succeeded", [a.text()[-3000:] for a in operator.attempts]
+        codes = sorted((a.pod.rsplit("-", 2)[-2], a.number, a.code) for a in operator.attempts)
+        assert codes == [("master", 0, 200), ("master", 1, 0), ("worker", 0, 200), ("worker", 1, 0)]
+        first = "".join(a.text() for a in operator.attempts if a.number == 0)
+        assert "hang_support: rank 1 stops stepping at batch 7" in first and "in stop_stepping" in first
+        for rank in range(4):
+            assert f"rank {rank}: hang watchdog: no optimizer step completed for" in first, first[-4000:]
+            assert f"dist-jobs: rank {rank}: end of the stacks" in first, first[-4000:]
+        # Each rank's dump is written whole: the two ranks of a pod share its log, not their lines.
+        assert "(most recent call first):\n  File " in first and "\nThread 0x" in first
+        shown = dj(kubeconfig, "status", "-o", "json", handle)
+        assert shown.returncode == 0, shown.stderr
+        progress = json.loads(shown.stdout)["progress"]
+        assert (progress["step"], progress["state"], progress["attempt"]) == (16, "finished", 1), progress
+        table = dj(kubeconfig, "status", handle)
+        assert "  progress: step 16/16 (100%) epoch 0  " in table.stdout, table.stdout
+    finally:
+        dj(kubeconfig, "cancel", handle)
+        _drop_finalizers(kubeconfig, name)
