@@ -30,5 +30,16 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
         # ends the process, instead of a hang; torch reads this name since 2.2 (warning on the
         # legacy NCCL_ASYNC_ERROR_HANDLING, so that one is left out).
         ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        # Every collective's limit once the ranks have met (the trainer's init_process_group):
+        # by default twice the hang watchdog's floor, so the watchdog fires first.
+        ("DIST_JOBS_COLLECTIVE_TIMEOUT", collective_timeout(spec)),
     ]
     return {**{k: v for k, v in pairs if v is not None}, **spec.env}
+
+
+def collective_timeout(spec: JobSpec) -> str | None:
+    """train.collective_timeout, else 2 x train.hang_min_seconds (None with the watchdog off)."""
+    train = spec.train
+    if train.collective_timeout is not None:
+        return f"{train.collective_timeout:g}"
+    return f"{2 * train.hang_min_seconds:g}" if train.hang_watchdog else None

@@ -102,7 +102,7 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
         Annotated[float, Meta(gt=0)] | None,
         Meta(
             description="seconds a collective may wait for its peers "
-            "(default: 2 x hang_min_seconds, at least the rendezvous timeout)"
+            "(default: $DIST_JOBS_COLLECTIVE_TIMEOUT, which the job templates set to 2 x hang_min_seconds)"
         ),
     ] = None
 

@@ -133,7 +133,11 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         if peer_lost(exc):
             raise _as_peer_lost(exc, info.rank) from exc
         raise
-    timeout = collective_timeout(config, timeout)
+    collectives = collective_timeout(config, timeout, env)
+    setter = getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None and collectives != timeout:  # torch >= 2.3; older ones keep the rendezvous one
+        setter(collectives)
+        timeout = collectives
     atexit.unregister(_let_gloo_workers_finish)  # once per process, however many sessions
     atexit.register(_let_gloo_workers_finish)
     try:
@@ -147,18 +151,23 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
         dist.destroy_process_group()
 
 
-def collective_timeout(config: TrainConfig, rendezvous: timedelta) -> timedelta:
+def collective_timeout(config: TrainConfig, rendezvous: timedelta, env: Mapping[str, str]) -> timedelta:
     """Every collective's limit once the group is up: NCCL with TORCH_NCCL_ASYNC_ERROR_HANDLING
-    (job_env) turns one that waits longer into an error instead of a hang. By default twice the
-    hang watchdog's floor (never below the rendezvous timeout), so the watchdog, which dumps the
-    stacks and exits with the requeue code, fires first. The rendezvous keeps its own timeout."""
+    (job_env) turns one that waits longer into an error instead of a hang. train.collective_timeout,
+    else $DIST_JOBS_COLLECTIVE_TIMEOUT (the job's templates set it), else twice the hang
+    watchdog's floor (never below the rendezvous timeout): the watchdog, which dumps the stacks
+    and exits with the requeue code, fires first. The rendezvous keeps its own timeout."""
     floor = 2 * config.hang_min_seconds if config.hang_watchdog else 0.0
-    seconds = config.collective_timeout or max(rendezvous.total_seconds(), floor)
-    timeout = timedelta(seconds=seconds)
-    setter = getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    if setter is not None and timeout != rendezvous:  # torch >= 2.3; older ones keep the rendezvous one
-        setter(timeout)
-    return timeout
+    seconds = config.collective_timeout or _seconds(env.get("DIST_JOBS_COLLECTIVE_TIMEOUT", ""))
+    return timedelta(seconds=seconds or max(rendezvous.total_seconds(), floor))
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def _init_process_group(info: RankInfo, backend: str, device: torch.device, timeout: timedelta) -> None:

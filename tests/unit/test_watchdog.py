@@ -83,3 +83,34 @@ def test_nothing_is_watched_before_the_first_step_and_evaluation_touches_it() ->
         while not dog.fired and time.monotonic() < deadline:
             time.sleep(0.02)
     assert dog.fired and exits == [REQUEUE_EXIT_CODE]
+
+
+def test_the_templates_give_collectives_a_timeout_the_watchdog_beats() -> None:
+    from dist_jobs.spec.env import job_env
+    from dist_jobs.spec.load import load_spec
+
+    base = {"name": "t", "nodes": 2, "procs_per_node": 2, "image": "reg.example/t:1"}
+    for backend in ("slurm", "k8s", "local"):
+        env = job_env(load_spec(data=base), backend)
+        assert (env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], env["DIST_JOBS_COLLECTIVE_TIMEOUT"]) == ("1", "600")
+    tight = load_spec(data={**base, "train": {"hang_min_seconds": 45.5}})
+    assert job_env(tight, "slurm")["DIST_JOBS_COLLECTIVE_TIMEOUT"] == "91"
+    chosen = load_spec(data={**base, "train": {"collective_timeout": 1800, "hang_watchdog": False}})
+    assert job_env(chosen, "k8s")["DIST_JOBS_COLLECTIVE_TIMEOUT"] == "1800"
+    off = load_spec(data={**base, "train": {"hang_watchdog": False}})
+    assert "DIST_JOBS_COLLECTIVE_TIMEOUT" not in job_env(off, "slurm")
+
+
+def test_collective_timeout_prefers_the_field_then_the_template_then_twice_the_floor() -> None:
+    from datetime import timedelta
+
+    from dist_jobs.spec.train import TrainConfig
+    from dist_jobs.train.distributed import collective_timeout
+
+    rdzv = timedelta(seconds=300)
+    env = {"DIST_JOBS_COLLECTIVE_TIMEOUT": "900"}
+    assert collective_timeout(TrainConfig(collective_timeout=42.0), rdzv, env) == timedelta(seconds=42)
+    assert collective_timeout(TrainConfig(), rdzv, env) == timedelta(seconds=900)
+    assert collective_timeout(TrainConfig(), rdzv, {}) == timedelta(seconds=600)  # 2 x hang_min_seconds
+    assert collective_timeout(TrainConfig(hang_min_seconds=10.0), rdzv, {}) == rdzv  # never below the rendezvous
+    assert collective_timeout(TrainConfig(hang_watchdog=False), rdzv, {"DIST_JOBS_COLLECTIVE_TIMEOUT": "x"}) == rdzv
