@@ -124,6 +124,10 @@ def _local_job(tmp_path: Path, pid: int) -> Path:
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     # A live pid whose command line names dist_jobs: what a running local job looks like.
     proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(120)", "dist_jobs"])
+    deadline = time.monotonic() + 30
+    while b"dist_jobs" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():  # exec'd yet?
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait()
