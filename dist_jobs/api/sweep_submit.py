@@ -235,6 +235,9 @@ def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict
         chosen = get_backend("slurm", **options)
         filename, payload = plan.payloads[0]
         array_id = chosen.submit(Prepared("slurm", plan.head, payload, filename))
+        from dist_jobs.backends.slurm_meta import record_trials
+
+        record_trials(chosen.jobs_dir, array_id, [s.run_id for s in plan.specs])  # type: ignore[attr-defined]
         cluster = chosen.cluster_name()  # type: ignore[attr-defined]
         return [f"slurm://{cluster}/{array_id}_{i}" for i in range(count)]
     if plan.backend == "local" and plan.max_parallel and plan.max_parallel < count:

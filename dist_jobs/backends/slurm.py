@@ -13,12 +13,13 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_batchlog import finished_status
 from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_logs import attempt_files, stitch
+from dist_jobs.backends.slurm_meta import job_meta
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -144,12 +145,9 @@ class SlurmBackend:
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
-        import json
-
-        for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
-            found = json.loads(meta.read_text()).get("run_dir")
-            if found:
-                return Path(found)
+        found = job_meta(self.jobs_dir, job_id).get("run_dir")
+        if found:
+            return Path(found)
         raise BackendError(
             f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
             "attach from the folder you submitted from (or pass its --jobs-dir)",
@@ -197,18 +195,10 @@ class SlurmBackend:
                 f"SLURM knows no job {job_id}",
                 "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
             )
-        meta = self._meta(job_id)
-        log = Path(meta.get("log_dir", "")) / f"{meta.get('run', '')}-{job_id}.out"
+        meta = job_meta(self.jobs_dir, job_id)
+        log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
-
-    def _meta(self, job_id: str) -> dict[str, Any]:
-        """job.json of a job submitted from here ({} for others)."""
-        import json
-
-        for path in self.jobs_dir.glob(f"*-{job_id}/job.json"):
-            return dict(json.loads(path.read_text()))
-        return {}
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
@@ -276,10 +266,8 @@ class SlurmBackend:
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""
-        import json
-
-        for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
-            data = json.loads(meta.read_text())
+        data = job_meta(self.jobs_dir, job_id)
+        if data:
             procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None
             return Path(data["log_dir"]), data["run"], procs
         proc = self.run(["scontrol", "show", "job", job_id])

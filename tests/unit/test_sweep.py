@@ -321,3 +321,17 @@ def test_sweep_status_help() -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("usage: dist-jobs sweep status")
     assert "--metric" in proc.stdout and "--mode" in proc.stdout
     assert "sweep status NAME" in dj("sweep", "--help").stdout
+
+
+def test_array_task_record_names_the_trials_run_and_logs(tmp_path: Path) -> None:
+    from dist_jobs.backends.slurm_meta import job_meta, record_trials
+
+    folder = tmp_path / "sw-41"
+    folder.mkdir()
+    record = {"job_id": "41", "run": "sw", "log_dir": "/logs", "run_dir": "/ck/sw/sw"}
+    (folder / "job.json").write_text(json.dumps(record))
+    record_trials(tmp_path, "41", ["sw-t0", "sw-t1"])
+    meta = job_meta(tmp_path, "41_1")
+    assert (meta["run"], meta["run_dir"], meta["batch_log"]) == ("sw-t1", "/ck/sw/sw-t1", "sw-41_1.out")
+    assert job_meta(tmp_path, "41")["batch_log"] == "sw-41.out"
+    assert job_meta(tmp_path, "41_2") == {} and job_meta(tmp_path, "42_0") == {}
