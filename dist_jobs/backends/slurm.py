@@ -24,6 +24,7 @@ from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
+    SacctJobState,
     SlurmJob,
     parse_sacct,
     parse_squeue,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+ARRAY_TASK_SACCT_TRIES = 15  # seconds: slurmdbd's lag after an array task ends
 NOT_INSTALLED_HINT = "run this on a SLURM login node, or bring up the local test cluster: bash slurm/cluster/up.sh"
 
 
@@ -181,24 +183,31 @@ class SlurmBackend:
                 "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
             )
-        acct = self.run(
-            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
-        )
-        if acct.returncode != 0:  # not knowing the job and failing to look it up are different answers
-            raise BackendError(
-                f"squeue does not list job {job_id} and sacct failed: {acct.stderr.strip() or 'no message'}",
-                "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
-            )
-        state = sacct_job_state(parse_sacct(acct.stdout), job_id)
-        if state is None:
-            raise BackendError(
-                f"SLURM knows no job {job_id}",
-                "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
-            )
+        state = self._sacct_state(job_id)
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
+
+    def _sacct_state(self, job_id: str) -> SacctJobState:
+        """sacct's record of the job. squeue drops an array task the moment it ends, before
+        slurmdbd may have its record: for a task id (ID_I), sacct is asked again for a while."""
+        for attempt in range(ARRAY_TASK_SACCT_TRIES if "_" in job_id else 1):
+            time.sleep(1.0 if attempt else 0.0)
+            argv = ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
+            acct = self.run(argv)
+            if acct.returncode != 0:  # not knowing the job and failing to look it up are different answers
+                raise BackendError(
+                    f"squeue does not list job {job_id} and sacct failed: {acct.stderr.strip() or 'no message'}",
+                    "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
+                )
+            state = sacct_job_state(parse_sacct(acct.stdout), job_id)
+            if state is not None:
+                return state
+        raise BackendError(
+            f"SLURM knows no job {job_id}",
+            "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
+        )
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""

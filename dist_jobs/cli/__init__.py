@@ -45,7 +45,6 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     if verb in (None, "run"):
         add_spec_flags(p)
 
-    add_sweep_parser(sub, verb in (None, "sweep"), _backend_options, _output_option)
     _job_parsers(sub)
 
     p = sub.add_parser("list", help="list dist-jobs jobs")
@@ -59,6 +58,7 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
     p = sub.add_parser("completion", help='print a shell completion script: eval "$(dist-jobs completion bash)"')
     p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    add_sweep_parser(sub, verb in (None, "sweep"), _backend_options, _output_option)
     return parser
 
 

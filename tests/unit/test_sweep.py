@@ -321,6 +321,8 @@ def test_sweep_status_help() -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("usage: dist-jobs sweep status")
     assert "--metric" in proc.stdout and "--mode" in proc.stdout
     assert "sweep status NAME" in dj("sweep", "--help").stdout
+    sweep = next(line for line in dj("completion", "bash").stdout.splitlines() if line.strip().startswith("sweep)"))
+    assert "--grid" in sweep and "--max-parallel" in sweep and "--drive" not in sweep
 
 
 def test_array_task_record_names_the_trials_run_and_logs(tmp_path: Path) -> None:
