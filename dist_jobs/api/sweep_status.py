@@ -88,6 +88,11 @@ class Sweep:
         return f"Sweep({self.name!r}, {len(self.trials)} trials on {self.backend})"
 
     @property
+    def handles(self) -> list[str]:
+        """Each trial's job handle, in trial order (SLURM: slurm://CLUSTER/ARRAY_I)."""
+        return [str(t["handle"]) for t in self.trials]
+
+    @property
     def jobs(self) -> list[Job]:
         """One Job per trial, in trial order (the existing Job class: status, wait, logs, cancel)."""
         options = self._options()

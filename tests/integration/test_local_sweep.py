@@ -1,0 +1,53 @@
+"""A local sweep from Python: `dist_jobs.sweep(...)` returns one handle per trial, at most K trials
+run at once (a detached driver starts the rest), every trial sees its own values and run name."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import dist_jobs
+
+pytestmark = [pytest.mark.timeout(180)]
+
+RECORD = textwrap.dedent("""
+    import json, os, pathlib, time
+    start = time.time()
+    time.sleep(1.5)
+    out = pathlib.Path(os.environ["OUT"]) / (os.environ["DIST_JOBS_RUN"] + ".json")
+    out.write_text(json.dumps({"tag": os.environ["TAG"], "start": start, "end": time.time()}))
+""")
+
+
+def test_local_sweep_runs_k_at_a_time_and_returns_handles(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = dist_jobs.load_spec(
+        data={
+            "name": "loc",
+            "nodes": 1,
+            "procs_per_node": 1,
+            "checkpoint_dir": str(tmp_path / "ck"),
+            "env": {"OUT": str(out)},
+            "command": ["python3", "-c", RECORD],
+        }
+    )
+    sweep = dist_jobs.sweep(spec, grid={"env.TAG": ["a", "b c", "$d"]}, max_parallel=2, backend="local")
+    assert sweep.handles == [f"local://{tmp_path / 'ck' / 'loc' / f'loc-t{i}'}" for i in range(3)]
+    assert [str(job) for job in sweep.jobs] == sweep.handles
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("*.json"))) < 3 or any(r.state != "succeeded" for r in sweep.status()):
+        assert time.monotonic() < deadline, [r.to_dict() for r in sweep.status()]
+        time.sleep(0.5)
+    runs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert {k: v["tag"] for k, v in runs.items()} == {"loc-t0": "a", "loc-t1": "b c", "loc-t2": "$d"}
+    events = sorted([(r["start"], 1) for r in runs.values()] + [(r["end"], -1) for r in runs.values()])
+    running = [sum(step for _, step in events[: i + 1]) for i in range(len(events))]
+    assert max(running) <= 2  # never more than K at once
+    assert runs["loc-t2"]["start"] >= min(runs["loc-t0"]["end"], runs["loc-t1"]["end"])
+    again = dist_jobs.Sweep.load("loc", str(tmp_path / "ck"))
+    assert [r.params for r in again.status()] == [{"env.TAG": "a"}, {"env.TAG": "b c"}, {"env.TAG": "$d"}]
