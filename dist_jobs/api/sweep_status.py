@@ -16,13 +16,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dist_jobs.api.sweep_local import MANIFEST
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
 
 if TYPE_CHECKING:
     from dist_jobs.api.job import Job
 
-MANIFEST = "sweep.json"
+SWEEPS_DIR = "dist-jobs-sweeps"  # Kubernetes sweeps: their manifests, here (the checkpoints are in the pods' volume)
 DEFAULT_METRICS = ("eval_loss", "loss")
 
 
@@ -50,7 +51,8 @@ class TrialRow:
 def manifest_path(name_or_path: str, checkpoint_dir: str = "checkpoints") -> Path:
     """The manifest of sweep NAME under `checkpoint_dir`, or the sweep folder / sweep.json given."""
     given = Path(name_or_path).expanduser()
-    for candidate in (given, given / MANIFEST, Path(checkpoint_dir).expanduser() / name_or_path / MANIFEST):
+    local = Path(checkpoint_dir).expanduser() / name_or_path / MANIFEST
+    for candidate in (given, given / MANIFEST, local, Path(SWEEPS_DIR) / name_or_path / MANIFEST):
         if candidate.name == MANIFEST and candidate.is_file():
             return candidate.resolve()
     raise UsageError(
@@ -103,7 +105,7 @@ class Sweep:
         if self.backend == "slurm":
             return {k: Path(saved[k]) for k in ("jobs_dir", "cwd") if saved.get(k)}
         if self.backend == "k8s":
-            return {k: saved[k] for k in ("context",) if saved.get(k)}
+            return {k: saved[k] for k in ("context", "kubeconfig") if saved.get(k)}
         return {}
 
     def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:

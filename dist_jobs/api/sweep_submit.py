@@ -16,22 +16,21 @@ The manifest `<checkpoint_dir>/NAME/sweep.json` records the trials, their parame
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import posixpath
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.api.sweep_status import MANIFEST, Sweep
+from dist_jobs.api.sweep_local import drive_local, start_driver, write_manifest
+from dist_jobs.api.sweep_status import MANIFEST, SWEEPS_DIR, Sweep
 from dist_jobs.errors import Problem, SpecError
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
+KEPT_OPTIONS = ("jobs_dir", "cwd", "workdir", "context", "kubeconfig")  # what attaching to a trial needs
 __all__ = ["Sweep", "SweepPlan", "plan_sweep", "sweep", "drive_local"]
 
 
@@ -198,6 +197,9 @@ def sweep(
     base_dir = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
     first = plan.head or plan.specs[0]
     root = _absolute(Path(first.checkpoint_dir), base_dir, first.workdir if backend == "slurm" else None)
+    runs = str(root)
+    if backend == "k8s":  # the checkpoint root is the pods' volume: the manifest stays here
+        root, runs = (base_dir / SWEEPS_DIR / plan.name).resolve(), first.checkpoint_dir
     manifest: dict[str, Any] = {
         "name": plan.name,
         "backend": backend,
@@ -205,9 +207,9 @@ def sweep(
         "random": random,
         "seed": seed,
         "max_parallel": max_parallel,
-        "options": {k: str(v) for k, v in options.items() if k in ("jobs_dir", "cwd", "workdir", "context")},
+        "options": {k: str(v) for k, v in options.items() if v and k in KEPT_OPTIONS},
         "trials": [
-            {"index": i, "name": s.run_id, "params": p, "run_dir": str(root / s.run_id), "handle": None}
+            {"index": i, "name": s.run_id, "params": p, "run_dir": posixpath.join(runs, s.run_id), "handle": None}
             for i, (s, p) in enumerate(zip(plan.specs, plan.params))
         ],
     }
@@ -246,7 +248,7 @@ def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict
         manifest["specs"] = [msgspec.to_builtins(s) for s in plan.specs]
         manifest["trials"] = [{**t, "handle": f"local://{t['run_dir']}"} for t in manifest["trials"]]
         write_manifest(root, manifest)
-        _start_driver(root / MANIFEST, options)
+        start_driver(root / MANIFEST, options)
         return [t["handle"] for t in manifest["trials"]]
     assert all(s.run_id == trial_name(plan.name, i, count) for i, s in enumerate(plan.specs))
     return [_submit_one(spec, plan.backend, options) for spec in plan.specs]
@@ -264,45 +266,3 @@ def _submit_one(spec: JobSpec, backend: str, options: Mapping[str, Any]) -> str:
         namespace = spec.k8s.namespace or chosen.namespace_in_use()  # type: ignore[attr-defined]
         return str(handle_for("k8s", job_id, namespace=namespace, kind=kind))
     return str(handle_for(backend, job_id))
-
-
-def write_manifest(root: Path, manifest: Mapping[str, Any]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / MANIFEST
-    tmp = root / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _start_driver(manifest: Path, options: Mapping[str, Any]) -> None:
-    argv = [sys.executable, "-m", "dist_jobs", "sweep", "--drive", str(manifest)]
-    with (manifest.parent / "driver.log").open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            cwd=options.get("workdir") or Path.cwd(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    (manifest.parent / "driver.pid").write_text(f"{proc.pid}\n")
-
-
-def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
-    """The detached driver of a local sweep: keeps `max_parallel` trials running until all have run."""
-    from dist_jobs.backends.local_jobs import LocalJobs
-    from dist_jobs.spec import load_spec
-
-    manifest = json.loads(manifest_path.read_text())
-    workdir = Path(manifest["options"].get("workdir") or Path.cwd())
-    jobs = LocalJobs(workdir=workdir)
-    pending = [load_spec(data=raw) for raw in manifest["specs"]]
-    running: list[str] = []
-    while pending or running:
-        running = [r for r in running if not jobs.status(r).finished]
-        while pending and len(running) < manifest["max_parallel"]:
-            spec = pending.pop(0)
-            running.append(jobs.submit(jobs.prepare(spec)))
-        time.sleep(poll)
-    return 0

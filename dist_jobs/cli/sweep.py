@@ -67,11 +67,14 @@ def status_parser() -> argparse.ArgumentParser:
 
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict[str, Any]) -> int:
     from dist_jobs.api import sweep_submit as api_sweep
+    from dist_jobs.api.sweep_status import SWEEPS_DIR
     from dist_jobs.errors import UsageError
     from dist_jobs.spec.sweep import parse_grid
 
     if args.drive:
-        return api_sweep.drive_local(Path(args.drive))
+        from dist_jobs.api.sweep_local import drive_local
+
+        return drive_local(Path(args.drive))
     if not args.backend:
         raise UsageError("dist-jobs sweep: which backend?", "pass --backend slurm, k8s or local")
     grid = parse_grid(args.grid, _scalar)
@@ -84,7 +87,8 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
     rows = [[str(t["index"]), t["name"], str(t["handle"]), _params(t["params"])] for t in submitted.trials]
     table = columns(["TRIAL", "NAME", "HANDLE", "PARAMS"], rows)
     root = submitted.path.parent.parent
-    where = "" if root == Path("checkpoints").resolve() else f" --checkpoint-dir {root}"
+    known = (Path("checkpoints").resolve(), Path(SWEEPS_DIR).resolve())  # where `sweep status` looks anyway
+    where = "" if root in known else f" --checkpoint-dir {root}"
     table += f"\nsweep {submitted.name}: {len(rows)} trials; see them: dist-jobs sweep status {submitted.name}{where}"
     print(emit(submitted.manifest, args.output, table))
     return 0
