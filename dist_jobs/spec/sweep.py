@@ -142,6 +142,20 @@ def name_problems(name: str, params: Sequence[Mapping[str, Any]]) -> list[Proble
     return problems
 
 
+def command_problems(params: Sequence[Mapping[str, Any]]) -> list[Problem]:
+    """With its own command (after `--`) a job ignores train.*: sweeping it would run one job N times."""
+    keys = sorted({k for p in params for k in p if k.startswith("train.")})
+    return [
+        Problem(
+            f"--grid {k}",
+            MISSING,
+            "has no effect: the job runs its own command (after `--`), not the built-in trainer",
+            "sweep env.KEY values and read them in your script, or sweep without a command",
+        )
+        for k in keys
+    ]
+
+
 def overrides_for(name: str, root: str, index: int, count: int, params: Mapping[str, Any]) -> dict[str, Any]:
     """The dotted overrides that make the base spec trial `index`."""
     return {**params, "name": trial_name(name, index, count), "checkpoint_dir": root}

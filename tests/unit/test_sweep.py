@@ -128,6 +128,15 @@ def test_what_the_sweep_owns_and_what_one_array_cannot_vary_are_refused() -> Non
     assert "--backend k8s or local" in exc.value.problems[0].hint
 
 
+def test_a_train_key_with_an_own_command_is_refused() -> None:
+    overrides = {**_flat(CPU), "command": ["python3", "train.py"]}
+    with pytest.raises(SpecError) as exc:
+        plan_sweep(None, {"train.lr": [1, 2], "env.LR": ["1", "2"]}, backend="slurm", overrides=overrides)
+    assert [f for f, _ in problems(exc)] == ["--grid train.lr"] and "env.KEY" in exc.value.problems[0].hint
+    plan = plan_sweep(None, {"env.LR": ["1", "2"]}, backend="slurm", overrides=overrides)
+    assert "export LR=2" in plan.text and "dj_program=(python3 train.py)" in plan.text
+
+
 def test_k8s_refuses_max_parallel_and_labels_every_trial() -> None:
     with pytest.raises(SpecError) as exc:
         plan_sweep(None, {"train.lr": [1, 2]}, max_parallel=1, backend="k8s", overrides=_flat(CPU))
