@@ -110,6 +110,8 @@ class Sweep:
 
     def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:
         """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""
+        if mode not in ("min", "max"):
+            raise UsageError(f"mode {mode!r}: the best trial has the least or the most", "give mode 'min' or 'max'")
         jobs = self.jobs
         rows = [self._row(t, job, metric, mode) for t, job in zip(self.trials, jobs)]
         scored = [r for r in rows if r.best is not None and math.isfinite(r.best)]

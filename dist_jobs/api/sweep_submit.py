@@ -103,8 +103,9 @@ def plan_sweep(
     base = _base(raw, overrides, source)
     problems = plan.name_problems(base.name, params) + _parallel_problems(max_parallel, backend)
     specs = _trial_specs(raw, base, dict(overrides or {}), params, backend, problems)
-    if specs and specs[0].command:
-        problems += plan.command_problems(params)
+    if specs:
+        problems += plan.base_problems(specs[0], backend)
+        problems += plan.command_problems(params) if specs[0].command else []
     if problems:
         raise SpecError(plan.dedupe(problems), f"sweep {base.name} ({source})")
     head = None

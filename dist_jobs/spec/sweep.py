@@ -142,6 +142,24 @@ def name_problems(name: str, params: Sequence[Mapping[str, Any]]) -> list[Proble
     return problems
 
 
+def base_problems(first: Any, backend: str) -> list[Problem]:
+    """What the base spec may not set in a sweep: one run folder for all, or its own array."""
+    problems = [
+        Problem(
+            f"train.{key}",
+            getattr(first.train, key),
+            "would put every trial in one run directory",
+            "leave it out: trial i runs as NAME-t<i> under <checkpoint_dir>/NAME",
+        )
+        for key in ("run_name", "checkpoint_dir")
+        if getattr(first.train, key)
+    ]
+    if backend == "slurm" and first.slurm.array:
+        fix = "leave it out; --max-parallel K sets how many run at once (%K)"
+        problems.append(Problem("slurm.array", first.slurm.array, "a sweep on SLURM is its own job array", fix))
+    return problems
+
+
 def command_problems(params: Sequence[Mapping[str, Any]]) -> list[Problem]:
     """With its own command (after `--`) a job ignores train.*: sweeping it would run one job N times."""
     keys = sorted({k for p in params for k in p if k.startswith("train.")})

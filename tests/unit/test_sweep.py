@@ -128,6 +128,15 @@ def test_what_the_sweep_owns_and_what_one_array_cannot_vary_are_refused() -> Non
     assert "--backend k8s or local" in exc.value.problems[0].hint
 
 
+def test_a_base_spec_that_would_share_one_run_directory_or_array_is_refused() -> None:
+    overrides = {**_flat(CPU), "train.run_name": "fixed", "slurm.array": "0-3"}
+    with pytest.raises(SpecError) as exc:
+        plan_sweep(None, {"train.lr": [1, 2]}, backend="slurm", overrides=overrides)
+    found = problems(exc)
+    assert ("train.run_name", "would put every trial in one run directory") in found
+    assert ("slurm.array", "a sweep on SLURM is its own job array") in found and len(found) == 2
+
+
 def test_a_train_key_with_an_own_command_is_refused() -> None:
     overrides = {**_flat(CPU), "command": ["python3", "train.py"]}
     with pytest.raises(SpecError) as exc:
