@@ -214,6 +214,19 @@ def test_golden_array_script_is_one_array_with_percent_k() -> None:
     assert "#SBATCH --nodes=2" in script
 
 
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_array_script_passes_bash_n_and_shellcheck(tmp_path: Path, launcher: str) -> None:
+    from support.tiers import require_tool
+
+    overrides = {**_flat(CPU), "launcher": launcher}
+    plan = plan_sweep(None, {"env.TAG": ["a b", "$x"], "train.lr": [0.1, 0.2]}, backend="slurm", overrides=overrides)
+    path = tmp_path / "sweep.sbatch"
+    path.write_text(plan.text)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    proc = subprocess.run([require_tool("shellcheck"), "-s", "bash", "-S", "warning", str(path)], capture_output=True)
+    assert proc.returncode == 0, proc.stdout
+
+
 def test_array_task_runs_its_trial_exactly_as_given(tmp_path: Path) -> None:
     """bash runs the trial table of the array script: each task gets its run name, env and argv,
     hostile values arriving as written; a task id outside the sweep stops with exit 2."""
