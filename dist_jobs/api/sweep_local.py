@@ -68,6 +68,20 @@ def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
     return 0
 
 
+def stop_driver(folder: Path) -> bool:
+    """SIGTERM the sweep's driver (so no further trial starts); False when none runs."""
+    import signal
+
+    try:
+        pid = int((folder / "driver.pid").read_text().strip())
+        if b"--drive" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # ended, and the pid is someone else's now
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _finished(jobs: Any, job_id: str) -> bool:
     try:
         return bool(jobs.status(job_id).finished)

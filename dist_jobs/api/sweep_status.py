@@ -108,6 +108,31 @@ class Sweep:
             return {k: saved[k] for k in ("context", "kubeconfig") if saved.get(k)}
         return {}
 
+    def cancel(self) -> list[str]:
+        """Stop the sweep: no trial starts any more, and every trial that has not ended is
+        cancelled (SLURM: the whole array, one scancel). The handles it cancelled."""
+        if self.backend == "local":
+            from dist_jobs.api.sweep_local import stop_driver
+
+            stop_driver(self.path.parent)
+        if self.backend == "slurm":
+            from dist_jobs.backends import get_backend
+
+            try:
+                get_backend("slurm", **self._options()).cancel(self.handles[0].rsplit("/", 1)[1].split("_")[0])
+            except DistJobsError:
+                return []  # the whole array has ended already
+            return self.handles
+        cancelled = []
+        for job in self.jobs:
+            try:
+                if not job.status().finished:
+                    job.cancel()
+                    cancelled.append(job.handle)
+            except DistJobsError:
+                continue  # not started (a local trial the driver never started) or gone
+        return cancelled
+
     def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:
         """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""
         if mode not in ("min", "max"):

@@ -19,7 +19,7 @@ from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_batchlog import finished_status
 from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_logs import attempt_files, stitch
-from dist_jobs.backends.slurm_meta import job_meta
+from dist_jobs.backends.slurm_meta import array_task_key, job_meta
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -190,18 +190,23 @@ class SlurmBackend:
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
 
     def _sacct_state(self, job_id: str) -> SacctJobState:
-        """sacct's record of the job. squeue drops an array task the moment it ends, before
-        slurmdbd may have its record: for a task id (ID_I), sacct is asked again for a while."""
-        for attempt in range(ARRAY_TASK_SACCT_TRIES if "_" in job_id else 1):
+        """sacct's record of the job. An array task (ID_I) is looked up among its array's records
+        (one that never started is in the array's `ID_[...]` one); squeue drops a task the moment
+        it ends, before slurmdbd may have its record, so it is asked again for a while."""
+        task = "_" in job_id
+        for attempt in range(ARRAY_TASK_SACCT_TRIES if task else 1):
             time.sleep(1.0 if attempt else 0.0)
-            argv = ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
-            acct = self.run(argv)
+            query = job_id.split("_")[0] if task else job_id
+            acct = self.run(
+                ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", query, "--format", SACCT_FIELDS]
+            )
             if acct.returncode != 0:  # not knowing the job and failing to look it up are different answers
                 raise BackendError(
                     f"squeue does not list job {job_id} and sacct failed: {acct.stderr.strip() or 'no message'}",
                     "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
                 )
-            state = sacct_job_state(parse_sacct(acct.stdout), job_id)
+            rows = parse_sacct(acct.stdout)
+            state = sacct_job_state(rows, array_task_key(rows, job_id) if task else job_id)
             if state is not None:
                 return state
         raise BackendError(

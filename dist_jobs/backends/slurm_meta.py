@@ -8,9 +8,12 @@ its run name and run directory, and the array's batch log `<array run>-ID_I.out`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from dist_jobs.backends.slurm_output import SacctRow
 
 JOB_JSON = "job.json"
 
@@ -52,3 +55,26 @@ def record_trials(jobs_dir: Path, job_id: str, runs: Sequence[str]) -> None:
     tmp = path.with_name(f".{JOB_JSON}.tmp")
     tmp.write_text(json.dumps(meta, indent=2))
     tmp.replace(path)
+
+
+def array_task_key(rows: Sequence[SacctRow], job_id: str) -> str:
+    """The id of the sacct record that holds array task `ID_I`: its own once it started, else the
+    array's record of the tasks that never started (`ID_[2-5%2]`, pending or cancelled) listing I."""
+    array, _, index = job_id.partition("_")
+    ids = {r.job_id for r in rows if r.is_allocation}
+    if job_id in ids or not index.isdigit():
+        return job_id
+    for rid in sorted(ids):
+        found = re.fullmatch(rf"{re.escape(array)}_\[([0-9,-]+)(?:%\d+)?\]", rid)
+        if found and int(index) in _indices(found.group(1)):
+            return rid
+    return job_id
+
+
+def _indices(ranges: str) -> set[int]:
+    out: set[int] = set()
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            out.update(range(int(low), int(high or low) + 1))
+    return out

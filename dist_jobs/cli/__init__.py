@@ -126,10 +126,10 @@ def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, command = split_command(list(sys.argv[1:] if argv is None else argv))
-    if own[:2] == ["sweep", "status"]:  # its own parser: `sweep SPEC` takes a positional
-        from dist_jobs.cli.sweep import cmd_sweep_status
+    if own[:1] == ["sweep"] and own[1:2] in (["status"], ["cancel"]):  # `sweep SPEC` takes a positional
+        from dist_jobs.cli.sweep import cmd_sweep_sub
 
-        return _guarded("sweep status", lambda: cmd_sweep_status(own[2:]))
+        return _guarded(f"sweep {own[1]}", lambda: cmd_sweep_sub(own[1], own[2:]))
     args = _parser(next((a for a in own if not a.startswith("-")), None)).parse_args(own)
     if command is not None and args.verb not in ("render", "submit", "run", "sweep"):
         print(

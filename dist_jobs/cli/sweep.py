@@ -2,10 +2,11 @@
 
     dist-jobs sweep --backend slurm job.yaml --grid train.lr=0.1,0.03 --grid train.batch_size=64,128 --max-parallel 2
     dist-jobs sweep status NAME [--metric eval_loss --mode min]
+    dist-jobs sweep cancel NAME
 
-`sweep status` has a parser of its own (`status_parser`): `dist-jobs sweep SPEC` takes the spec
+`sweep status` and `sweep cancel` have a parser of their own (`sub_parser`): `dist-jobs sweep SPEC` takes the spec
 as its positional, so `status` right after `sweep` is the verb, not a file name (write
-`./status` for a spec file called that).
+`./status` for a spec file called that; the same for `cancel`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from typing import Any
 from dist_jobs.cli.flags import _scalar, add_spec_flags, overrides_from
 from dist_jobs.cli.output import columns, emit
 
-USAGE_STATUS = "dist-jobs sweep status NAME [--metric NAME] [--mode min|max] [--checkpoint-dir DIR]"
+USAGE_STATUS = (
+    "dist-jobs sweep status NAME [--metric NAME] [--mode min|max] [--checkpoint-dir DIR]; "
+    "dist-jobs sweep cancel NAME [--checkpoint-dir DIR]"
+)
 
 
 def add_sweep_parser(sub: Any, spec_flags: bool, backend_options: Any, output_option: Any) -> None:
@@ -49,16 +53,20 @@ def add_sweep_parser(sub: Any, spec_flags: bool, backend_options: Any, output_op
         add_spec_flags(p)
 
 
-def status_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dist-jobs sweep status",
-        description="One row per trial: parameters, state, step of total, latest and best metric; "
+def sub_parser(verb: str) -> argparse.ArgumentParser:
+    """`sweep status` and `sweep cancel`: NAME and where its manifest is."""
+    descriptions = {
+        "status": "One row per trial: parameters, state, step of total, latest and best metric; "
         "the best trial is marked *.",
-    )
+        "cancel": "Stop a sweep: no trial starts any more and every trial not yet ended is cancelled.",
+    }
+    p = argparse.ArgumentParser(prog=f"dist-jobs sweep {verb}", description=descriptions[verb])
     p.add_argument("name", metavar="NAME", help="the sweep's name (its --name), or its folder or sweep.json")
     p.add_argument(
         "--checkpoint-dir", default="checkpoints", help="the spec's checkpoint_dir, where NAME/sweep.json is"
     )
+    if verb == "cancel":
+        return p
     p.add_argument("--metric", help="the metric to rank by (default: eval_loss where reported, else loss)")
     p.add_argument("--mode", choices=["min", "max"], default="min", help="min (default): lower is better")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="table, json or yaml")
@@ -94,11 +102,16 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
     return 0
 
 
-def cmd_sweep_status(argv: list[str]) -> int:
+def cmd_sweep_sub(verb: str, argv: list[str]) -> int:
     from dist_jobs.api.sweep_status import Sweep
 
-    args = status_parser().parse_args(argv)
-    rows = Sweep.load(args.name, args.checkpoint_dir).status(args.metric, args.mode)
+    args = sub_parser(verb).parse_args(argv)
+    sweep = Sweep.load(args.name, args.checkpoint_dir)
+    if verb == "cancel":
+        cancelled = sweep.cancel()
+        print("\n".join(f"cancelled {h}" for h in cancelled) or f"sweep {sweep.name}: no trial left to cancel")
+        return 0
+    rows = sweep.status(args.metric, args.mode)
     print(emit([r.to_dict() for r in rows], args.output, status_table(rows)))
     return 0
 

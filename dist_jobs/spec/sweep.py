@@ -67,7 +67,8 @@ def parse_grid(items: Sequence[str], scalar: Any) -> dict[str, Axis]:
         else:
             kind, _, rest = text.partition(":")
             axis = _range(key, kind, rest, problems) if kind in RANGES and rest else None
-            grid[key] = axis if axis is not None else [scalar(v, f"--grid {key}") for v in text.split(",")]
+            read = (lambda v, _: v) if key.startswith("env.") else scalar  # env values are text, as --env's
+            grid[key] = axis if axis is not None else [read(v, f"--grid {key}") for v in text.split(",")]
     if problems:
         raise SpecError(problems, "sweep grid")
     return grid

@@ -51,3 +51,35 @@ def test_local_sweep_runs_k_at_a_time_and_returns_handles(tmp_path: Path) -> Non
     assert runs["loc-t2"]["start"] >= min(runs["loc-t0"]["end"], runs["loc-t1"]["end"])
     again = dist_jobs.Sweep.load("loc", str(tmp_path / "ck"))
     assert [r.params for r in again.status()] == [{"env.TAG": "a"}, {"env.TAG": "b c"}, {"env.TAG": "$d"}]
+
+
+def test_sweep_cancel_stops_the_driver_and_the_running_trial(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    spec = dist_jobs.load_spec(
+        data={
+            "name": "long",
+            "nodes": 1,
+            "procs_per_node": 1,
+            "checkpoint_dir": str(tmp_path / "ck"),
+            "command": ["python3", "-c", "import time; time.sleep(60)"],
+        }
+    )
+    sweep = dist_jobs.sweep(spec, grid={"env.X": ["1", "2", "3"]}, max_parallel=1, backend="local")
+    run_dirs = [Path(h.removeprefix("local://")) for h in sweep.handles]
+    deadline = time.monotonic() + 60
+    while not (run_dirs[0] / "local" / "pid").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(3)  # the detached `dist-jobs run` installs its signal handlers once it has started
+    argv = [sys.executable, "-m", "dist_jobs", "sweep", "cancel", "long", "--checkpoint-dir", str(tmp_path / "ck")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"cancelled {sweep.handles[0]}", proc.stdout + proc.stderr
+    deadline = time.monotonic() + 60
+    while sweep.status()[0].state != "cancelled":
+        assert time.monotonic() < deadline, [(r.state, r.detail) for r in sweep.status()]
+        time.sleep(0.5)
+    time.sleep(3)  # the driver polls each second: it would have started trial 1 by now
+    assert [r.state for r in sweep.status()] == ["cancelled", "pending", "pending"]
+    assert not (run_dirs[1] / "local").exists()

@@ -132,3 +132,31 @@ def test_a_stopped_trial_is_requeued_alone_and_resumes(tmp_path: Path) -> None:
         assert [(r["state"], r["step"]) for r in rows] == [("succeeded", 12), ("succeeded", 12)]
     finally:
         cancel(handles)
+
+
+def test_sweep_cancel_cancels_the_running_and_the_waiting_trials(tmp_path: Path) -> None:
+    data = spec_data(tmp_path, "long")
+    data["command"] = ["python3", "-c", "import time; time.sleep(200)"]
+    trials = submit(tmp_path, data, "env.X=1,2,3")
+    handles = [t["handle"] for t in trials]
+    try:
+        first = handles[0].rsplit("/", 1)[1]
+        deadline = time.monotonic() + 60
+        while (
+            "RUNNING"
+            not in subprocess.run(["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True).stdout
+        ):
+            assert time.monotonic() < deadline, "trial 0 did not start"
+            time.sleep(0.5)
+        proc = dj(tmp_path, "sweep", "cancel", "long", "--checkpoint-dir", "checkpoints")
+        assert proc.returncode == 0 and proc.stdout.split() == [w for h in handles for w in ("cancelled", h)]
+        deadline = time.monotonic() + 60
+        while True:
+            status = dj(tmp_path, "sweep", "status", "long", "--checkpoint-dir", "checkpoints", "-o", "json")
+            states = [r["state"] for r in json.loads(status.stdout)]
+            if states == ["cancelled"] * 3:
+                break
+            assert time.monotonic() < deadline, states
+            time.sleep(1)
+    finally:
+        cancel(handles)

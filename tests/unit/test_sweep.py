@@ -59,6 +59,10 @@ def test_grid_values_are_read_as_yaml_scalars_and_multiply_out_in_order() -> Non
     assert found[-1] == {"train.lr": 0.01, "train.batch_size": 128, "train.amp": "none"}
 
 
+def test_env_values_stay_text() -> None:
+    assert parse_grid(["env.SEED=1,02,true"], _scalar) == {"env.SEED": ["1", "02", "true"]}
+
+
 def test_random_is_reproducible_by_seed_and_stays_in_its_ranges() -> None:
     grid = parse_grid(["train.lr=loguniform:1e-4:1e-1", "train.batch_size=int:8:10", "train.amp=bf16,fp16"], _scalar)
     first = trials(grid, random=50, seed=3)
@@ -351,7 +355,9 @@ def test_sweep_status_help() -> None:
     proc = dj("sweep", "status", "--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: dist-jobs sweep status")
     assert "--metric" in proc.stdout and "--mode" in proc.stdout
-    assert "sweep status NAME" in dj("sweep", "--help").stdout
+    assert "sweep status NAME" in dj("sweep", "--help").stdout and "sweep cancel NAME" in dj("sweep", "--help").stdout
+    cancel = dj("sweep", "cancel", "--help")
+    assert cancel.returncode == 0 and cancel.stdout.startswith("usage: dist-jobs sweep cancel")
     sweep = next(line for line in dj("completion", "bash").stdout.splitlines() if line.strip().startswith("sweep)"))
     assert "--grid" in sweep and "--max-parallel" in sweep and "--drive" not in sweep
 
@@ -368,3 +374,29 @@ def test_array_task_record_names_the_trials_run_and_logs(tmp_path: Path) -> None
     assert (meta["run"], meta["run_dir"], meta["batch_log"]) == ("sw-t1", "/ck/sw/sw-t1", "sw-41_1.out")
     assert job_meta(tmp_path, "41")["batch_log"] == "sw-41.out"
     assert job_meta(tmp_path, "41_2") == {} and job_meta(tmp_path, "42_0") == {}
+
+
+# Real `sacct --parsable2 --noheader --duplicates --jobs 492 --format SACCT_FIELDS` of a cancelled
+# sweep (slurm/cluster): task 0 ran; tasks 1 and 2 never started and share the array's record.
+SACCT_CANCELLED_SWEEP = """\
+492_0|493|CANCELLED by 0|0:0|2026-11-24T14:48:12|2026-11-24T14:48:13|2026-11-24T14:48:21|00:00:08|2|n[1-2]|debug|long
+492_0.batch|493.batch|FAILED|15:0|2026-11-24T14:48:13|2026-11-24T14:48:13|2026-11-24T14:48:21|00:00:08|1|n1||batch
+492_0.0|493.0|CANCELLED|0:15|2026-11-24T14:48:15|2026-11-24T14:48:15|2026-11-24T14:48:21|00:00:06|2|n[1-2]||python
+492_[1-2%1]|492|CANCELLED by 0|0:0|2026-11-24T14:48:12|None|2026-11-24T14:48:21|00:00:00|2|None assigned|debug|long
+"""
+
+
+def test_an_array_task_that_never_started_is_found_in_the_arrays_record() -> None:
+    from dist_jobs.backends.slurm import SlurmBackend
+    from dist_jobs.backends.slurm_meta import array_task_key
+    from dist_jobs.backends.slurm_output import parse_sacct
+
+    rows = parse_sacct(SACCT_CANCELLED_SWEEP)
+    assert [array_task_key(rows, f"492_{i}") for i in range(4)] == ["492_0", "492_[1-2%1]", "492_[1-2%1]", "492_3"]
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        out = SACCT_CANCELLED_SWEEP if argv[0] == "sacct" and argv[argv.index("--jobs") + 1] == "492" else ""
+        return subprocess.CompletedProcess(argv, 0 if argv[0] == "sacct" else 1, out, "")
+
+    backend = SlurmBackend(runner=runner)
+    assert [backend.status(f"492_{i}").state for i in range(3)] == ["CANCELLED"] * 3
