@@ -84,7 +84,7 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
 
         return drive_local(Path(args.drive))
     if not args.backend:
-        raise UsageError("dist-jobs sweep: which backend?", "pass --backend slurm, k8s or local")
+        raise UsageError("which backend runs the sweep?", "pass --backend slurm, k8s or local")
     grid = parse_grid(args.grid, _scalar)
     overrides = overrides_from(args, command)
     call = (grid, args.random, args.seed, args.max_parallel, args.backend, overrides)
