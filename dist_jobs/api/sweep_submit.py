@@ -202,7 +202,9 @@ def sweep(
     root = _absolute(Path(first.checkpoint_dir), base_dir, first.workdir if backend == "slurm" else None)
     runs = str(root)
     if backend == "k8s":  # the checkpoint root is the pods' volume: the manifest stays here
-        root, runs = (base_dir / SWEEPS_DIR / plan.name).resolve(), first.checkpoint_dir
+        from dist_jobs.render.k8s import checkpoint_path
+
+        root, runs = (base_dir / SWEEPS_DIR / plan.name).resolve(), checkpoint_path(first)
     manifest: dict[str, Any] = {
         "name": plan.name,
         "backend": backend,

@@ -25,8 +25,9 @@ NAME = "hsweep"
 
 
 def test_each_trial_is_a_labelled_pytorchjob_that_trains_its_own_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # the manifest goes to ./dist-jobs-sweeps/NAME
     data = {
         "name": NAME,
         "nodes": 2,
@@ -45,16 +46,21 @@ def test_each_trial_is_a_labelled_pytorchjob_that_trains_its_own_run(
         assert main([*argv, "--grid", "train.lr=0.2,0.02", "-o", "json"]) == 0, capsys.readouterr().err
         trials = json.loads(capsys.readouterr().out)["trials"]
         jobs = [api.store[("pytorchjobs", "default", f"{NAME}-t{i}")] for i in range(2)]
-    assert [t["handle"] for t in trials] == [f"k8s://default/PyTorchJob/{NAME}-t{i}" for i in range(2)]
-    for index, job in enumerate(jobs):
-        labels = job["metadata"]["labels"]
-        assert (labels["dist-jobs/sweep"], labels["dist-jobs/trial"]) == (NAME, str(index))
-        container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-        assert f"--lr={(0.2, 0.02)[index]}" in container["command"], container["command"]
-        logs = tmp_path / f"logs-{index}"
-        logs.mkdir()
-        with Operator(job, logs) as operator:
-            assert operator.run(timeout=240) == "Succeeded", operator.attempts[-1].text()[-3000:]
-    for index in range(2):  # each trial its own run directory, under the sweep's folder
-        result = tmp_path / "shared" / "ckpt" / NAME / f"{NAME}-t{index}" / "result.json"
-        assert json.loads(result.read_text())["step"] == 2.0  # 32 samples / (2 ranks x 8)
+        assert [t["handle"] for t in trials] == [f"k8s://default/PyTorchJob/{NAME}-t{i}" for i in range(2)]
+        for index, job in enumerate(jobs):
+            labels = job["metadata"]["labels"]
+            assert (labels["dist-jobs/sweep"], labels["dist-jobs/trial"]) == (NAME, str(index))
+            container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+            assert f"--lr={(0.2, 0.02)[index]}" in container["command"], container["command"]
+            logs = tmp_path / f"logs-{index}"
+            logs.mkdir()
+            with Operator(job, logs) as operator:
+                assert operator.run(timeout=240) == "Succeeded", operator.attempts[-1].text()[-3000:]
+        # The volume is mounted at the same path here: the table has each trial's own numbers.
+        assert main(["sweep", "status", NAME, "-o", "json"]) == 0, capsys.readouterr().err
+        rows = json.loads(capsys.readouterr().out)
+    for index, row in enumerate(rows):  # each trial its own run directory, under the sweep's folder
+        assert row["run_dir"] == str(tmp_path / "shared" / "ckpt" / NAME / f"{NAME}-t{index}")
+        assert (row["step"], row["metric"]) == (2, "eval_loss")  # 32 samples / (2 ranks x 8)
+    assert sum(r["is_best"] for r in rows) == 1
+    assert (tmp_path / "dist-jobs-sweeps" / NAME / "sweep.json").is_file()
