@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 SWEEPS_DIR = "dist-jobs-sweeps"  # Kubernetes sweeps: their manifests, here (the checkpoints are in the pods' volume)
 DEFAULT_METRICS = ("eval_loss", "loss")
+ENDED = ("succeeded", "failed", "cancelled")
 
 
 @dataclass
@@ -132,6 +133,26 @@ class Sweep:
             except DistJobsError:
                 continue  # not started (a local trial the driver never started) or gone
         return cancelled
+
+    def wait(self, timeout: float | None = None, poll: float = 5.0, **status: Any) -> list[TrialRow]:
+        """Until every trial has ended (succeeded, failed or cancelled); its status rows then.
+        WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode)."""
+        import time
+
+        from dist_jobs.api.job import WaitTimeout
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            rows = self.status(**status)
+            if all(r.state in ENDED for r in rows):
+                return rows
+            if deadline is not None and time.monotonic() >= deadline:
+                left = sum(r.state not in ENDED for r in rows)
+                raise WaitTimeout(
+                    f"sweep {self.name}: {left} of {len(rows)} trials still not ended after {timeout:g} s",
+                    f"wait longer, or look at them: dist-jobs sweep status {self.name}",
+                )
+            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
 
     def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:
         """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""

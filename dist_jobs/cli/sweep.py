@@ -18,6 +18,7 @@ from typing import Any
 
 from dist_jobs.cli.flags import _scalar, add_spec_flags, overrides_from
 from dist_jobs.cli.output import columns, emit
+from dist_jobs.constants import WAIT_EXIT_CODES
 
 USAGE_STATUS = (
     "dist-jobs sweep status NAME [--metric NAME] [--mode min|max] [--checkpoint-dir DIR]; "
@@ -46,6 +47,13 @@ def add_sweep_parser(sub: Any, spec_flags: bool, backend_options: Any, output_op
     p.add_argument("--seed", type=int, default=0, help="the seed of --random (default 0): the same trials each time")
     p.add_argument("--max-parallel", type=int, metavar="K", help="run at most K trials at once (SLURM: %%K)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for every trial to end, then print the status table to stderr; "
+        "exit 0 if all succeeded, 1 if one failed, 3 if one was cancelled",
+    )
+    p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 4)")
     p.add_argument("--drive", metavar="MANIFEST", help=argparse.SUPPRESS)  # the detached local driver
     output_option(p)
     backend_options(p, namespace=False)
@@ -75,7 +83,6 @@ def sub_parser(verb: str) -> argparse.ArgumentParser:
 
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict[str, Any]) -> int:
     from dist_jobs.api import sweep_submit as api_sweep
-    from dist_jobs.api.sweep_status import SWEEPS_DIR
     from dist_jobs.errors import UsageError
     from dist_jobs.spec.sweep import parse_grid
 
@@ -92,14 +99,28 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
         sys.stdout.write(api_sweep.plan_sweep(args.spec, *call, **options).text)
         return 0
     submitted = api_sweep.sweep(args.spec, *call, **options)
+    print(emit(submitted.manifest, args.output, _submitted_table(submitted)), flush=True)
+    if not args.wait:
+        return 0
+    ended = submitted.wait(args.timeout)
+    print(status_table(ended), file=sys.stderr)
+    states = {r.state for r in ended}
+    worst = next((s for s in ("failed", "cancelled") if s in states), "succeeded")
+    return WAIT_EXIT_CODES[worst]
+
+
+def _submitted_table(submitted: Any) -> str:
+    from dist_jobs.api.sweep_status import SWEEPS_DIR
+
     rows = [[str(t["index"]), t["name"], str(t["handle"]), _params(t["params"])] for t in submitted.trials]
     table = columns(["TRIAL", "NAME", "HANDLE", "PARAMS"], rows)
     root = submitted.path.parent.parent
     known = (Path("checkpoints").resolve(), Path(SWEEPS_DIR).resolve())  # where `sweep status` looks anyway
     where = "" if root in known else f" --checkpoint-dir {root}"
-    table += f"\nsweep {submitted.name}: {len(rows)} trials; see them: dist-jobs sweep status {submitted.name}{where}"
-    print(emit(submitted.manifest, args.output, table))
-    return 0
+    return (
+        table
+        + f"\nsweep {submitted.name}: {len(rows)} trials; see them: dist-jobs sweep status {submitted.name}{where}"
+    )
 
 
 def cmd_sweep_sub(verb: str, argv: list[str]) -> int:

@@ -83,3 +83,16 @@ def test_sweep_cancel_stops_the_driver_and_the_running_trial(tmp_path: Path) -> 
     time.sleep(3)  # the driver polls each second: it would have started trial 1 by now
     assert [r.state for r in sweep.status()] == ["cancelled", "pending", "pending"]
     assert not (run_dirs[1] / "local").exists()
+
+
+def test_cli_sweep_wait_prints_the_table_and_exits_by_the_trials(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = "import os, sys; sys.exit(int(os.environ['CODE']))"
+    argv = [sys.executable, "-m", "dist_jobs", "sweep", "--backend", "local", "--name", "w", "--procs-per-node", "1"]
+    argv += ["--grid", "env.CODE=0,3", "--max-parallel", "1", "--wait", "--", "python3", "-c", code]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # one trial failed
+    rows = [line.split() for line in proc.stderr.splitlines()[1:]]
+    assert [r[:3] for r in rows] == [["w-t0", "0", "succeeded"], ["w-t1", "3", "failed"]], proc.stderr
