@@ -1,0 +1,103 @@
+"""`<run dir>/progress.json` and `<run dir>/metrics.jsonl`: a run's live progress and its history.
+
+Rank 0 of the trainer writes both at every log interval (dist_jobs.train.loop); `dist-jobs status`,
+`Job.progress()` and the sweep's status table read them. progress.json is replaced atomically
+(temporary file, then os.replace), so a reader sees the old file or the new one, never half of
+one; metrics.jsonl gets one JSON line per interval, appended and flushed, and a reader skips a
+torn last line (a writer killed mid-line). Readers never raise on what they find in the file.
+
+progress.json: step (optimizer steps done), total_steps (int or null), epoch, metrics
+({name: float}), samples_per_s, eta_s (float or null), checkpoint_step (the last committed
+checkpoint, or null), attempt, time (unix seconds), state ("running" | "finished").
+metrics.jsonl rows: {"step", "epoch", "time", "metrics"}. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+PROGRESS = "progress.json"
+HISTORY = "metrics.jsonl"
+
+
+def write_progress(run_dir: Path, progress: Mapping[str, object]) -> None:
+    """Replace `<run_dir>/progress.json` atomically."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{PROGRESS}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(dict(progress), sort_keys=True, allow_nan=False, default=str) + "\n")
+    os.replace(tmp, run_dir / PROGRESS)
+
+
+def append_history(run_dir: Path, row: Mapping[str, object]) -> None:
+    """Append one JSON line to `<run_dir>/metrics.jsonl` in one write."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(dict(row), sort_keys=True, allow_nan=False, default=str) + "\n"
+    with open(run_dir / HISTORY, "a", encoding="utf-8") as fh:  # O_APPEND: a line lands whole
+        fh.write(line)
+        fh.flush()
+
+
+def read_progress(run_dir: Path) -> dict[str, object] | None:
+    """The run's progress, or None when there is none yet or the file is not a progress record."""
+    try:
+        data = json.loads((run_dir / PROGRESS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent, unreadable, half-written by a foreign writer, not JSON
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+        return None
+    return data
+
+
+def read_history(run_dir: Path) -> list[dict[str, object]]:
+    """Every complete row of metrics.jsonl, oldest first; torn or garbage lines are skipped."""
+    try:
+        text = (run_dir / HISTORY).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def _number(value: object, fmt: str) -> str | None:
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def describe(progress: Mapping[str, object]) -> str:
+    """One line: `step 40/100 (40%) epoch 1  loss 0.41 lr 0.1  12.3 samples/s  eta 2m05s  checkpoint 30  attempt 0`."""
+    step, total = progress.get("step"), progress.get("total_steps")
+    parts = [f"step {step}/{total}" if isinstance(total, int) and total else f"step {step}"]
+    if isinstance(step, int) and isinstance(total, int) and total:
+        parts[0] += f" ({100 * step // total}%)"
+    parts[0] += f" epoch {progress.get('epoch')}"
+    metrics = progress.get("metrics")
+    if isinstance(metrics, Mapping) and metrics:
+        shown = [f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))]
+        parts.append(" ".join(shown))
+    rate = _number(progress.get("samples_per_s"), ".4g")
+    if rate is not None:
+        parts.append(f"{rate} samples/s")
+    eta = progress.get("eta_s")
+    if isinstance(eta, (int, float)) and progress.get("state") != "finished":
+        parts.append(f"eta {_duration(float(eta))}")
+    checkpoint = progress.get("checkpoint_step")
+    parts.append(f"checkpoint {checkpoint if isinstance(checkpoint, int) else '-'}")
+    parts.append(f"attempt {progress.get('attempt', 0)}")
+    if progress.get("state") == "finished":
+        parts.append("finished")
+    return "  ".join(parts)
