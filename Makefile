@@ -46,7 +46,7 @@ apiserver-down:
 	bash k8s/apiserver/down.sh
 
 examples: $(VENV)/.installed
-	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/test_examples.py
+	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/test_examples.py tests/unit/test_sweep.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -30,6 +30,11 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WARMUP = 5
+# Every side runs from bytecode, as installed packages do: an inherited PYTHONDONTWRITEBYTECODE
+# would make each start compile dist_jobs (and the others) from source. The .pyc files go to a
+# folder of the bench's own, not into the checkout.
+BASE_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+BASE_ENV["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="bench-launchers-pyc-")
 TASK_ENV = {
     "SLURM_JOB_ID": "7",
     "SLURM_PROCID": "0",
@@ -58,7 +63,7 @@ def run(argv: list[str], stamps: Path, work: Path) -> float:
     # A fresh folder each time: dist-jobs would resume the last run's checkpoints in the same one.
     cwd = Path(tempfile.mkdtemp(dir=work))
     stamps.unlink(missing_ok=True)
-    env = {**os.environ, "BENCH_STAMPS": str(stamps), "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)])}
+    env = {**BASE_ENV, "BENCH_STAMPS": str(stamps), "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)])}
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -115,7 +120,7 @@ def sides(workload: str, steps: int, work: Path) -> dict[str, list[str]]:
 
 
 def launcher_overhead(runs: int = 21) -> tuple[float, float]:
-    env = {**os.environ, **TASK_ENV}
+    env = {**BASE_ENV, **TASK_ENV, "PYTHONPATH": str(REPO)}
     plain = [sys.executable, "-c", "pass"]
     launched = [sys.executable, "-m", "dist_jobs.launch", "--", "python", "-c", "pass"]
     times: dict[str, list[float]] = {"plain": [], "launched": []}

@@ -7,7 +7,7 @@ that stays running (`sleep`) and one that has ended and left squeue (MinJobAge),
 of `status` are measured: squeue alone (running) and squeue + sacct + the batch log (ended).
 
 Measured: the wall clock (`time.monotonic()`) of each complete command as a subprocess, from
-start to exit, output captured: `python -m dist_jobs status slurm://CLUSTER/ID` (the interpreter
+start to exit, output captured: `dist-jobs status slurm://CLUSTER/ID` (the console script; the interpreter
 start and imports included, as a user pays them) against `sacct -j ID` followed by `squeue -j ID`
 (two processes, what a user types to learn the same). Runs alternate (baseline, dist-jobs, ...);
 medians are compared. Prints one JSON line per case.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,12 +28,22 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+# dist-jobs runs from bytecode, as an installed package does: an inherited PYTHONDONTWRITEBYTECODE
+# would make every run compile dist_jobs from source. The .pyc files go to a folder of the bench's.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+ENV.update(PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=tempfile.mkdtemp(prefix="bench-status-pyc-"))
+
+
+def dist_jobs() -> list[str]:
+    """The console script next to this interpreter (what users run), else `python -m dist_jobs`."""
+    script = Path(sys.executable).parent / "dist-jobs"
+    return [sys.executable, str(script)] if script.is_file() else [sys.executable, "-m", "dist_jobs"]
 
 
 def _timed(argvs: list[list[str]], cwd: Path) -> float:
     start = time.monotonic()
     for argv in argvs:
-        subprocess.run(argv, cwd=cwd, capture_output=True, check=False)
+        subprocess.run(argv, cwd=cwd, capture_output=True, check=False, env=ENV)
     return time.monotonic() - start
 
 
@@ -57,7 +68,7 @@ def _gone_from_squeue(job_id: str, timeout: float = 120) -> None:
 
 def measure(root: Path, handle: str, repeats: int) -> dict[str, object]:
     job_id = handle.rsplit("/", 1)[1]
-    ours = [[sys.executable, "-m", "dist_jobs", "status", handle]]
+    ours = [[*dist_jobs(), "status", handle]]
     base = [["sacct", "-j", job_id], ["squeue", "-j", job_id]]
     _timed(ours, root), _timed(base, root)  # warm the page cache once each
     times: dict[str, list[float]] = {"baseline": [], "dist-jobs": []}

@@ -40,6 +40,8 @@ _API = (
     "run_local",
     "status",
     "submit",
+    "sweep",
+    "Sweep",
 )
 _ERRORS = ("DistJobsError", "SpecError", "UsageError", "RankError", "BackendError")
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.handle import FORMS, Handle, handle_for, is_handle, parse_handle
 from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
+from dist_jobs.api.sweep_status import Sweep
+from dist_jobs.api.sweep_submit import sweep
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, UsageError
 
@@ -38,6 +40,8 @@ __all__ = [
     "run_local",
     "status",
     "submit",
+    "sweep",
+    "Sweep",
 ]
 
 

@@ -146,6 +146,7 @@ class LocalBackend:
     def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
         self.out = out or sys.stdout
         self.workdir = workdir or Path.cwd()
+        self.first_failure: tuple[str, int] | None = None  # after run(): which process failed first, its code
 
     @staticmethod
     def _gpu_mode(spec: JobSpec) -> tuple[bool, str]:
@@ -203,7 +204,9 @@ class LocalBackend:
             if lock.took_over:
                 print(f"dist-jobs: took over the lock of {run_dir}: {lock.took_over}", file=self.out, flush=True)
             token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
-            return group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=self.workdir)
+            code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=self.workdir)
+        self.first_failure = group.first_failure
+        return code
 
 
 def _newer(path: Path, since: float) -> bool:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor t
 
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
+FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 
 
 def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
@@ -67,7 +68,7 @@ class LocalJobs:
                 "wait for it, cancel it, or pick another --name",
             )
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in (EXIT, CANCELLED, PID):
+        for stale in (EXIT, CANCELLED, PID, FIRST):
             (folder / stale).unlink(missing_ok=True)
         (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
         argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
@@ -101,8 +102,9 @@ class LocalJobs:
             return JobStatus(job_id, name, "COMPLETED", "exit 0")
         if (folder / CANCELLED).exists():
             return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
-        word = "PREEMPTED" if code == REQUEUE_EXIT_CODE else "FAILED"
-        return JobStatus(job_id, name, word, describe_exit(code))
+        if code == REQUEUE_EXIT_CODE:
+            return JobStatus(job_id, name, "PREEMPTED", describe_exit(code))
+        return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
         root = (self.workdir / "checkpoints").resolve()
@@ -156,13 +158,28 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     from dist_jobs.backends.local import LocalBackend
 
     code = 130
+    backend = LocalBackend(workdir=workdir)
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        code = LocalBackend(workdir=workdir).run(spec)
+        code = backend.run(spec)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if backend.first_failure:  # before EXIT: a status that sees the code sees this too
+            _write(folder / FIRST, "\t".join(map(str, backend.first_failure)))
         _write(folder / EXIT, str(code))
     return code
+
+
+def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
+    """FAILED, naming the process that failed first (the launcher stopped the others)."""
+    try:
+        label, first = (folder / FIRST).read_text().strip().split("\t")
+    except (OSError, ValueError):  # none recorded (a launcher killed outright, or an older run)
+        return JobStatus(job_id, name, "FAILED", describe_exit(code))
+    what = describe_exit(int(first)) if first.lstrip("-").isdigit() else first
+    unit, _, number = label.partition(" ")
+    ranks = {int(number): what} if unit == "rank" and number.isdigit() else {}
+    return JobStatus(job_id, name, "FAILED", f"{label} failed first: {what}", ranks=ranks)
 
 
 def _folder(job_id: str) -> Path:

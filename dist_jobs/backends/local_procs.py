@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
+from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 
 GRACE_SECONDS = 30.0
@@ -73,6 +74,8 @@ class ProcessGroup:
         self.lost: str | None = None  # set from another thread: end the run now, with this message
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._labels: list[str] = []
+        self.first_failure: tuple[str, int] | None = None  # after run(): (label, code) of the first to fail
 
     def say(self, text: str) -> None:
         with self._lock:
@@ -104,6 +107,7 @@ class ProcessGroup:
                 pass_fds=(watch,) if USE_KEEPER else (),
             )
             self._procs.append(proc)
+            self._labels.append(label)
             pump = threading.Thread(target=self._pump, args=(label, proc.stdout), daemon=True)
             pump.start()
             pumps.append(pump)
@@ -144,7 +148,12 @@ class ProcessGroup:
         deadline: float | None = None
         while True:
             codes = [self._code(p) for p in self._procs]
-            if all(c is not None for c in codes):
+            bad = next((i for i, c in enumerate(codes) if c not in (None, 0, REQUEUE_EXIT_CODE)), None)
+            if bad is not None and deadline is None:  # a failure of its own, not our stop's effect
+                outcome.failure, outcome.first = codes[bad], bad
+                if None in codes:
+                    deadline = self._stop(f"{self._labels[bad]} failed ({describe_exit(codes[bad])})")
+            if None not in codes:
                 return outcome
             if len(signals.received) > 1:
                 self.say(f"got {signals.received[-1].name} again: killing every process now")
@@ -154,12 +163,9 @@ class ProcessGroup:
                 deadline = self._stop(f"got {outcome.cause.name}")
             if self.lost is not None:
                 self.say(self.lost)
-                outcome.failure, outcome.why = 1, "lost the run directory lock; every process was killed"
+                outcome.failure, outcome.first = 1, None
+                outcome.why = "lost the run directory lock; every process was killed"
                 return outcome.forced_end()
-            bad = next((c for c in codes if c not in (None, 0, REQUEUE_EXIT_CODE)), None)
-            if bad is not None and deadline is None:  # a failure of its own, not our stop's effect
-                outcome.failure = bad
-                deadline = self._stop(f"a process failed with exit code {bad}")
             if deadline is None and REQUEUE_EXIT_CODE in codes:
                 deadline = time.monotonic() + self.grace  # preempted: the others are checkpointing too
             if deadline is not None and time.monotonic() > deadline:
@@ -175,7 +181,11 @@ class ProcessGroup:
         checkpointed = not outcome.forced and (
             all(c == REQUEUE_EXIT_CODE for c in codes) or (self.preempted is not None and self.preempted(started))
         )
-        if outcome.failure is not None:
+        if outcome.failure is not None and outcome.first is not None:
+            code, label = outcome.failure, self._labels[outcome.first]
+            self.first_failure = (label, code)
+            what = f"{label} failed first ({describe_exit(code)}); the others were stopped"
+        elif outcome.failure is not None:
             code, what = outcome.failure, outcome.why or "a process failed; the others were stopped"
         elif checkpointed:
             code, what = REQUEUE_EXIT_CODE, "preempted: every rank checkpointed; run it again to resume"
@@ -217,6 +227,7 @@ class ProcessGroup:
 class _Outcome:
     cause: signal.Signals | None = None  # the launcher's first stop signal
     failure: int | None = None  # the first process's own failure
+    first: int | None = None  # which process that was
     forced: bool = False  # the end was forced: killed, not waited for
     why: str | None = None  # what the exit code means, where a failure is not a process's own
 

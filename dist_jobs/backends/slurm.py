@@ -13,16 +13,18 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_batchlog import finished_status
 from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_logs import attempt_files, stitch
+from dist_jobs.backends.slurm_meta import array_task_key, job_meta
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
+    SacctJobState,
     SlurmJob,
     parse_sacct,
     parse_squeue,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+ARRAY_TASK_SACCT_TRIES = 15  # seconds: slurmdbd's lag after an array task ends
 NOT_INSTALLED_HINT = "run this on a SLURM login node, or bring up the local test cluster: bash slurm/cluster/up.sh"
 
 
@@ -144,12 +147,9 @@ class SlurmBackend:
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
-        import json
-
-        for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
-            found = json.loads(meta.read_text()).get("run_dir")
-            if found:
-                return Path(found)
+        found = job_meta(self.jobs_dir, job_id).get("run_dir")
+        if found:
+            return Path(found)
         raise BackendError(
             f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
             "attach from the folder you submitted from (or pass its --jobs-dir)",
@@ -183,32 +183,36 @@ class SlurmBackend:
                 "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
             )
-        acct = self.run(
-            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
-        )
-        if acct.returncode != 0:  # not knowing the job and failing to look it up are different answers
-            raise BackendError(
-                f"squeue does not list job {job_id} and sacct failed: {acct.stderr.strip() or 'no message'}",
-                "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
-            )
-        state = sacct_job_state(parse_sacct(acct.stdout), job_id)
-        if state is None:
-            raise BackendError(
-                f"SLURM knows no job {job_id}",
-                "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
-            )
-        meta = self._meta(job_id)
-        log = Path(meta.get("log_dir", "")) / f"{meta.get('run', '')}-{job_id}.out"
+        state = self._sacct_state(job_id)
+        meta = job_meta(self.jobs_dir, job_id)
+        log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
 
-    def _meta(self, job_id: str) -> dict[str, Any]:
-        """job.json of a job submitted from here ({} for others)."""
-        import json
-
-        for path in self.jobs_dir.glob(f"*-{job_id}/job.json"):
-            return dict(json.loads(path.read_text()))
-        return {}
+    def _sacct_state(self, job_id: str) -> SacctJobState:
+        """sacct's record of the job. An array task (ID_I) is looked up among its array's records
+        (one that never started is in the array's `ID_[...]` one); squeue drops a task the moment
+        it ends, before slurmdbd may have its record, so it is asked again for a while."""
+        task = "_" in job_id
+        for attempt in range(ARRAY_TASK_SACCT_TRIES if task else 1):
+            time.sleep(1.0 if attempt else 0.0)
+            query = job_id.split("_")[0] if task else job_id
+            acct = self.run(
+                ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", query, "--format", SACCT_FIELDS]
+            )
+            if acct.returncode != 0:  # not knowing the job and failing to look it up are different answers
+                raise BackendError(
+                    f"squeue does not list job {job_id} and sacct failed: {acct.stderr.strip() or 'no message'}",
+                    "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
+                )
+            rows = parse_sacct(acct.stdout)
+            state = sacct_job_state(rows, array_task_key(rows, job_id) if task else job_id)
+            if state is not None:
+                return state
+        raise BackendError(
+            f"SLURM knows no job {job_id}",
+            "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
+        )
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
@@ -276,10 +280,8 @@ class SlurmBackend:
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""
-        import json
-
-        for meta in self.jobs_dir.glob(f"*-{job_id}/job.json"):
-            data = json.loads(meta.read_text())
+        data = job_meta(self.jobs_dir, job_id)
+        if data:
             procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None
             return Path(data["log_dir"]), data["run"], procs
         proc = self.run(["scontrol", "show", "job", job_id])

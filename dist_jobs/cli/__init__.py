@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dist_jobs.cli.flags import add_spec_flags, split_command
+from dist_jobs.cli.sweep import add_sweep_parser
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
 
@@ -57,6 +58,7 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
     p = sub.add_parser("completion", help='print a shell completion script: eval "$(dist-jobs completion bash)"')
     p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    add_sweep_parser(sub, verb in (None, "sweep"), _backend_options, _output_option)
     return parser
 
 
@@ -128,24 +130,35 @@ def _backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, command = split_command(list(sys.argv[1:] if argv is None else argv))
+    if own[:1] == ["sweep"] and own[1:2] in (["status"], ["cancel"]):  # `sweep SPEC` takes a positional
+        from dist_jobs.cli.sweep import cmd_sweep_sub
+
+        return _guarded(f"sweep {own[1]}", lambda: cmd_sweep_sub(own[1], own[2:]))
     args = _parser(next((a for a in own if not a.startswith("-")), None)).parse_args(own)
-    if command is not None and args.verb not in ("render", "submit", "run"):
-        print(f"dist-jobs {args.verb}: a command after `--` only goes with render, submit or run", file=sys.stderr)
+    if command is not None and args.verb not in ("render", "submit", "run", "sweep"):
+        print(
+            f"dist-jobs {args.verb}: a command after `--` only goes with render, submit, run or sweep", file=sys.stderr
+        )
         return 2
     if args.verb == "completion":  # it reads the parser, which lives here
         from dist_jobs.cli.completion import script
 
         sys.stdout.write(script(_parser(), args.shell))
         return 0
-    try:
-        from dist_jobs.cli.commands import COMMANDS
+    from dist_jobs.cli.commands import COMMANDS
 
-        return COMMANDS[args.verb](args, command)
+    return _guarded(args.verb, lambda: COMMANDS[args.verb](args, command))
+
+
+def _guarded(verb: str, run: Callable[[], int]) -> int:
+    """Run a verb: a typed error becomes its message and exit code, Ctrl-C 130; no traceback."""
+    try:
+        return run()
     except DistJobsError as exc:
-        print(f"dist-jobs {args.verb}: {exc}", file=sys.stderr)
+        print(f"dist-jobs {verb}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"dist-jobs {args.verb}: interrupted", file=sys.stderr)
+        print(f"dist-jobs {verb}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

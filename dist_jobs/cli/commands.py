@@ -190,6 +190,12 @@ def cmd_schema(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
+    from dist_jobs.cli.sweep import cmd_sweep as sweep
+
+    return sweep(args, command, _options(args, args.backend or ""))
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "render": cmd_render,
     "submit": cmd_submit,
@@ -201,4 +207,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "wait": cmd_wait,
     "env": cmd_env,
     "schema": cmd_schema,
+    "sweep": cmd_sweep,
 }

@@ -6,7 +6,7 @@ from typing import Any
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
 from dist_jobs.render.common import header_lines, step_signal
-from dist_jobs.render.quoting import sbatch_value, sh, slurm_filename
+from dist_jobs.render.quoting import sbatch_value, sh, sh_argv, slurm_filename
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 from dist_jobs.spec.slurm_time import format_time, parse_time
@@ -107,7 +107,8 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "python": python,
         "task_python": task_python,
         "check_python": not (container_flags or prefix),
-        "program": spec.argv,
+        "program_words": sh_argv(spec.argv),
+        "trials": [],
         "procs": spec.procs,
         "master_port": spec.master_port,
         "array": bool(spec.slurm.array),

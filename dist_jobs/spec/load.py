@@ -32,7 +32,7 @@ def load_spec(
     source = str(path) if path else "job spec"
     raw: dict[str, Any] = dict(data or {})
     if path is not None:
-        raw = _read_yaml(Path(path))
+        raw = read_yaml(Path(path))
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
     spec = convert(JobSpec, raw, source)
@@ -42,7 +42,7 @@ def load_spec(
     return spec
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     loaded = load_yaml(read_spec_file(path), str(path))
     if loaded is None:
         return {}

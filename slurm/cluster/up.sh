@@ -208,8 +208,11 @@ prepare_dirs() {
 
 # spawn CMD...: start a daemon detached from our stdio. Inheriting the caller's stdout would
 # keep a pipe open forever (a test running this script with captured output would never see
-# EOF); they all log to files, which the error paths tail. 9>&- keeps them off our lock.
-spawn() { "$@" </dev/null >/dev/null 2>&1 9>&-; }
+# EOF); they all log to files, which the error paths tail. They also get none of the other
+# descriptors this shell holds or inherited: a daemon keeping our lock (fd 9), or the lock file
+# of a caller's `flock LOCK up.sh`, would hold that lock for as long as it runs.
+close_inherited() { local fd; for fd in /proc/self/fd/*; do fd=${fd##*/}; ((fd > 2)) && eval "exec $fd>&-"; done; }
+spawn() { (close_inherited; exec "$@" </dev/null >/dev/null 2>&1); }
 
 # record NAME PIDFILE: remember that we started this daemon (down.sh stops only these).
 record() { cp "$2" "$STATE/pids/$1.pid"; }
@@ -231,11 +234,10 @@ start_mariadb() {
       mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
     fi
     log "starting MariaDB (unix socket only)"
-    # A plain command, not `spawn ... &`: a backgrounded function would leave a subshell
-    # holding the lock for as long as mariadbd runs.
-    setsid mariadbd --user=mysql --skip-networking --socket=/run/mysqld/mysqld.sock \
+    # mariadbd stays in the foreground: the subshell execs it, so none is left holding a lock.
+    (close_inherited; exec setsid mariadbd --user=mysql --skip-networking --socket=/run/mysqld/mysqld.sock \
       --pid-file=/run/mysqld/mysqld.pid --log-error=/var/log/mysql/error.log \
-      --innodb-lock-wait-timeout=900 </dev/null >/dev/null 2>&1 9>&- &
+      --innodb-lock-wait-timeout=900 </dev/null >/dev/null 2>&1) &
     wait_for "$WAIT_S" MariaDB /var/log/mysql/error.log db_ready
     wait_for 10 "MariaDB pid file" /var/log/mysql/error.log test -s /run/mysqld/mysqld.pid
     record mariadbd /run/mysqld/mysqld.pid

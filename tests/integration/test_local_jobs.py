@@ -75,9 +75,11 @@ def test_cli_submit_wait_follow_exits_with_the_outcome_and_status_names_the_exit
     handle = proc.stdout.splitlines()[0]
     assert handle == f"local://{tmp_path.resolve()}/checkpoints/fails"
     assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout
-    assert "failed (FAILED)  exit 3" in proc.stderr
-    status = dj("status", "-o", "json", handle, cwd=REPO)  # elsewhere: the handle is enough
-    assert json.loads(status.stdout)["detail"] == "exit 3" and json.loads(status.stdout)["state"] == "failed"
+    assert "failed (FAILED)  rank 1 failed first: exit 3" in proc.stderr
+    assert "dist-jobs: exit code 3: rank 1 failed first (exit 3); the others were stopped" in proc.stdout
+    status = json.loads(dj("status", "-o", "json", handle, cwd=REPO).stdout)  # elsewhere: the handle is enough
+    assert (status["state"], status["detail"]) == ("failed", "rank 1 failed first: exit 3")
+    assert status["ranks"] == {"1": "exit 3"}
     assert dj("wait", handle, cwd=REPO).returncode == 1
     assert dj("logs", "--rank", "1", handle, cwd=REPO).stdout == "[rank 1] hello from 1\n"
     bare = dj("status", "--backend", "local", "checkpoints/fails", cwd=tmp_path)

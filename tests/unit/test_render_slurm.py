@@ -165,7 +165,10 @@ def test_preempted_marker_maps_to_requeue(tmp_path) -> None:
     assert [c["argv"] for c in calls if c["prog"] == "scontrol"] == [["requeue", "4242"]]
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "slurm" / "examples").glob("*.sbatch")))
+@pytest.mark.parametrize(
+    "example",
+    sorted(str(p.relative_to(REPO / "slurm" / "examples")) for p in (REPO / "slurm" / "examples").rglob("*.sbatch")),
+)
 def test_checked_in_examples_pass_shellcheck(example: str) -> None:
     path = REPO / "slurm" / "examples" / example
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0

@@ -26,3 +26,22 @@ def test_shellcheck_warnings(script) -> None:
         text=True,
     )
     assert proc.returncode == 0, proc.stdout
+
+
+def test_cluster_daemons_do_not_keep_a_callers_lock(tmp_path) -> None:
+    """`flock LOCK slurm/cluster/up.sh` must not leave the lock held by the daemons it starts:
+    up.sh's spawn runs a daemon that forks into the background (here a shell leaving a `sleep`)."""
+    functions = "".join(
+        line
+        for line in (REPO / "slurm/cluster/up.sh").read_text().splitlines(keepends=True)
+        if line.startswith(("close_inherited()", "spawn()"))
+    )
+    assert functions.count("()") == 2, "up.sh no longer defines close_inherited() and spawn() on one line each"
+    lock = tmp_path / "lock"
+    daemon = "spawn sh -c 'sleep 30 & echo $! > pid'"
+    subprocess.run(["flock", str(lock), "bash", "-c", f"{functions}\n{daemon}"], cwd=tmp_path, check=True, timeout=20)
+    try:
+        free = subprocess.run(["flock", "--nonblock", str(lock), "true"], timeout=20)
+        assert free.returncode == 0, "the backgrounded daemon still holds the caller's lock"
+    finally:
+        subprocess.run(["kill", (tmp_path / "pid").read_text().strip()], check=False)

@@ -1,0 +1,89 @@
+"""A local sweep's manifest and its detached driver: K trials at a time, each a local job.
+
+`dist-jobs sweep --backend local --max-parallel K` writes the manifest (with every trial's
+spec) and starts `python -m dist_jobs sweep --drive MANIFEST` in a session of its own, so it
+outlives the shell, as `submit --backend local` does for one job. The driver submits a trial
+whenever fewer than K run, until all have been started and have ended; its output goes to
+`driver.log` beside the manifest, its pid to `driver.pid`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dist_jobs.errors import DistJobsError
+
+MANIFEST = "sweep.json"
+
+
+def write_manifest(root: Path, manifest: Mapping[str, Any]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / MANIFEST
+    tmp = root / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def start_driver(manifest: Path, options: Mapping[str, Any]) -> None:
+    argv = [sys.executable, "-m", "dist_jobs", "sweep", "--drive", str(manifest)]
+    with (manifest.parent / "driver.log").open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=options.get("workdir") or Path.cwd(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    (manifest.parent / "driver.pid").write_text(f"{proc.pid}\n")
+
+
+def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
+    """The detached driver of a local sweep: keeps `max_parallel` trials running until all have run."""
+    from dist_jobs.backends.local_jobs import LocalJobs
+    from dist_jobs.spec import load_spec
+
+    manifest = json.loads(manifest_path.read_text())
+    workdir = Path(manifest["options"].get("workdir") or Path.cwd())
+    jobs = LocalJobs(workdir=workdir)
+    pending = [load_spec(data=raw) for raw in manifest["specs"]]
+    running: list[str] = []
+    while pending or running:
+        running = [r for r in running if not _finished(jobs, r)]
+        while pending and len(running) < manifest["max_parallel"]:
+            spec = pending.pop(0)
+            try:
+                running.append(jobs.submit(jobs.prepare(spec)))
+            except DistJobsError as exc:  # one trial that cannot start must not stop the others
+                print(f"dist-jobs sweep: trial {spec.run_id} not started: {exc}", flush=True)
+        time.sleep(poll)
+    return 0
+
+
+def stop_driver(folder: Path) -> bool:
+    """SIGTERM the sweep's driver (so no further trial starts); False when none runs."""
+    import signal
+
+    try:
+        pid = int((folder / "driver.pid").read_text().strip())
+        if b"--drive" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # ended, and the pid is someone else's now
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _finished(jobs: Any, job_id: str) -> bool:
+    try:
+        return bool(jobs.status(job_id).finished)
+    except DistJobsError:
+        return True

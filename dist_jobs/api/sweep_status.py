@@ -1,0 +1,237 @@
+"""A submitted sweep: its manifest (`<checkpoint_dir>/NAME/sweep.json`), its jobs, its status.
+
+Each trial's row: its parameters, state (the scheduler's, through the trial's Job), step of
+total, and the latest and best value of one metric. The numbers come from the trial's run
+directory: `progress.json` and `metrics.jsonl` while it runs (dist_jobs.rundir.progress), else
+the final `result.json` that fit() leaves (step and final metrics). The default metric is
+`eval_loss` where a trial reports it, else `loss` (`train_loss` in result.json), minimised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dist_jobs.api.sweep_local import MANIFEST
+from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.progress import read_history, read_progress
+
+if TYPE_CHECKING:
+    from dist_jobs.api.job import Job
+
+SWEEPS_DIR = "dist-jobs-sweeps"  # Kubernetes sweeps: their manifests, here (the checkpoints are in the pods' volume)
+DEFAULT_METRICS = ("eval_loss", "loss")
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+@dataclass
+class TrialRow:
+    index: int
+    name: str
+    params: dict[str, Any]
+    handle: str | None
+    state: str
+    detail: str = ""
+    step: int | None = None
+    total_steps: int | None = None
+    metric: str | None = None
+    latest: float | None = None
+    best: float | None = None
+    is_best: bool = False
+    run_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def manifest_path(name_or_path: str, checkpoint_dir: str = "checkpoints") -> Path:
+    """The manifest of sweep NAME under `checkpoint_dir`, or the sweep folder / sweep.json given."""
+    given = Path(name_or_path).expanduser()
+    local = Path(checkpoint_dir).expanduser() / name_or_path / MANIFEST
+    for candidate in (given, given / MANIFEST, local, Path(SWEEPS_DIR) / name_or_path / MANIFEST):
+        if candidate.name == MANIFEST and candidate.is_file():
+            return candidate.resolve()
+    raise UsageError(
+        f"no sweep {name_or_path!r}: no {Path(checkpoint_dir) / name_or_path / MANIFEST}",
+        "run this where you ran `dist-jobs sweep`, pass --checkpoint-dir DIR (the spec's checkpoint_dir), "
+        "or give the sweep's folder",
+    )
+
+
+class Sweep:
+    """One handle on a sweep: its trials' Jobs and a status table."""
+
+    def __init__(self, manifest: Mapping[str, Any], path: Path) -> None:
+        self.manifest = dict(manifest)
+        self.path = path
+
+    @classmethod
+    def load(cls, name_or_path: str, checkpoint_dir: str = "checkpoints") -> Sweep:
+        path = manifest_path(name_or_path, checkpoint_dir)
+        return cls(json.loads(path.read_text()), path)
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["name"])
+
+    @property
+    def backend(self) -> str:
+        return str(self.manifest["backend"])
+
+    @property
+    def trials(self) -> list[dict[str, Any]]:
+        return list(self.manifest["trials"])
+
+    def __repr__(self) -> str:
+        return f"Sweep({self.name!r}, {len(self.trials)} trials on {self.backend})"
+
+    @property
+    def handles(self) -> list[str]:
+        """Each trial's job handle, in trial order (SLURM: slurm://CLUSTER/ARRAY_I)."""
+        return [str(t["handle"]) for t in self.trials]
+
+    @property
+    def jobs(self) -> list[Job]:
+        """One Job per trial, in trial order (the existing Job class: status, wait, logs, cancel)."""
+        options = self._options()
+        return [attach(t["handle"], options) for t in self.trials]
+
+    def _options(self) -> dict[str, Any]:
+        saved = self.manifest.get("options", {})
+        if self.backend == "slurm":
+            return {k: Path(saved[k]) for k in ("jobs_dir", "cwd") if saved.get(k)}
+        if self.backend == "k8s":
+            return {k: saved[k] for k in ("context", "kubeconfig") if saved.get(k)}
+        return {}
+
+    def cancel(self) -> list[str]:
+        """Stop the sweep: no trial starts any more, and every trial that has not ended is
+        cancelled (SLURM: the whole array, one scancel). The handles it cancelled."""
+        if self.backend == "local":
+            from dist_jobs.api.sweep_local import stop_driver
+
+            stop_driver(self.path.parent)
+        if self.backend == "slurm":
+            from dist_jobs.backends import get_backend
+
+            try:
+                get_backend("slurm", **self._options()).cancel(self.handles[0].rsplit("/", 1)[1].split("_")[0])
+            except DistJobsError:
+                return []  # the whole array has ended already
+            return self.handles
+        cancelled = []
+        for job in self.jobs:
+            try:
+                if not job.status().finished:
+                    job.cancel()
+                    cancelled.append(job.handle)
+            except DistJobsError:
+                continue  # not started (a local trial the driver never started) or gone
+        return cancelled
+
+    def wait(self, timeout: float | None = None, poll: float = 5.0, **status: Any) -> list[TrialRow]:
+        """Until every trial has ended (succeeded, failed or cancelled); its status rows then.
+        WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode)."""
+        import time
+
+        from dist_jobs.api.job import WaitTimeout
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            rows = self.status(**status)
+            if all(r.state in ENDED for r in rows):
+                return rows
+            if deadline is not None and time.monotonic() >= deadline:
+                left = sum(r.state not in ENDED for r in rows)
+                raise WaitTimeout(
+                    f"sweep {self.name}: {left} of {len(rows)} trials still not ended after {timeout:g} s",
+                    f"wait longer, or look at them: dist-jobs sweep status {self.name}",
+                )
+            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+
+    def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:
+        """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""
+        if mode not in ("min", "max"):
+            raise UsageError(f"mode {mode!r}: the best trial has the least or the most", "give mode 'min' or 'max'")
+        jobs = self.jobs
+        rows = [self._row(t, job, metric, mode) for t, job in zip(self.trials, jobs)]
+        scored = [r for r in rows if r.best is not None and math.isfinite(r.best)]
+        if scored:
+            pick = min if mode == "min" else max
+            pick(scored, key=lambda r: r.best if r.best is not None else 0.0).is_best = True
+        return rows
+
+    def _row(self, trial: Mapping[str, Any], job: Job, metric: str | None, mode: str) -> TrialRow:
+        row = TrialRow(trial["index"], trial["name"], dict(trial["params"]), trial.get("handle"), "unknown")
+        row.run_dir = trial.get("run_dir", "")
+        try:
+            info = job.status()
+            row.state, row.detail = info.state.value, info.detail
+        except DistJobsError as exc:
+            not_started = self.backend == "local" and not (Path(row.run_dir) / "local" / "pid").exists()
+            row.state, row.detail = ("pending", "not started yet") if not_started else ("unknown", exc.message)
+        _numbers(row, Path(row.run_dir), metric, mode)
+        return row
+
+
+def attach(handle: str, options: Mapping[str, Any]) -> Job:
+    """`dist_jobs.attach` without importing the api package (which re-exports this module)."""
+    from dist_jobs.api.handle import parse_handle
+    from dist_jobs.api.job import Job
+    from dist_jobs.backends import get_backend
+
+    parsed = parse_handle(handle)
+    if parsed.backend == "k8s":
+        options = {**options, "namespace": parsed.namespace, "kind": parsed.kind}
+    return Job(parsed, get_backend(parsed.backend, **options))
+
+
+def _numbers(row: TrialRow, run_dir: Path, metric: str | None, mode: str) -> None:
+    """Step of total and the metric, from progress.json + metrics.jsonl, else result.json."""
+    progress = read_progress(run_dir)
+    if progress is not None:
+        row.step, row.total_steps = _int(progress.get("step")), _int(progress.get("total_steps"))
+        latest = _metrics(progress.get("metrics"))
+        history = [_metrics(r.get("metrics")) for r in read_history(run_dir)] + [latest]
+        row.extra = {k: progress[k] for k in ("epoch", "samples_per_s", "eta_s", "attempt") if k in progress}
+    else:
+        final = _result(run_dir)  # a finished run without progress files: its final metrics
+        if final is None:
+            return
+        latest, history = final, [final]
+        row.step = row.total_steps = _int(final.get("step"))
+    name = _metric_name(metric, latest)
+    if name is None:
+        return
+    row.metric = name
+    row.latest = latest.get(name)
+    values = [v for m in history if (v := m.get(name)) is not None and math.isfinite(v)]
+    row.best = (min if mode == "min" else max)(values) if values else None
+
+
+def _metric_name(metric: str | None, latest: Mapping[str, float]) -> str | None:
+    candidates = [metric, f"train_{metric}"] if metric else [*DEFAULT_METRICS, "train_loss"]
+    return next((c for c in candidates if c and c in latest), metric)
+
+
+def _metrics(value: object) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _result(run_dir: Path) -> dict[str, float] | None:
+    try:
+        data = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return _metrics(data) if isinstance(data, dict) else None
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,80 @@
+"""job.json: what `submit` recorded about a SLURM job in its job directory (`<jobs_dir>/<run>-<id>/`).
+
+An array task `ID_I` of a sweep has no directory of its own: its record is the array's, with the
+trial's run (`trials[I]`, written by `record_trials` right after the array was submitted) as
+its run name and run directory, and the array's batch log `<array run>-ID_I.out` (`%x-%A_%a`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dist_jobs.backends.slurm_output import SacctRow
+
+JOB_JSON = "job.json"
+
+
+def _record(jobs_dir: Path, job_id: str) -> Path | None:
+    return next(iter(jobs_dir.glob(f"*-{job_id}/{JOB_JSON}")), None)
+
+
+def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
+    """job.json of a job submitted from here, or of the sweep trial `ID_I`; {} for others."""
+    path = _record(jobs_dir, job_id)
+    if path is not None:
+        meta = dict(json.loads(path.read_text()))
+        return {**meta, "batch_log": f"{meta.get('run', '')}-{job_id}.out"}
+    array, sep, index = job_id.partition("_")
+    path = _record(jobs_dir, array) if sep and index.isdigit() else None
+    if path is None:
+        return {}
+    meta = dict(json.loads(path.read_text()))
+    trials = meta.get("trials") or []
+    if int(index) >= len(trials):
+        return {}
+    run_dir = Path(meta["run_dir"]).parent / trials[int(index)] if meta.get("run_dir") else None
+    return {
+        **meta,
+        "run": trials[int(index)],
+        "run_dir": str(run_dir) if run_dir else "",
+        "batch_log": f"{meta.get('run', '')}-{job_id}.out",
+    }
+
+
+def record_trials(jobs_dir: Path, job_id: str, runs: Sequence[str]) -> None:
+    """Name array task i's run `runs[i]` in the array's job.json (a sweep's trials)."""
+    path = _record(jobs_dir, job_id)
+    if path is None:
+        return
+    meta = json.loads(path.read_text())
+    meta["trials"] = list(runs)
+    tmp = path.with_name(f".{JOB_JSON}.tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(path)
+
+
+def array_task_key(rows: Sequence[SacctRow], job_id: str) -> str:
+    """The id of the sacct record that holds array task `ID_I`: its own once it started, else the
+    array's record of the tasks that never started (`ID_[2-5%2]`, pending or cancelled) listing I."""
+    array, _, index = job_id.partition("_")
+    ids = {r.job_id for r in rows if r.is_allocation}
+    if job_id in ids or not index.isdigit():
+        return job_id
+    for rid in sorted(ids):
+        found = re.fullmatch(rf"{re.escape(array)}_\[([0-9,-]+)(?:%\d+)?\]", rid)
+        if found and int(index) in _indices(found.group(1)):
+            return rid
+    return job_id
+
+
+def _indices(ranges: str) -> set[int]:
+    out: set[int] = set()
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            out.update(range(int(low), int(high or low) + 1))
+    return out

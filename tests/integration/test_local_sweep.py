@@ -1,0 +1,98 @@
+"""A local sweep from Python: `dist_jobs.sweep(...)` returns one handle per trial, at most K trials
+run at once (a detached driver starts the rest), every trial sees its own values and run name."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import dist_jobs
+
+pytestmark = [pytest.mark.timeout(180)]
+
+RECORD = textwrap.dedent("""
+    import json, os, pathlib, time
+    start = time.time()
+    time.sleep(1.5)
+    out = pathlib.Path(os.environ["OUT"]) / (os.environ["DIST_JOBS_RUN"] + ".json")
+    out.write_text(json.dumps({"tag": os.environ["TAG"], "start": start, "end": time.time()}))
+""")
+
+
+def test_local_sweep_runs_k_at_a_time_and_returns_handles(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = dist_jobs.load_spec(
+        data={
+            "name": "loc",
+            "nodes": 1,
+            "procs_per_node": 1,
+            "checkpoint_dir": str(tmp_path / "ck"),
+            "env": {"OUT": str(out)},
+            "command": ["python3", "-c", RECORD],
+        }
+    )
+    sweep = dist_jobs.sweep(spec, grid={"env.TAG": ["a", "b c", "$d"]}, max_parallel=2, backend="local")
+    assert sweep.handles == [f"local://{tmp_path / 'ck' / 'loc' / f'loc-t{i}'}" for i in range(3)]
+    assert [str(job) for job in sweep.jobs] == sweep.handles
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("*.json"))) < 3 or any(r.state != "succeeded" for r in sweep.status()):
+        assert time.monotonic() < deadline, [r.to_dict() for r in sweep.status()]
+        time.sleep(0.5)
+    runs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert {k: v["tag"] for k, v in runs.items()} == {"loc-t0": "a", "loc-t1": "b c", "loc-t2": "$d"}
+    events = sorted([(r["start"], 1) for r in runs.values()] + [(r["end"], -1) for r in runs.values()])
+    running = [sum(step for _, step in events[: i + 1]) for i in range(len(events))]
+    assert max(running) <= 2  # never more than K at once
+    assert runs["loc-t2"]["start"] >= min(runs["loc-t0"]["end"], runs["loc-t1"]["end"])
+    again = dist_jobs.Sweep.load("loc", str(tmp_path / "ck"))
+    assert [r.params for r in again.status()] == [{"env.TAG": "a"}, {"env.TAG": "b c"}, {"env.TAG": "$d"}]
+
+
+def test_sweep_cancel_stops_the_driver_and_the_running_trial(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    spec = dist_jobs.load_spec(
+        data={
+            "name": "long",
+            "nodes": 1,
+            "procs_per_node": 1,
+            "checkpoint_dir": str(tmp_path / "ck"),
+            "command": ["python3", "-c", "import time; time.sleep(60)"],
+        }
+    )
+    sweep = dist_jobs.sweep(spec, grid={"env.X": ["1", "2", "3"]}, max_parallel=1, backend="local")
+    run_dirs = [Path(h.removeprefix("local://")) for h in sweep.handles]
+    deadline = time.monotonic() + 60
+    while not (run_dirs[0] / "local" / "pid").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(3)  # the detached `dist-jobs run` installs its signal handlers once it has started
+    argv = [sys.executable, "-m", "dist_jobs", "sweep", "cancel", "long", "--checkpoint-dir", str(tmp_path / "ck")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"cancelled {sweep.handles[0]}", proc.stdout + proc.stderr
+    deadline = time.monotonic() + 60
+    while sweep.status()[0].state != "cancelled":
+        assert time.monotonic() < deadline, [(r.state, r.detail) for r in sweep.status()]
+        time.sleep(0.5)
+    time.sleep(3)  # the driver polls each second: it would have started trial 1 by now
+    assert [r.state for r in sweep.status()] == ["cancelled", "pending", "pending"]
+    assert not (run_dirs[1] / "local").exists()
+
+
+def test_cli_sweep_wait_prints_the_table_and_exits_by_the_trials(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = "import os, sys; sys.exit(int(os.environ['CODE']))"
+    argv = [sys.executable, "-m", "dist_jobs", "sweep", "--backend", "local", "--name", "w", "--procs-per-node", "1"]
+    argv += ["--grid", "env.CODE=0,3", "--max-parallel", "1", "--wait", "--", "python3", "-c", code]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # one trial failed
+    rows = [line.split() for line in proc.stderr.splitlines()[1:]]
+    assert [r[:3] for r in rows] == [["w-t0", "0", "succeeded"], ["w-t1", "3", "failed"]], proc.stderr
