@@ -13,14 +13,28 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.handle import FORMS, Handle, handle_for, is_handle, parse_handle
 from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
-from dist_jobs.api.sweep_status import Sweep
-from dist_jobs.api.sweep_submit import sweep
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, UsageError
 
 if TYPE_CHECKING:  # each verb imports only what it uses: `status` needs no jinja2 or yaml
+    from dist_jobs.api.sweep_status import Sweep
+    from dist_jobs.api.sweep_submit import sweep
     from dist_jobs.backends import Backend, Prepared
     from dist_jobs.spec import JobSpec
+else:
+
+    def __getattr__(name: str) -> Any:
+        """`sweep` and `Sweep` on first use: the other verbs (status, list, ...) do without them."""
+        if name == "sweep":
+            from dist_jobs.api.sweep_submit import sweep
+
+            return sweep
+        if name == "Sweep":
+            from dist_jobs.api.sweep_status import Sweep
+
+            return Sweep
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Job",

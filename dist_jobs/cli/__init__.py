@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dist_jobs.cli.flags import add_spec_flags, split_command
-from dist_jobs.cli.sweep import add_sweep_parser
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
 
 OUTPUT = ("table", "json", "yaml")
+SWEEP_HELP = "submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)"
 JOB_HELP = "job handle (slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME, local:///RUN/DIR) or a bare id with --backend"
 
 
@@ -58,7 +58,12 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the job spec's JSON Schema (for editor completion of job.yaml)")
     p = sub.add_parser("completion", help='print a shell completion script: eval "$(dist-jobs completion bash)"')
     p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
-    add_sweep_parser(sub, verb in (None, "sweep"), _backend_options, _output_option)
+    if verb in (None, "sweep"):
+        from dist_jobs.cli.sweep import add_sweep_parser
+
+        add_sweep_parser(sub, SWEEP_HELP, _backend_options, _output_option)
+    else:  # listed in the help; its own parser (and module) only for `dist-jobs sweep ...`
+        sub.add_parser("sweep", help=SWEEP_HELP)
     return parser
 
 

@@ -26,12 +26,8 @@ USAGE_STATUS = (
 )
 
 
-def add_sweep_parser(sub: Any, spec_flags: bool, backend_options: Any, output_option: Any) -> None:
-    p = sub.add_parser(
-        "sweep",
-        help="submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)",
-        epilog=f"Then: {USAGE_STATUS}",
-    )
+def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_option: Any) -> None:
+    p = sub.add_parser("sweep", help=help_text, epilog=f"Then: {USAGE_STATUS}")
     p.add_argument(
         "--backend", choices=["slurm", "k8s", "local"], help="slurm: one job array; k8s: a PyTorchJob per trial"
     )
@@ -57,8 +53,7 @@ def add_sweep_parser(sub: Any, spec_flags: bool, backend_options: Any, output_op
     p.add_argument("--drive", metavar="MANIFEST", help=argparse.SUPPRESS)  # the detached local driver
     output_option(p)
     backend_options(p, namespace=False)
-    if spec_flags:
-        add_spec_flags(p)
+    add_spec_flags(p)
 
 
 def sub_parser(verb: str) -> argparse.ArgumentParser:

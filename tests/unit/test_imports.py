@@ -105,3 +105,4 @@ def test_slurm_query_verbs_import_no_renderer_yaml_or_spec(tmp_path: Path, verb:
     heavy = {m for m in got["mods"] if m.split(".")[0] in LIGHT_VERB_HEAVY}
     assert not heavy, sorted(heavy)
     assert not [m for m in got["mods"] if m.startswith(("dist_jobs.render", "dist_jobs.spec.model"))]
+    assert not [m for m in got["mods"] if "sweep" in m]  # a sweep's modules are for `sweep` alone
