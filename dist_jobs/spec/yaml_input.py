@@ -119,14 +119,21 @@ def parse_bounded(text: str, source: str) -> Any:
 
 def _max_depth(text: str) -> int:
     depth = deepest = 0
-    for event in yaml.parse(text, Loader=SpecLoader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                break  # enough to refuse it; do not walk a million levels
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=SpecLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                deepest = max(deepest, depth)
+                if deepest > MAX_DEPTH:
+                    break  # enough to refuse it; do not walk a million levels
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        # The libyaml of PyYAML 6.0.4's wheels scans ahead of the events it hands out and stops
+        # at its own limit (1000 levels) before the first event comes back: deeper than ours too.
+        if "nesting depth" not in str(getattr(exc, "problem", "")):
+            raise
+        return MAX_DEPTH + 1
     return deepest
 
 

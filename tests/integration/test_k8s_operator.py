@@ -173,6 +173,7 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
         assert (held["backend"], held["owner"]) == ("k8s", f"k8s:pytorchjob/default/{JOB}"), held
         operator.evict(f"{JOB}-master-0")
         phase = operator.run(timeout=300)
+        operator.settle(timeout=60)  # a Worker may end just after the Master
     codes = {(a.pod, a.number): a.code for a in operator.attempts}
     assert phase == "Succeeded", [a.text()[-2000:] for a in operator.attempts]
     # Both pods stop at the same step boundary (any rank's signal stops every rank), exit with
@@ -211,6 +212,7 @@ def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted:
         before = committed(run_dir)[-1]
         operator.kill(f"{JOB}-master-0")
         phase = operator.run(timeout=300)
+        operator.settle(timeout=60)  # a Worker may end just after the Master
     codes = {(a.pod, a.number): a.code for a in operator.attempts}
     assert phase == "Succeeded", [a.text()[-2000:] for a in operator.attempts]
     assert codes == {
@@ -255,6 +257,7 @@ def test_a_rank_that_stops_stepping_is_dumped_and_its_pods_restarted(
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
         phase = operator.run(timeout=300)
+        operator.settle(timeout=60)  # a Worker may end just after the Master
     codes = {(a.pod, a.number): a.code for a in operator.attempts}
     assert phase == "Succeeded", [a.text()[-3000:] for a in operator.attempts]
     assert codes == {

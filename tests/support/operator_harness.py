@@ -396,6 +396,16 @@ class Operator:
             time.sleep(0.1)
         return self.condition
 
+    def settle(self, timeout: float) -> None:
+        """After the job ended: wait for the pods still running to exit by themselves, recording
+        their codes. The job succeeds when its Master does, and under cleanPodPolicy None a Worker
+        that is still writing its last lines keeps running; on a loaded machine it can end a few
+        seconds after the Master. One that does not end in `timeout` keeps code None."""
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            self.poll()
+            time.sleep(0.1)
+
     def _finished(self, attempt: Attempt, code: int) -> None:
         attempt.code = code
         pod = self.pods[attempt.pod]
