@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dist_jobs.api.sweep_local import MANIFEST
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
+from dist_jobs.rundir.result import read_result
 
 if TYPE_CHECKING:
     from dist_jobs.api.job import Job
@@ -227,10 +228,10 @@ def _metrics(value: object) -> dict[str, float]:
 
 def _result(run_dir: Path) -> dict[str, float] | None:
     try:
-        data = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
+        data = read_result(run_dir)
+    except (DistJobsError, OSError, ValueError, TypeError):  # none yet, unreadable, not a JSON object
         return None
-    return _metrics(data) if isinstance(data, dict) else None
+    return _metrics(data)
 
 
 def _int(value: object) -> int | None:
