@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dist_jobs.records import Record
 
 
 class DistJobsError(Exception):
@@ -25,8 +25,7 @@ class UsageError(DistJobsError):
     exit_code = 2
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(Record):
     """One problem in the input: where, what was given, what is wrong, and the fix."""
 
     field: str

@@ -10,17 +10,16 @@ everything it needs to find the job from the handle alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from dist_jobs.errors import UsageError
+from dist_jobs.records import Record
 
 K8S_KINDS = ("PyTorchJob", "TrainJob")
 FORMS = "slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME or local:///RUN/DIR"
 
 
-@dataclass(frozen=True)
-class Handle:
+class Handle(Record):
     backend: str  # slurm | k8s | local
     job_id: str  # SLURM job id, Kubernetes object name, local run directory
     cluster: str = ""  # SLURM

@@ -8,29 +8,34 @@ to the backend's constructor (a command runner, an API client), so tests inject 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # status, list, cancel and logs need no spec classes (msgspec)
-    from dist_jobs.spec import JobSpec
+from dist_jobs.records import Record
+
+# typing costs the query verbs about 3 ms of start-up (dist_jobs.records); at run time the
+# interface below is a plain class, to mypy a Protocol.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
+else:
+    Protocol = object
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(Record):
     backend: str
     spec: JobSpec
     payload: str  # the exact script or manifest submitted
     filename: str  # what to call it in a job directory
 
 
-@dataclass(frozen=True)
-class JobStatus:
+class JobStatus(Record):
     job_id: str
     name: str
     state: str  # the scheduler's own word: PENDING, RUNNING, Succeeded, ...
     detail: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
-    ranks: dict[int, str] = field(default_factory=dict)  # per-rank detail where the backend knows it
+    extra: dict[str, str] = {}
+    ranks: dict[int, str] = {}  # per-rank detail where the backend knows it
 
     @property
     def finished(self) -> bool:

@@ -1,23 +1,20 @@
 """SLURM backend: sbatch/squeue/sacct/scancel through an injectable command runner.
 
 `prepare()` renders; `submit()` writes a job directory (spec copy, the exact script, job.json)
-and runs `sbatch --parsable` on those same bytes. Output parsing lives in the pure functions of
-`slurm_output.py`, tested on real captured output.
+and runs `sbatch --parsable` on those same bytes (slurm_submit.py). Output parsing lives in the
+pure functions of `slurm_output.py`, tested on real captured output.
 """
 
 from __future__ import annotations
 
-import contextlib
+import os
 import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.slurm_batchlog import finished_status
-from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_logs import attempt_files, stitch
 from dist_jobs.backends.slurm_meta import array_task_key, job_meta
 from dist_jobs.backends.slurm_output import (
@@ -26,21 +23,17 @@ from dist_jobs.backends.slurm_output import (
     SQUEUE_FORMAT_LONG,
     SacctJobState,
     SlurmJob,
+    cluster_name_in,
+    conf_cluster_name,
     parse_sacct,
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm_sbatch import (
-    CONTROLLER_HINT,
-    CONTROLLER_UNREACHABLE,
-    job_python_export,
-    parse_sbatch_job_id,
-    sbatch_error,
-)
 from dist_jobs.errors import BackendError
 
-# Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer):
-# status, list, cancel and logs pay only for what they use.
+# Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer), and
+# typing (~3 ms) not at all: status, list, cancel and logs pay only for what they use.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
@@ -75,75 +68,9 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
-        spec = prepared.spec
-        workdir = self._workdir(spec)
-        log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
-        # slurmd opens --output before the script runs: a missing folder fails the job at once
-        # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
-        created = _missing_dirs(log_dir) + _missing_dirs(self.jobs_dir)
-        try:
-            for folder in (log_dir, self.jobs_dir):
-                try:
-                    folder.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    hint = "check the path and its permissions"
-                    raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
-            return self._submit_staged(prepared, log_dir)
-        except BaseException:
-            for folder in reversed(created):  # a failed submit leaves no folder of its own behind
-                with contextlib.suppress(OSError):
-                    folder.rmdir()  # only if still empty
-            raise
+        from dist_jobs.backends.slurm_submit import submit  # the query verbs do without it
 
-    def _submit_staged(self, prepared: Prepared, log_dir: Path) -> str:
-        import json  # here: status, list, cancel and logs pay only for what they use
-        import shutil
-        import tempfile
-
-        import msgspec
-        import yaml
-
-        spec = prepared.spec
-        # A private staging folder: two submissions of one run name must not share it.
-        staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", suffix=".submitting", dir=self.jobs_dir))
-        try:
-            script = staging / prepared.filename
-            script.write_text(prepared.payload)
-            (staging / "spec.yaml").write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
-            # Without a workdir in the spec, the job runs where sbatch runs: make that self.cwd,
-            # which relative log and checkpoint folders were resolved against above.
-            chdir = [] if spec.workdir else [f"--chdir={self.cwd}"]
-            proc = self.run(["sbatch", "--parsable", *chdir, *job_python_export(spec), str(script)])
-            if proc.returncode != 0:
-                big = self._too_big(spec) if TOO_BIG.search(proc.stderr) else None
-                raise big or sbatch_error(proc.stderr, proc.returncode)
-            job_id = parse_sbatch_job_id(proc.stdout)
-            (staging / "job.json").write_text(
-                json.dumps(
-                    {
-                        "job_id": job_id,
-                        "run": spec.run_id,
-                        "log_dir": str(log_dir),
-                        "submitted_from": str(self.cwd),
-                        "launcher": spec.launcher,
-                        "nodes": spec.nodes,
-                        "procs_per_node": spec.procs,
-                        "run_dir": str(self._run_dir(spec, self._workdir(spec))),
-                        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    },
-                    indent=2,
-                )
-            )
-            staging.rename(self.jobs_dir / f"{spec.run_id}-{job_id}")
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return job_id
-
-    @staticmethod
-    def _run_dir(spec: JobSpec, workdir: Path) -> Path:
-        root = Path(spec.checkpoint_dir).expanduser()
-        return (root if root.is_absolute() else workdir / root) / spec.run_id
+        return submit(prepared, self.run, self.cwd, self.jobs_dir)
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
@@ -155,23 +82,16 @@ class SlurmBackend:
             "attach from the folder you submitted from (or pass its --jobs-dir)",
         )
 
-    def _too_big(self, spec: JobSpec) -> BackendError | None:
-        """After a rejection: the limit the spec passes, with the cluster's numbers (sinfo)."""
-        proc = self.run(["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT])
-        return too_big(spec, proc.stdout) if proc.returncode == 0 else None
-
     def cluster_name(self) -> str:
         """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
         if not hasattr(self, "_cluster"):
-            proc = self.run(["scontrol", "show", "config"])
-            found = re.search(r"^ClusterName\s*=\s*(\S+)", proc.stdout, re.M) if proc.returncode == 0 else None
-            self._cluster = found.group(1) if found else "default"
+            # this host's slurm.conf first (unless a test's runner stands in): scontrol costs ~4 ms
+            found = conf_cluster_name() if self.run is run_command else None
+            if found is None:
+                proc = self.run(["scontrol", "show", "config"])
+                found = cluster_name_in(proc.stdout) if proc.returncode == 0 else None
+            self._cluster = found or "default"
         return self._cluster
-
-    def _workdir(self, spec: JobSpec) -> Path:
-        if not spec.workdir:
-            return self.cwd
-        return Path(spec.workdir) if Path(spec.workdir).is_absolute() else self.cwd / spec.workdir
 
     def status(self, job_id: str) -> JobStatus:
         job = self._squeue_job(job_id)
@@ -183,6 +103,8 @@ class SlurmBackend:
                 "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
             )
+        from dist_jobs.backends.slurm_batchlog import finished_status  # an ended job's alone
+
         state = self._sacct_state(job_id)
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
@@ -218,11 +140,12 @@ class SlurmBackend:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
         # --Format (long): only it has the restart count, which says a requeued job came back.
         proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])
-        if proc.returncode != 0 and re.search(CONTROLLER_UNREACHABLE, proc.stderr, re.IGNORECASE):
-            raise BackendError(
-                f"squeue cannot reach the SLURM controller (slurmctld): {proc.stderr.strip()}", CONTROLLER_HINT
-            )
         if proc.returncode != 0:
+            from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
+
+            if re.search(CONTROLLER_UNREACHABLE, proc.stderr, re.IGNORECASE):
+                said = proc.stderr.strip()
+                raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
             return None
         # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
         jobs = [
@@ -231,9 +154,8 @@ class SlurmBackend:
         return jobs[0] if jobs else None
 
     def list(self) -> list[JobStatus]:
-        import getpass
-
-        proc = self.run(["squeue", "--noheader", "--user", getpass.getuser(), "--format", SQUEUE_FORMAT])
+        # the uid, which squeue takes as well as a name: exact, and no getpass import (termios)
+        proc = self.run(["squeue", "--noheader", "--user", str(os.getuid()), "--format", SQUEUE_FORMAT])
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
         return [
@@ -293,13 +215,3 @@ class SlurmBackend:
                 f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id",
             )
         return Path(out.group(1)).parent, name.group(1), None
-
-
-def _missing_dirs(path: Path) -> list[Path]:
-    """`path` and those of its parents that do not exist yet, outermost first."""
-    missing = []
-    for folder in (path, *path.parents):
-        if folder.exists():
-            break
-        missing.append(folder)
-    return missing[::-1]

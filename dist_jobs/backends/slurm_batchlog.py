@@ -14,12 +14,12 @@ script's true exit code and its requeue decisions:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm_output import SacctJobState
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.records import Record
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
 _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
@@ -29,11 +29,10 @@ _USED_UP = re.compile(r"maximum of (\d+) requeues is reached")
 _SIGNALS = {"Terminated": "SIGTERM", "Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
 
 
-@dataclass(frozen=True)
-class BatchOutcome:
+class BatchOutcome(Record):
     attempt: int | None = None  # the last attempt the log shows
     first_failed: int | None = None  # the first rank srun reported failing (torchrun mode: a node's task)
-    ranks: dict[int, str] = field(default_factory=dict)
+    ranks: dict[int, str] = {}
     exit_code: int | None = None  # the batch script's own, unmasked
     requeues_used_up: int | None = None  # the maximum, when a preempted run hit it
 

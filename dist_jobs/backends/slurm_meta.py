@@ -11,9 +11,12 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from dist_jobs.backends.slurm_output import SacctRow
+
+TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up; mypy honours a local one
+if TYPE_CHECKING:
+    from typing import Any
 
 JOB_JSON = "job.json"
 

@@ -8,13 +8,17 @@ the only free-text field, so a `|` inside it cannot shift the columns before it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
 from dist_jobs.errors import BackendError
+from dist_jobs.records import Record
 from dist_jobs.spec.slurm_time import NO_LIMIT, parse_time
+
+TYPE_CHECKING = False  # datetime is imported where a timestamp is parsed: cancel and logs parse none
+if TYPE_CHECKING:
+    from datetime import datetime
 
 # For `squeue --noheader --format SQUEUE_FORMAT`. %-codes have no restart count; use
 # SQUEUE_FORMAT_LONG with `--Format` (capital F) to get it. Both give the same columns.
@@ -72,14 +76,15 @@ def parse_timestamp(text: str) -> datetime | None:
     text = text.strip()
     if text in _NO_TIME:
         return None
+    from datetime import datetime
+
     try:
         return datetime.fromisoformat(text)
     except ValueError:
         raise BackendError(f"unexpected Slurm timestamp {text!r}", "expected YYYY-MM-DDTHH:MM:SS") from None
 
 
-@dataclass(frozen=True)
-class SlurmJob:
+class SlurmJob(Record):
     """One squeue line: a pending or running (or completing) job."""
 
     job_id: str
@@ -102,6 +107,25 @@ class SlurmJob:
     @property
     def time_limit_s(self) -> int | None:
         return parse_duration(self.time_limit)
+
+
+_CLUSTER_NAME = re.compile(r"^[ \t]*ClusterName[ \t]*=[ \t]*\"?([^\s\"#]+)", re.M | re.I)
+
+
+def cluster_name_in(text: str) -> str | None:
+    """ClusterName in `scontrol show config` or slurm.conf, lower case as slurmctld keeps it."""
+    found = _CLUSTER_NAME.search(text)
+    return found.group(1).lower() if found else None
+
+
+def conf_cluster_name() -> str | None:
+    """ClusterName from this host's slurm.conf ($SLURM_CONF or /etc/slurm/slurm.conf); None when
+    there is no such file or it is not set there (configless, or in an Include)."""
+    try:
+        with open(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf", encoding="utf-8") as conf:
+            return cluster_name_in(conf.read())
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _split_columns(fmt: str) -> list[str]:
@@ -149,8 +173,7 @@ def _int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-@dataclass(frozen=True)
-class SacctRow:
+class SacctRow(Record):
     """One sacct line: a job allocation (`8`), or one of its steps (`8.batch`, `8.0`)."""
 
     job_id: str
@@ -223,8 +246,7 @@ def parse_sacct(stdout: str) -> list[SacctRow]:
     return rows
 
 
-@dataclass(frozen=True)
-class SacctJobState:
+class SacctJobState(Record):
     """A job's overall state from sacct: its latest attempt's allocation line."""
 
     job_id: str
@@ -250,6 +272,8 @@ def sacct_job_state(rows: Sequence[SacctRow], job_id: str) -> SacctJobState | No
     allocations = [(i, r) for i, r in enumerate(rows) if r.is_allocation and job_id in (r.job_id, r.job_id_raw)]
     if not allocations:
         return None
+    from datetime import datetime
+
     key: Callable[[tuple[int, SacctRow]], tuple[datetime, datetime, int]] = lambda ir: (
         ir[1].submit or datetime.min,
         ir[1].start or datetime.min,

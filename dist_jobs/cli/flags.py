@@ -127,11 +127,3 @@ def _scalar(text: str, flag: str) -> Any:
         return parse_bounded(text, flag) if text else ""
     except yaml.YAMLError:
         return text
-
-
-def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Everything after the first `--` is the job's command, verbatim."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    return argv, None

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def emit(records: Sequence[dict[str, Any]] | dict[str, Any], fmt: str, table: str) -> str:

@@ -10,7 +10,6 @@ code to $DIST_JOBS_EXIT_NOTE (a path the pod entrypoint gives), which the entryp
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = TrainConfig.from_argv(sys.argv[1:] if argv is None else argv)
     except SpecError as exc:
-        flags = [dataclasses.replace(p, field="--" + p.field.replace("_", "-")) for p in exc.problems]
+        flags = [p.replace(field="--" + p.field.replace("_", "-")) for p in exc.problems]
         print(f"error: {SpecError(flags, exc.source)}\n  hint: see python -m dist_jobs.train --help", file=sys.stderr)
         return BAD_FLAGS_EXIT_CODE
     try:

@@ -191,3 +191,21 @@ def test_list_gives_every_slurm_job_its_full_handle(tmp_path: Path) -> None:
     assert [i.handle for i in infos][:2] == ["slurm://distjobs/34", "slurm://distjobs/35"]
     assert {i.state for i in infos} <= {JobState.PENDING, JobState.RUNNING}
     assert all(i.detail != "None" for i in infos)
+
+
+def test_slurm_handles_take_the_cluster_from_slurm_conf_before_scontrol(tmp_path: Path, monkeypatch) -> None:
+    from dist_jobs.backends.slurm import SlurmBackend
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text('# ClusterName=commented\nSlurmctldHost=ctl\n  clustername = "Alpha"  # kept lower case\n')
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the file must answer alone
+    assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "alpha"
+
+    # configless (no file), or set in an Include: scontrol, which knows the running config
+    conf.write_text("Include /etc/slurm/more.conf\n")
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'ClusterName             = beta'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "beta"
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "beta"

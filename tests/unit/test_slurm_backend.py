@@ -9,6 +9,7 @@ of the answer. tests/integration/test_slurm_cluster.py runs the same verbs again
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -316,7 +317,8 @@ def test_list_reads_squeue(tmp_path: Path) -> None:
     ]
     assert jobs[3].extra == {"nodes": "n[1-2]"}
     argv = runner.calls[0]
-    assert argv[:3] == ["squeue", "--noheader", "--user"] and argv[-2:] == ["--format", SQUEUE_FORMAT]
+    # the uid, not a name from $USER/$LOGNAME (which a shell may set to anything)
+    assert argv == ["squeue", "--noheader", "--user", str(os.getuid()), "--format", SQUEUE_FORMAT]
 
 
 def test_list_fails_clearly_without_a_controller(tmp_path: Path) -> None:

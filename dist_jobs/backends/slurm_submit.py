@@ -1,0 +1,114 @@
+"""`SlurmBackend.submit`: a job directory (spec copy, the exact script, job.json) written next to
+`sbatch --parsable` on those same bytes. Its own module, imported on submit: status, list, cancel
+and logs pay for none of it (sbatch's parsers, json, yaml, msgspec, tempfile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dist_jobs.backends.base import Prepared
+from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
+from dist_jobs.backends.slurm_sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
+from dist_jobs.errors import BackendError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from dist_jobs.spec import JobSpec
+
+Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+
+
+def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
+    """Submit through `run`; the job id. Relative folders of the spec are taken from `cwd`."""
+    spec = prepared.spec
+    workdir = workdir_of(spec, cwd)
+    log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
+    # slurmd opens --output before the script runs: a missing folder fails the job at once
+    # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
+    created = _missing_dirs(log_dir) + _missing_dirs(jobs_dir)
+    try:
+        for folder in (log_dir, jobs_dir):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                hint = "check the path and its permissions"
+                raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
+        return _submit_staged(prepared, run, cwd, jobs_dir, log_dir)
+    except BaseException:
+        for folder in reversed(created):  # a failed submit leaves no folder of its own behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        raise
+
+
+def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, log_dir: Path) -> str:
+    import msgspec
+    import yaml
+
+    spec = prepared.spec
+    # A private staging folder: two submissions of one run name must not share it.
+    staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", suffix=".submitting", dir=jobs_dir))
+    try:
+        script = staging / prepared.filename
+        script.write_text(prepared.payload)
+        (staging / "spec.yaml").write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
+        # Without a workdir in the spec, the job runs where sbatch runs: make that cwd, which
+        # relative log and checkpoint folders were resolved against above.
+        chdir = [] if spec.workdir else [f"--chdir={cwd}"]
+        proc = run(["sbatch", "--parsable", *chdir, *job_python_export(spec), str(script)])
+        if proc.returncode != 0:
+            big = _too_big(spec, run) if TOO_BIG.search(proc.stderr) else None
+            raise big or sbatch_error(proc.stderr, proc.returncode)
+        job_id = parse_sbatch_job_id(proc.stdout)
+        record = {
+            "job_id": job_id,
+            "run": spec.run_id,
+            "log_dir": str(log_dir),
+            "submitted_from": str(cwd),
+            "launcher": spec.launcher,
+            "nodes": spec.nodes,
+            "procs_per_node": spec.procs,
+            "run_dir": str(run_dir_of(spec, workdir_of(spec, cwd))),
+            "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        (staging / "job.json").write_text(json.dumps(record, indent=2))
+        staging.rename(jobs_dir / f"{spec.run_id}-{job_id}")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return job_id
+
+
+def _too_big(spec: JobSpec, run: Runner) -> BackendError | None:
+    """After a rejection: the limit the spec passes, with the cluster's numbers (sinfo)."""
+    proc = run(["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT])
+    return too_big(spec, proc.stdout) if proc.returncode == 0 else None
+
+
+def workdir_of(spec: JobSpec, cwd: Path) -> Path:
+    if not spec.workdir:
+        return cwd
+    return Path(spec.workdir) if Path(spec.workdir).is_absolute() else cwd / spec.workdir
+
+
+def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
+    root = Path(spec.checkpoint_dir).expanduser()
+    return (root if root.is_absolute() else workdir / root) / spec.run_id
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, outermost first."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing[::-1]

@@ -1,0 +1,187 @@
+"""The argument parser of `dist-jobs`: only the verb being run is built, with its arguments (all of
+them for `--help` and completion).
+
+`dist-jobs render` is start-up bound and the query verbs (list, status, cancel, logs) are held to
+1.2x a bare `python -c "import yaml"` plus the scheduler command: argparse's per-argument work for
+the other verbs' ~100 flags, and the spec flags' module (dataclasses), were a tenth of that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from dist_jobs.constants import VERSION
+
+OUTPUT = ("table", "json", "yaml")
+JOB_HELP = "job handle (slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME, local:///RUN/DIR) or a bare id with --backend"
+HELP = {  # each verb's line in `dist-jobs --help`, in this order
+    "render": "print the sbatch script or Kubernetes manifest",
+    "submit": "submit the job (--dry-run prints what would be submitted)",
+    "run": "run the job here as local processes (gloo on CPU without GPUs)",
+    "status": "show a job's state (normalised and the scheduler's word), which rank failed, and its progress",
+    "cancel": "cancel a job",
+    "logs": "print a job's logs",
+    "wait": "wait for a job to end; exit 0 if it succeeded, 1 failed, 3 cancelled, 4 timeout",
+    "list": "list dist-jobs jobs",
+    "env": "print the ranks this process resolves (run it under srun/torchrun)",
+    "schema": "print the job spec's JSON Schema (for editor completion of job.yaml)",
+    "completion": 'print a shell completion script: eval "$(dist-jobs completion bash)"',
+    "sweep": "submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter for every add_argument (to check the metavar), and one asks
+        # shutil (a 2 ms import) for the terminal's width: os answers the same question.
+        return self.formatter_class(prog=self.prog, width=_columns())  # type: ignore[call-arg]
+
+
+def _columns() -> int:
+    """shutil.get_terminal_size's answer: $COLUMNS, else the terminal's width, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def build(verb: str | None = None) -> argparse.ArgumentParser:
+    """Every verb, with the arguments of `verb` only (of all, when None)."""
+    parser = _Parser(
+        prog="dist-jobs",
+        description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
+        epilog="A command after `--` replaces the default training entrypoint.",
+    )
+    parser.add_argument("--version", action="version", version=f"dist-jobs {VERSION}")
+    # prog given: argparse would otherwise format a usage line to make it
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND", prog="dist-jobs")
+    # A known verb gets its own parser alone (each costs argparse ~0.2 ms); help and completion,
+    # and the error for an unknown verb, list them all.
+    for name, text in HELP.items() if verb not in HELP else [(verb, HELP[verb])]:
+        if name == "sweep" and verb in (None, "sweep"):
+            from dist_jobs.cli.sweep import add_sweep_parser
+
+            add_sweep_parser(sub, text, backend_options, output_option)
+            continue
+        p = sub.add_parser(name, help=text)
+        if verb in (None, name) and name in ARGUMENTS:
+            ARGUMENTS[name](p)
+    return parser
+
+
+def _render(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
+    p.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    _spec_flags(p)
+
+
+def _submit(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler (local: detached processes)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
+    p.add_argument(
+        "--wait", action="store_true", help="wait for the job to end; exit 0 if it succeeded, 1 if it failed"
+    )
+    p.add_argument(
+        "--follow", "-f", action="store_true", help="print every rank's log as it is written (implies --wait)"
+    )
+    p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 4)")
+    output_option(p)
+    backend_options(p, namespace=False)
+    _spec_flags(p)
+
+
+def _run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
+    p.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # submit --backend local's detached run
+    _spec_flags(p)
+
+
+def _job(p: argparse.ArgumentParser) -> None:
+    """What status, cancel, logs and wait share: the job and how to reach its scheduler."""
+    p.add_argument("job", metavar="HANDLE", help=JOB_HELP)
+    p.add_argument("--backend", choices=["slurm", "k8s", "local"], help="the scheduler of a bare job id")
+    backend_options(p)
+
+
+def _status(p: argparse.ArgumentParser) -> None:
+    _job(p)
+    output_option(p)
+    p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
+    p.add_argument("--follow", "-f", action="store_true", help="show it again every --interval s until the job ends")
+    p.add_argument("--interval", type=float, default=5.0, help="with --follow: seconds between refreshes")
+
+
+def _logs(p: argparse.ArgumentParser) -> None:
+    _job(p)
+    p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0; local: all)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+
+
+def _wait(p: argparse.ArgumentParser) -> None:
+    _job(p)
+    output_option(p)
+    p.add_argument("--timeout", type=float, help="give up after SECONDS (exit 4)")
+
+
+def _list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler to ask")
+    output_option(p)
+    backend_options(p)
+
+
+def _env(p: argparse.ArgumentParser) -> None:
+    output_option(p)
+    p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
+
+
+def _completion(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+
+
+ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "render": _render,
+    "submit": _submit,
+    "run": _run,
+    "status": _status,
+    "cancel": _job,
+    "logs": _logs,
+    "wait": _wait,
+    "list": _list,
+    "env": _env,
+    "completion": _completion,
+}
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    from dist_jobs.cli.flags import add_spec_flags
+
+    add_spec_flags(p)
+
+
+def output_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=OUTPUT, default="table", help="table (default), json or yaml")
+
+
+def backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
+    if namespace:  # submit takes the namespace and the kind from the spec (its --namespace is a spec flag)
+        p.add_argument("--namespace", dest="k8s_namespace", help="Kubernetes namespace (default: 'default')")
+        p.add_argument(
+            "--kind",
+            dest="k8s_kind",
+            choices=["PyTorchJob", "TrainJob"],
+            help="Kubernetes: the kind of a bare job name (default PyTorchJob; a handle carries its kind; list: both)",
+        )
+    p.add_argument("--context", dest="k8s_context", help="kubeconfig context")
+    p.add_argument(
+        "--kubeconfig", dest="k8s_kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    p.add_argument("--jobs-dir", dest="jobs_dir", help="SLURM: where job directories go (default: ./dist-jobs-runs)")
