@@ -7,7 +7,6 @@ its run name and run directory, and the array's batch log `<array run>-ID_I.out`
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,8 @@ def _record(jobs_dir: Path, job_id: str) -> Path | None:
 
 def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
     """job.json of a job submitted from here, or of the sweep trial `ID_I`; {} for others."""
+    import json  # here: list and cancel read no job.json (start-up, see dist_jobs.records)
+
     path = _record(jobs_dir, job_id)
     if path is not None:
         meta = dict(json.loads(path.read_text()))
@@ -50,6 +51,8 @@ def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
 
 def record_trials(jobs_dir: Path, job_id: str, runs: Sequence[str]) -> None:
     """Name array task i's run `runs[i]` in the array's job.json (a sweep's trials)."""
+    import json
+
     path = _record(jobs_dir, job_id)
     if path is None:
         return

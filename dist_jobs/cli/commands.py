@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 import time
@@ -176,6 +175,8 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
+    import json
+
     from dist_jobs.ranks import resolve
     from dist_jobs.ranks.report import as_json, as_table
     from dist_jobs.ranks.selfcheck import check
@@ -187,6 +188,7 @@ def cmd_env(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, _: Any) -> int:
+    import json
 
     from dist_jobs.spec import json_schema
 
