@@ -117,8 +117,13 @@ def place(
     # ring all-reduce adds up each element in an order set by its offset, so with more than two
     # ranks that step differs in the last bit. find_unused_parameters turns the rebuild off (at
     # the cost of one autograd-graph walk per step, and a warning once per rank).
+    # gradient_as_bucket_view: the gradients live in the all-reduce buckets, so no copy back out of
+    # them after each step (ResNet-18, 2 CPU processes: ~1.03x steps/s; the same arithmetic).
     return model, DistributedDataParallel(
-        model, device_ids=[device.index] if on_gpu else None, find_unused_parameters=config.deterministic
+        model,
+        device_ids=[device.index] if on_gpu else None,
+        find_unused_parameters=config.deterministic,
+        gradient_as_bucket_view=True,
     )
 
 
@@ -129,8 +134,23 @@ def build_optimizer(config: TrainConfig, model: nn.Module, world_size: int) -> t
         lr *= config.batch_size * config.grad_accum * world_size / 256
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        return _fused_if_possible(torch.optim.AdamW, params, lr=lr, weight_decay=config.weight_decay)
+    return _fused_if_possible(
+        torch.optim.SGD, params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+
+
+def _fused_if_possible(
+    kind: type[torch.optim.Optimizer], params: list[nn.Parameter], **kw: Any
+) -> torch.optim.Optimizer:
+    """The fused implementation where this torch has it for the parameters' device (CUDA; CPU since
+    torch 2.4): one kernel pass per step instead of a Python loop over the parameters (ResNet-18 on
+    2 CPU processes: ~1.09x steps/s). It rounds differently in the last bit, so a run keeps one
+    implementation throughout: resume.py keeps this choice over a checkpoint's."""
+    try:
+        return kind(params, fused=True, **kw)  # type: ignore[call-arg]
+    except (TypeError, RuntimeError, ValueError):  # older torch, or no kernels for this device/dtype
+        return kind(params, **kw)
 
 
 def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:

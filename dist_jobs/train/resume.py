@@ -108,11 +108,22 @@ def check_content(loaded: Loaded) -> None:
         )
 
 
+def _keeping_implementation(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """`saved` with this optimizer's implementation (fused/foreach) in place of the checkpoint's.
+
+    A checkpoint from a torch without CPU fused kernels must not turn them off here, nor one with
+    them turn them on where they are missing. Set before loading, so torch places the loaded
+    state (Adam's step count: on the parameters' device when fused) for the implementation used."""
+    chosen = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
+    groups = [{**group, **kept} for group, kept in zip(saved["param_groups"], chosen)]
+    return {**saved, "param_groups": groups + saved["param_groups"][len(groups) :]}
+
+
 def _restore(run: Run, loaded: Loaded) -> None:
     s, c, world = loaded.shared, run.config, run.dist.world_size
     try:
         run.model.load_state_dict(s["model"])
-        run.optimizer.load_state_dict(s["optimizer"])
+        run.optimizer.load_state_dict(_keeping_implementation(run.optimizer, s["optimizer"]))
     except (RuntimeError, ValueError, KeyError) as exc:
         raise CheckpointError(
             f"checkpoint {loaded.path} does not fit this model and optimizer: {exc}",
