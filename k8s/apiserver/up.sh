@@ -308,7 +308,13 @@ start_daemon() {  # start_daemon NAME LOG ARGS...: detached from this shell, pid
     for fd in /proc/self/fd/*; do fd=${fd##*/}; (( fd > 2 )) && eval "exec $fd>&-"; done
     exec setsid "$@" >"$logf" 2>&1 </dev/null
   ) &
-  echo $! >"$STATE/$name.pid"
+  local pid=$!
+  echo "$pid" >"$STATE/$name.pid"
+  # Until its exec the child is still this script, and pid_is would call a slow start a crash.
+  for _ in $(seq 200); do
+    if pid_is "$STATE/$name.pid" "$name" || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.05
+  done
 }
 
 start_servers() {
