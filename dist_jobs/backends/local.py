@@ -197,7 +197,7 @@ class LocalBackend:
 
         def lost(holder: Holder | None) -> None:
             now = holder.describe() if holder else "nobody: the lock file was removed"
-            group.lost = f"lost the lock of {run_dir} (it is now held by {now}): ending this run without a checkpoint"
+            group.end_now(f"lost the lock of {run_dir} (it is now held by {now}): ending this run without a checkpoint")
 
         me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
         with held(run_dir, me, on_lost=lost) as lock:

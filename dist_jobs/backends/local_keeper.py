@@ -113,13 +113,21 @@ def main(args: list[str]) -> int:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     for sig in _PASSED:
         signal.signal(sig, lambda *_: None)
+    # Asleep until something happens: a child's exit (SIGCHLD, through the wakeup pipe) or the
+    # watched pipe. A timed poll would wake beside the busy ranks many times a second.
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     child = _spawn(argv)
     status: list[int] = []
     while not status:
-        ready, _, _ = select.select([watch], [], [], 0.1)
-        if ready and not os.read(watch, 1):  # EOF: the launcher is gone or ends the run now
+        ready, _, _ = select.select([watch, woken], [], [])
+        if watch in ready and not os.read(watch, 1):  # EOF: the launcher is gone or ends the run now
             kill_tree(child, status)
             return 137
+        if woken in ready:
+            os.read(woken, 512)
         _reap(child, status)
     kill_tree(child, status)  # what CMD left behind has no one to answer to
     return _exit_code(status[0])

@@ -21,6 +21,7 @@ Exit codes of `run` (the launcher's exit code):
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 
 GRACE_SECONDS = 30.0
+POLL_SECONDS = 0.05  # how often a launcher outside the main thread (no signal handlers) looks
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEPER = Path(__file__).with_name("local_keeper.py")
 # The keeper needs prctl (parent-death signal, child subreaper) and /proc: Linux.
@@ -42,21 +44,52 @@ USE_KEEPER = sys.platform.startswith("linux")
 
 
 class _Signals:
-    """The launcher's stop signals, recorded by a handler that does nothing else."""
+    """The launcher's stop signals, recorded by a handler that does nothing else; and the wait
+    between two looks at the processes, which any signal (a keeper's SIGCHLD too) or wake() ends.
+    Event-driven because a timed poll would wake beside the busy ranks many times a second."""
 
     def __init__(self) -> None:
         self.received: list[signal.Signals] = []
         self._previous: dict[int, object] = {}
+        self._woken, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)
+        self._armed = False  # only the main thread may set handlers: elsewhere sleep() polls
+        self._wakeup_before = -1
+        self._closing = threading.Lock()
 
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, lambda n, _: self.received.append(signal.Signals(n)))
+            self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+            self._wakeup_before = signal.set_wakeup_fd(self._wake, warn_on_full_buffer=False)
+            self._armed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)  # type: ignore[arg-type]
+        if self._armed:
+            signal.set_wakeup_fd(self._wakeup_before)
+        with self._closing:  # a late wake() must not write into whatever reuses the descriptor
+            os.close(self._woken)
+            os.close(self._wake)
+            self._wake = -1
+
+    def wake(self) -> None:
+        with self._closing:
+            if self._wake >= 0:
+                try:
+                    os.write(self._wake, b"\0")
+                except BlockingIOError:  # full: a wake-up is pending anyway
+                    pass
+
+    def sleep(self, timeout: float | None) -> None:
+        """Until a signal arrives, wake() is called or `timeout` seconds (None: no limit) pass."""
+        if not self._armed:
+            timeout = POLL_SECONDS if timeout is None else min(timeout, POLL_SECONDS)
+        if select.select([self._woken], [], [], timeout)[0]:
+            os.read(self._woken, 4096)
 
 
 class ProcessGroup:
@@ -71,11 +104,18 @@ class ProcessGroup:
         self.grace = grace
         self.stop_signal = signal.Signals(stop_signal)
         self.preempted = preempted  # given the start time: did rank 0 commit a preemption checkpoint?
-        self.lost: str | None = None  # set from another thread: end the run now, with this message
+        self.lost: str | None = None  # set by end_now(): end the run now, with this message
+        self._signals: _Signals | None = None
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._labels: list[str] = []
         self.first_failure: tuple[str, int] | None = None  # after run(): (label, code) of the first to fail
+
+    def end_now(self, why: str) -> None:
+        """From any thread: kill every process and end the run, saying why."""
+        self.lost = why
+        if self._signals is not None:
+            self._signals.wake()
 
     def say(self, text: str) -> None:
         with self._lock:
@@ -119,6 +159,7 @@ class ProcessGroup:
         watch, hold = os.pipe()  # `hold` stays here: its closing is the keepers' signal to kill
         pumps: list[threading.Thread] = []
         with _Signals() as signals:  # also through the teardown: a Ctrl-C there must not cut it short
+            self._signals = signals
             try:
                 try:
                     pumps = self._start(jobs, cwd, watch)
@@ -132,6 +173,7 @@ class ProcessGroup:
                 self._reap(5.0)
                 for pump in pumps:
                     pump.join(timeout=5.0)
+                self._signals = None
         return self._verdict(outcome, started)
 
     def _stop(self, why: str) -> float:
@@ -172,7 +214,7 @@ class ProcessGroup:
                 left = sum(c is None for c in codes)
                 self.say(f"{left} of {len(codes)} processes still running after {self.grace:.0f} s: killing them")
                 return outcome.forced_end()
-            time.sleep(0.05)
+            signals.sleep(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _verdict(self, outcome: _Outcome, started: float) -> int:
         codes = [self._code(p) for p in self._procs]

@@ -300,6 +300,33 @@ def test_what_a_rank_leaves_behind_does_not_outlive_the_run(tmp_path: Path) -> N
     assert _left(marker, within=5.0) == []
 
 
+def _wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of `pid`: how often it went to sleep."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        total += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status.read_text(), re.M)[1])  # type: ignore[index]
+    return total
+
+
+def test_the_launcher_and_keepers_sleep_while_the_ranks_work(tmp_path: Path) -> None:
+    """Beside ranks that use every core, a supervisor that polls takes CPU from them many times a
+    second; the launcher and each keeper wake only when something happens."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    quiet = 'import os, time; print("up", os.environ["RANK"], flush=True); time.sleep(4)'
+    proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, quiet)
+    _wait_up(proc, 2)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+    keepers = [int(pid) for pid in children.split()]
+    assert len(keepers) == 2
+    before = {pid: _wakeups(pid) for pid in [proc.pid, *keepers]}
+    time.sleep(2.0)
+    woke = {pid: _wakeups(pid) - count for pid, count in before.items()}
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    # A 50 ms poll would show about 40 here, a 100 ms one 20; the lock's heartbeat beats far less often.
+    assert all(count <= 3 for count in woke.values()), f"wake-ups in 2 s, by pid: {woke}"
+
+
 def test_a_second_run_in_the_same_run_directory_is_refused(tmp_path: Path) -> None:
     marker = f"djtest-{uuid.uuid4().hex}"
     first = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker)
