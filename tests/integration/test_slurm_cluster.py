@@ -612,6 +612,8 @@ total = fabric.all_reduce(torch.tensor([float(fabric.global_rank)]), reduce_op="
 print("RESULT " + json.dumps({"rank": fabric.global_rank, "world": fabric.world_size,
       "local_rank": fabric.local_rank, "node": fabric.node_rank, "host": socket.gethostname(),
       "cluster": type(fabric._connector.cluster_environment).__name__, "sum": total.item()}), flush=True)
+# Without it gloo's threads can outlive the interpreter and abort the rank at exit (pytorch#190489).
+torch.distributed.destroy_process_group()
 """
 
 
