@@ -15,11 +15,21 @@ from dist_jobs.records import Record
 # interface below is a plain class, to mypy a Protocol.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Protocol
 
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
 else:
     Protocol = object
+
+
+def checkpoint_root(spec: JobSpec, workdir: Path) -> Path:
+    """The spec's checkpoint_dir as the trainer reads it: `~` expanded, a relative one below
+    `workdir` (where the job runs). Every backend that finds a run directory starts here."""
+    from pathlib import Path  # a verb that finds no run directory does without it
+
+    root = Path(spec.checkpoint_dir).expanduser()
+    return root if root.is_absolute() else workdir / root
 
 
 class Prepared(Record):

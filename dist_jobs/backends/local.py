@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from dist_jobs.backends.base import Prepared
+from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.local_procs import ProcessGroup
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.errors import UsageError
@@ -63,7 +63,6 @@ def free_port() -> int:
 
 
 def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict[str, str]:
-    ckpt = Path(spec.checkpoint_dir)
     # Every "node" is this host: all processes share its CPUs (the launcher's thread count).
     launch = {
         "MASTER_ADDR": MASTER,
@@ -74,7 +73,7 @@ def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict
     if not use_gpus:
         launch["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, even where a smaller GPU count exists
     # The user's env (inside job_env) wins over the launch defaults, as on a cluster.
-    return {**launch, **job_env(spec, "local", str(ckpt if ckpt.is_absolute() else workdir / ckpt))}
+    return {**launch, **job_env(spec, "local", str(checkpoint_root(spec, workdir)))}
 
 
 def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per_node: int) -> dict[str, str]:
@@ -181,13 +180,13 @@ class LocalBackend:
         job_id = str(os.getpid())
         procs = plan(spec, self.workdir, free_port(), job_id, use_gpus)
         try:
-            (self.workdir / spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            checkpoint_root(spec, self.workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(
                 f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
                 "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
             ) from None
-        run_dir = self.workdir / spec.checkpoint_dir / spec.run_id  # an absolute checkpoint_dir wins
+        run_dir = checkpoint_root(spec, self.workdir) / spec.run_id
         group = ProcessGroup(
             self.out,
             grace=spec.preemption.grace_seconds,

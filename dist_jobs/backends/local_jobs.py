@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
@@ -33,8 +33,7 @@ FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("ran
 
 
 def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
-    root = Path(spec.checkpoint_dir).expanduser()
-    return (root if root.is_absolute() else workdir / root).resolve() / spec.run_id
+    return checkpoint_root(spec, workdir).resolve() / spec.run_id
 
 
 class LocalJobs:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dist_jobs.backends.base import Prepared
+from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError
@@ -41,7 +41,7 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
             except OSError as exc:
                 hint = "check the path and its permissions"
                 raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
-        return _submit_staged(prepared, run, cwd, jobs_dir, log_dir)
+        return _submit_staged(prepared, run, cwd, jobs_dir, (log_dir, checkpoint_root(spec, workdir) / spec.run_id))
     except BaseException:
         for folder in reversed(created):  # a failed submit leaves no folder of its own behind
             with contextlib.suppress(OSError):
@@ -49,7 +49,9 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
         raise
 
 
-def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, log_dir: Path) -> str:
+def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, folders: tuple[Path, Path]) -> str:
+    """Stage the job directory, sbatch, and move it into place under the job id; `folders` are
+    the job's log and run directories, for its job.json."""
     import msgspec
     import yaml
 
@@ -68,6 +70,7 @@ def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, l
             big = _too_big(spec, run) if TOO_BIG.search(proc.stderr) else None
             raise big or sbatch_error(proc.stderr, proc.returncode)
         job_id = parse_sbatch_job_id(proc.stdout)
+        log_dir, run_dir = folders
         record = {
             "job_id": job_id,
             "run": spec.run_id,
@@ -76,7 +79,7 @@ def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, l
             "launcher": spec.launcher,
             "nodes": spec.nodes,
             "procs_per_node": spec.procs,
-            "run_dir": str(run_dir_of(spec, workdir_of(spec, cwd))),
+            "run_dir": str(run_dir),
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         (staging / "job.json").write_text(json.dumps(record, indent=2))
@@ -97,11 +100,6 @@ def workdir_of(spec: JobSpec, cwd: Path) -> Path:
     if not spec.workdir:
         return cwd
     return Path(spec.workdir) if Path(spec.workdir).is_absolute() else cwd / spec.workdir
-
-
-def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
-    root = Path(spec.checkpoint_dir).expanduser()
-    return (root if root.is_absolute() else workdir / root) / spec.run_id
 
 
 def _missing_dirs(path: Path) -> list[Path]:

@@ -48,6 +48,15 @@ def test_plan_seed_arithmetic(tmp_path) -> None:
     assert all(p.env["CUDA_VISIBLE_DEVICES"] == "" for p in procs)
 
 
+def test_plan_expands_home_in_checkpoint_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`~/ckpts` is the user's home, as the trainer and the SLURM backend read it, not a folder
+    named `~` below the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec = load_spec(data={"name": "home", "procs_per_node": 2, "checkpoint_dir": "~/ckpts"})
+    procs = plan(spec, tmp_path / "work", 12345, "77", use_gpus=False)
+    assert {p.env["DIST_JOBS_CHECKPOINT_DIR"] for p in procs} == {str(tmp_path / "home" / "ckpts")}
+
+
 def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, "-m", "dist_jobs", "run", "--backend", "local", *args],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -115,6 +116,16 @@ def test_submit_writes_the_job_dir_and_parses_the_id(tmp_path: Path) -> None:
     assert meta["log_dir"] == str(tmp_path / "logs")
     # slurmd opens --output=logs/... before the script runs: the folder must exist already.
     assert (tmp_path / "logs").is_dir()
+
+
+def test_job_json_names_the_run_directory_the_trainer_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the trainer expands `~` the same way
+    slurm = backend(tmp_path, FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), "")))
+    for given, want in (("~/ckpts", tmp_path / "home" / "ckpts"), ("ckpts", tmp_path / "ckpts")):
+        job_id = slurm.submit(slurm.prepare(load_spec(data={**SPEC, "checkpoint_dir": given})))
+        meta = json.loads((tmp_path / "runs" / f"{RUN}-{job_id}" / "job.json").read_text())
+        assert meta["run_dir"] == str(want / RUN), given
+        shutil.rmtree(tmp_path / "runs" / f"{RUN}-{job_id}")
 
 
 def test_submit_makes_its_own_python_the_jobs_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
