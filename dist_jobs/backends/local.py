@@ -26,7 +26,7 @@ from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import held, new_token
+from dist_jobs.rundir.lock import LOCK_NAME, held, new_token
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 
@@ -195,7 +195,12 @@ class LocalBackend:
         )
 
         def lost(holder: Holder | None) -> None:
-            now = holder.describe() if holder else "nobody: the lock file was removed"
+            if holder is not None:
+                now = holder.describe()
+            elif (run_dir / LOCK_NAME).exists():
+                now = "a run whose record cannot be read"
+            else:
+                now = "nobody: the lock file was removed"
             group.end_now(f"lost the lock of {run_dir} (it is now held by {now}): ending this run without a checkpoint")
 
         me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run

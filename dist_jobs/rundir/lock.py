@@ -35,6 +35,7 @@ HEARTBEAT_SECONDS = 10.0
 STALE_SECONDS = 90.0
 _BREAK_STALE_SECONDS = 30.0  # a breaker that died half-way is ignored after this
 _ATTEMPTS = 50
+_SETTLE_SECONDS = 1.0  # how long a heartbeat waits for a half-written record before calling the lock lost
 
 
 class LockHeld(UsageError):
@@ -172,7 +173,7 @@ class Lock:
 
     def beat(self) -> bool:
         """Touch the lock if it is still ours; False once it is not (released or taken over)."""
-        if self.current() != self.holder:
+        if self.current(settle=_SETTLE_SECONDS) != self.holder:
             return False
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.path)
@@ -183,9 +184,18 @@ class Lock:
         if self.owned and Holder.parse(_read(self.path) or b"") == self.holder:
             self.path.unlink(missing_ok=True)
 
-    def current(self) -> Holder | None:
-        raw = _read(self.path)
-        return None if raw is None else Holder.parse(raw)
+    def current(self, settle: float = 0.0) -> Holder | None:
+        """The holder the lock file names; None for no file or a record that cannot be read.
+        With `settle`, a missing or unreadable record is looked at again for that many seconds:
+        a takeover removes the file a moment before its successor's appears, and a writer
+        without hard links (or a person's editor) fills the file after creating it."""
+        deadline = time.monotonic() + settle
+        while True:
+            raw = _read(self.path)
+            holder = None if raw is None else Holder.parse(raw)
+            if holder is not None or time.monotonic() >= deadline:
+                return holder
+            time.sleep(0.05)
 
 
 def acquire(run_dir: Path, me: Holder, inherited: str = "", stale_after: float | None = None) -> Lock:
@@ -251,7 +261,7 @@ class Heartbeat:
             if not self.lock.beat():
                 self.lost = True
                 if self.on_lost is not None:
-                    self.on_lost(self.lock.current())
+                    self.on_lost(self.lock.current(settle=_SETTLE_SECONDS))
                 return
 
     def __enter__(self) -> Heartbeat:

@@ -160,6 +160,30 @@ def test_the_heartbeat_reports_a_lost_lock(tmp_path: Path) -> None:
     assert beat.lost and lost == [thief]
 
 
+def test_the_heartbeat_names_a_successor_whose_record_came_a_moment_late(tmp_path: Path) -> None:
+    """Between a takeover's removal and its new record, or while an editor fills the file, the
+    lock is missing or empty: the heartbeat still names who holds it now, not "nobody"."""
+    lost: list[Holder | None] = []
+    lock = acquire(tmp_path / "run", me())
+    thief = elsewhere()
+    with Heartbeat(lock, every=0.05, on_lost=lost.append) as beat:
+        lock.path.write_bytes(b"")  # truncated in place: the new record is not there yet
+        time.sleep(0.3)
+        lock.path.write_bytes(thief.to_bytes())
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert beat.lost and lost == [thief]
+
+
+def test_a_lock_that_stays_unreadable_is_lost_after_a_second(tmp_path: Path) -> None:
+    lock = acquire(tmp_path / "run", me())
+    lock.path.write_bytes(b"{half a rec")
+    started = time.monotonic()
+    assert not lock.beat() and lock.current() is None
+    assert 0.9 < time.monotonic() - started < 5
+
+
 def test_held_releases_on_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), held(tmp_path / "run", me()):
         assert (tmp_path / "run" / LOCK_NAME).exists()
