@@ -40,6 +40,7 @@ class Dist:
     # A gloo group for small CPU-side decisions (preemption, time-based checkpoints): with
     # NCCL, reading a flag that lives on the GPU would synchronize the stream every step.
     control: Any
+    timeout: timedelta = timedelta(minutes=30)  # each collective's limit (collective_timeout)
 
     @property
     def rank(self) -> int:
@@ -142,7 +143,7 @@ def session(config: TrainConfig, environ: Mapping[str, str] | None = None) -> It
     atexit.register(_let_gloo_workers_finish)
     try:
         control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-        yield Dist(info=info, device=device, backend=backend, control=control)
+        yield Dist(info=info, device=device, backend=backend, control=control, timeout=timeout)
     except Exception as exc:
         if peer_lost(exc):
             raise _as_peer_lost(exc, info.rank) from exc

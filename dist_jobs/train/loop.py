@@ -30,7 +30,7 @@ from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train import data, live, models, signals
+from dist_jobs.train import data, live, models, shm_reduce, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
 from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll, session
@@ -111,6 +111,8 @@ def _build(
     on_gpu = _check_amp(c, dist)
     model, ddp = models.place(model, c, dist.device, dist.world_size, warn=dist.is_main)
     no_sync = ddp.no_sync if isinstance(ddp, DistributedDataParallel) else nullcontext
+    if isinstance(ddp, DistributedDataParallel) and c.shm_allreduce and dist.backend == "gloo" and not on_gpu:
+        shm_reduce.attach(ddp, dist.rank, dist.world_size, dist.timeout)
     if c.compile:
         ddp = cast(nn.Module, torch.compile(ddp))
     where: dict[str, Any] = {"rank": dist.rank, "world_size": dist.world_size, "pin_memory": on_gpu}

@@ -22,12 +22,13 @@ from support.train_support import PYTHON, final_state, plain_net, start_ranks, t
 pytestmark = pytest.mark.timeout(180)
 
 USER_SCRIPT = """
-import os, sys, torch
+import logging, os, sys, torch
 from dist_jobs.errors import DistJobsError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.loop import fit
 from support.train_support import plain_net, tiny_data
 
+logging.basicConfig(level=logging.INFO)
 config = TrainConfig.from_argv(sys.argv[2:])
 torch.manual_seed(0)
 model = plain_net(config.num_classes)
@@ -56,7 +57,7 @@ def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DIST_JOBS_ENV", "single")
 
 
-def _two_ranks(tmp_path: Path, name: str, *args: str) -> list[dict]:
+def _two_ranks(tmp_path: Path, name: str, *args: str, logs: list[str] | None = None) -> list[dict]:
     script = tmp_path / "user_train.py"
     script.write_text(USER_SCRIPT)
     out = tmp_path / name
@@ -64,7 +65,24 @@ def _two_ranks(tmp_path: Path, name: str, *args: str) -> list[dict]:
     launches = start_ranks([*SMALL, *args], out, command=[PYTHON, str(script), str(out)])
     codes = wait_all(launches, timeout=150)
     assert codes == [0, 0], launches[0].text()[-3000:] + launches[1].text()[-2000:]
+    if logs is not None:
+        logs.append(launches[0].text())
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+def test_gradients_through_shared_memory_train_the_model_gloo_trains(tmp_path: Path) -> None:
+    """Both ranks on this host: fit() all-reduces through /dev/shm, and two ranks get gloo's bits."""
+    logs: list[str] = []
+    shared = _two_ranks(tmp_path, "shared", logs=logs)
+    gloo = _two_ranks(tmp_path, "gloo", "--no-shm-allreduce", logs=logs)
+    assert "gradients: all-reduced through shared memory (2 ranks on this host" in logs[0]
+    assert "through shared memory" not in logs[1]
+    for a, b in zip(shared, gloo):
+        speed = "train_samples_per_s"
+        assert {k: v for k, v in a["metrics"].items() if k != speed} == {
+            k: v for k, v in b["metrics"].items() if k != speed
+        }
+        assert all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"])
 
 
 @pytest.fixture(scope="module")
