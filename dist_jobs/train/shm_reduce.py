@@ -19,8 +19,9 @@ It is used only when every rank proves it maps the same memory. Rank 0 creates t
 writes a random token into it, and every rank reads that token back. Ranks on other hosts, or
 containers with a /dev/shm of their own, find no file or another token, and all ranks keep gloo.
 The file is removed as soon as every rank has mapped it, so a crash leaves nothing behind.
-Rank 0 reserves the space with posix_fallocate first: a tmpfs that filled up later would kill
-a rank with SIGBUS in the middle of a step instead of failing here.
+Rank 0 takes at most half of the free space (DataLoader workers pass batches through /dev/shm
+too) and reserves it with posix_fallocate: a tmpfs that filled up later would kill a rank with
+SIGBUS in the middle of a step instead of failing here.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
@@ -86,6 +87,16 @@ def shared_mean(state: SharedReduce, bucket: dist.GradBucket) -> torch.futures.F
 def attach(ddp: DistributedDataParallel, rank: int, world: int, timeout: timedelta, folder: Path = SHM) -> bool:
     """Give `ddp` the shared-memory all-reduce when every rank maps one arena in `folder`; call
     on every rank (it is a collective). False, and gloo as before, when they cannot."""
+    state = open_arena(ddp, rank, world, timeout, folder)
+    if state is not None:
+        ddp.register_comm_hook(state, shared_mean)
+    return state is not None
+
+
+def open_arena(
+    ddp: DistributedDataParallel, rank: int, world: int, timeout: timedelta, folder: Path = SHM
+) -> SharedReduce | None:
+    """The hook's state for an arena every rank has mapped, or None on every rank."""
     group: Any = dist.new_group(backend="gloo", timeout=timeout)  # every rank is a member
     slot = slot_bytes(ddp.module, int(ddp.bucket_bytes_cap))
     size = _HEADER + 2 * world * slot
@@ -103,11 +114,10 @@ def attach(ddp: DistributedDataParallel, rank: int, world: int, timeout: timedel
         if rank == 0:
             reason = why or "not every rank can map it: they run on more than one host"
             log.info("gradients: all-reduced by gloo, not through %s (%s)", folder, reason)
-        return False
-    ddp.register_comm_hook(SharedReduce(arena, rank, world, slot, group), shared_mean)
+        return None
     if rank == 0:
         log.info("gradients: all-reduced through shared memory (%d ranks on this host, %.0f MB)", world, size / 1e6)
-    return True
+    return SharedReduce(arena, rank, world, slot, group)
 
 
 def _create(folder: Path, size: int) -> list[Any]:
@@ -115,6 +125,10 @@ def _create(folder: Path, size: int) -> list[Any]:
     path = folder / f"dist-jobs-grads-{secrets.token_hex(8)}"
     token = secrets.token_bytes(_TOKEN_BYTES)
     try:
+        fs = os.statvfs(folder)
+        free = fs.f_bavail * fs.f_frsize
+        if size > free // 2:  # DataLoader workers hand their batches over through /dev/shm too
+            return [None, b"", f"{size / 1e6:.0f} MB is more than half of its {free / 1e6:.0f} MB free"]
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
         return [None, b"", f"cannot create a file there: {exc.strerror}"]
