@@ -166,18 +166,22 @@ class Lock:
     holder: Holder
     owned: bool  # False: joined a lock our launcher holds (it beats and releases, not us)
     took_over: str | None = None  # why an earlier holder's lock was taken over
+    successor: Holder | None = None  # after a failed beat(): who holds it now (None: nobody readable)
 
     @property
     def token(self) -> str:
         return self.holder.token
 
     def beat(self) -> bool:
-        """Touch the lock if it is still ours; False once it is not (released or taken over)."""
-        if self.current(settle=_SETTLE_SECONDS) != self.holder:
+        """Touch the lock if it is still ours; False once it is not (released or taken over),
+        with `successor` naming who holds it now."""
+        self.successor = self.current(settle=_SETTLE_SECONDS)
+        if self.successor != self.holder:
             return False
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.path)
             return True
+        self.successor = None  # removed between our look and our touch
         return False
 
     def release(self) -> None:
@@ -261,7 +265,7 @@ class Heartbeat:
             if not self.lock.beat():
                 self.lost = True
                 if self.on_lost is not None:
-                    self.on_lost(self.lock.current(settle=_SETTLE_SECONDS))
+                    self.on_lost(self.lock.successor)
                 return
 
     def __enter__(self) -> Heartbeat:
