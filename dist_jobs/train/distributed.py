@@ -40,7 +40,7 @@ class Dist:
     # A gloo group for small CPU-side decisions (preemption, time-based checkpoints): with
     # NCCL, reading a flag that lives on the GPU would synchronize the stream every step.
     control: Any
-    timeout: timedelta = timedelta(minutes=30)  # each collective's limit (collective_timeout)
+    timeout: timedelta  # each collective's limit (collective_timeout)
 
     @property
     def rank(self) -> int:
