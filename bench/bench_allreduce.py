@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from dist_jobs.backends.local import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,12 +74,6 @@ if rank == 0:
     print(json.dumps({"gloo": statistics.median(times[False]), "shared": statistics.median(times[True])}))
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def one_run(script: Path, workload: str, steps: int) -> dict[str, float]:

@@ -36,6 +36,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.backends.local import free_port
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WARMUP = 5
@@ -214,12 +216,6 @@ def worker(steps: int, pairs: int) -> None:
             f"entrypoint / hand-written loop, steps/s by {label}: median of {pairs} pairs "
             f"{statistics.median(ratios):.3f}x (goal >= 0.98x)"
         )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def torchrun(target: list[str], env: dict[str, str], nproc: int = 2, timeout: float = 900) -> float:

@@ -11,8 +11,6 @@ import importlib.util
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 
 from dist_jobs.ranks.ports import derive_port
 from support.paths import REPO
+from support.train_support import run_all
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="torch is not installed in this interpreter"
@@ -108,30 +107,6 @@ def free_job_id() -> int:
         return job
     pytest.skip("no job id with a free derived port found")
     raise AssertionError  # unreachable
-
-
-def run_all(script: Path, envs: list[dict[str, str]], timeout: float) -> list[subprocess.CompletedProcess[str]]:
-    """Start every child, wait with one deadline, and kill them all if anything is late."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script)], env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        for env in envs
-    ]
-    deadline = time.monotonic() + timeout
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"children still running after {timeout}s (rendezvous hang?)")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return results
 
 
 def test_two_nodes_by_two_tasks_all_reduce(tmp_path: Path) -> None:

@@ -10,16 +10,12 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support.paths import REPO
-from support.train_support import free_port
+from support.train_support import child_env, free_port, run_all
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -63,39 +59,11 @@ dist.destroy_process_group()
 def run_ranks(tmp_path: Path, world: int, folder: str) -> list[dict[str, object]]:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DIST_JOBS_"))}
-    base.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(world),
-        SHM_FOLDER=folder,
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env={**base, "RANK": str(r)},
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for r in range(world)
-    ]
-    deadline = time.monotonic() + 180
-    reports = []
-    try:
-        for r, proc in enumerate(procs):
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            assert proc.returncode == 0, f"rank {r} failed:\n{err[-3000:]}"
-            reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return reports
+    base = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), SHM_FOLDER=folder)
+    results = run_all(script, [{**base, "RANK": str(r)} for r in range(world)], timeout=180)
+    for r, result in enumerate(results):
+        assert result.returncode == 0, f"rank {r} failed:\n{result.stderr[-3000:]}"
+    return [json.loads(result.stdout.strip().splitlines()[-1]) for result in results]
 
 
 def parameters(encoded: object) -> list[float]:

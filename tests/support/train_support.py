@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from support.paths import REPO, TESTS
 
 PYTHON = sys.executable
@@ -125,6 +127,30 @@ def child_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def run_all(script: Path, envs: list[dict[str, str]], timeout: float) -> list[subprocess.CompletedProcess[str]]:
+    """Start every child, wait with one deadline, and kill them all if anything is late."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)], env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for env in envs
+    ]
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"children still running after {timeout}s (rendezvous hang?)")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
 
 
 class Launch:
