@@ -134,10 +134,9 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
         for field in structs.fields(cls):
             name = field.name
             flag = "--" + name.replace("_", "-")
-            if plain_type(field.type) is bool:
-                parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction)
-            else:
-                parser.add_argument(flag, dest=name, help=description(field.type))
+            switch = plain_type(field.type) is bool
+            action: str | type[argparse.Action] = argparse.BooleanOptionalAction if switch else "store"
+            parser.add_argument(flag, dest=name, action=action, help=description(field.type))
         # `--flag=value` (what to_argv writes) is read here, not by argparse, which drops a value
         # of `--` (its end-of-options marker) and would hand the field an empty list.
         valued = {

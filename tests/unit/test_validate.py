@@ -84,6 +84,15 @@ def test_strings_from_flags_become_numbers_and_booleans() -> None:
     assert (spec.nodes, spec.slurm.exclusive, spec.train.lr) == (3, True, 0.5)
 
 
+def test_the_trainers_help_describes_switches_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        TrainConfig.from_argv(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    assert done.value.code == 0
+    assert "--shm-allreduce, --no-shm-allreduce CPU ranks on one host all-reduce gradients through /dev/shm" in text
+    assert "--scale-lr, --no-scale-lr scale lr by global batch / 256" in text
+
+
 def test_train_flags_round_trip_and_bad_flags_exit_2() -> None:
     config = TrainConfig(epochs=3, lr=0.05, amp="bf16", sync_bn=True, preempt_signals=("SIGTERM",))
     assert TrainConfig.from_argv(config.to_argv()) == config
