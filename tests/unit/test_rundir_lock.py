@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,13 +216,16 @@ def test_owner_comes_from_the_scheduler_but_not_from_the_local_stand_in() -> Non
     assert me().stop_hint() == f"kill -TERM {os.getpid()} on host {socket.gethostname()}"
 
 
-def _contend(run_dir: str, owner: str, start: float, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _contend(run_dir: str, owner: str, start: float, results: multiprocessing.Queue, done: Any) -> None:  # type: ignore[type-arg]
     while time.time() < start:
         pass  # spin, not sleep: every contender leaves this loop within the same millisecond
     try:
         results.put(acquire(Path(run_dir), Holder.this(new_token(), owner, "test", "")).token)
     except LockHeld:
         results.put(None)
+    # Stay alive until every contender has answered: a winner whose process has ended is provably
+    # gone, and a contender still retrying would rightly take its lock over.
+    done.wait(60)
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["free", "stale"])
@@ -232,12 +236,15 @@ def test_of_many_runs_starting_at_once_exactly_one_holds_it(tmp_path: Path, stal
     if stale:
         plant(run_dir, elsewhere(), age=stale_seconds() + 60)
     context = multiprocessing.get_context("spawn")
-    results = context.Queue()
+    results, done = context.Queue(), context.Event()
     start = time.time() + 2.0
-    procs = [context.Process(target=_contend, args=(str(run_dir), f"owner-{i}", start, results)) for i in range(8)]
+    procs = [
+        context.Process(target=_contend, args=(str(run_dir), f"owner-{i}", start, results, done)) for i in range(8)
+    ]
     for proc in procs:
         proc.start()
     tokens = [results.get(timeout=60) for _ in procs]
+    done.set()
     for proc in procs:
         proc.join(timeout=30)
     winners = [t for t in tokens if t]
