@@ -21,3 +21,8 @@ REQUEUE_LIMIT_EXIT_CODE = 5
 # `dist-jobs wait` / `submit --wait`: how the job ended, as the shell sees it. A failed job's
 # own exit code is not reused: 2 already means bad input and 200 "requeue me".
 WAIT_EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 3, "timeout": 4}
+
+# Exit code of a run that lost its run directory lock to another run (it was paused past the
+# stale limit, or cut off): it writes nothing more there and is not requeued. In 1-127, so no
+# scheduler retries it; distinct from REQUEUE_LIMIT_EXIT_CODE.
+LOCK_LOST_EXIT_CODE = 6

@@ -21,19 +21,32 @@ if [ "${PET_NODE_RANK:-}" = 0 ]; then
     lock=$(cat /proc/sys/kernel/random/uuid)
     python3 -m dist_jobs.rundir.lockctl acquire "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" --backend k8s --token "$lock" || exit 2
     export DIST_JOBS_LOCK_TOKEN="$lock"
-    python3 -m dist_jobs.rundir.lockctl heartbeat "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock" &
-    beat=$!
   else
     echo "dist-jobs: python3 has no dist_jobs: running without the run directory lock" >&2
   fi
 fi
 "$@" &
 child=$!
+# Losing the lock (this pod was paused or cut off past the stale limit and another job took the
+# run directory over) kills the program and everything under it at once: it writes nothing more.
+if [ -n "$lock" ]; then
+  python3 -m dist_jobs.rundir.lockctl heartbeat "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock" --kill-tree "$child" &
+  beat=$!
+fi
 while :; do
   wait "$child"
   rc=$?
   kill -0 "$child" 2>/dev/null || break
 done
+if [ -n "$lock" ]; then
+  { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
+  if ! python3 -m dist_jobs.rundir.lockctl check "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"; then
+    echo "dist-jobs: the program ended with exit code $rc; this job lost the run directory lock: exit @LOCKLOST@" >&2
+    rc=@LOCKLOST@
+    rm -rf "$stamp" "$notes"
+    exit "$rc"
+  fi
+fi
 noted=$(cat "$DIST_JOBS_EXIT_NOTE" 2>/dev/null)
 case "$noted" in
   '' | *[!0-9]*) ;;
@@ -46,7 +59,6 @@ fi
 [ "$rc" -eq 0 ] && python3 -m dist_jobs.rundir.attempts "done"
 rm -rf "$stamp" "$notes"
 if [ -n "$lock" ]; then
-  { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
   python3 -m dist_jobs.rundir.lockctl release "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"
 fi
 exit "$rc"

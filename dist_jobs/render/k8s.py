@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
 from dist_jobs.errors import SpecError
 from dist_jobs.render.common import header_lines, template_dir, torchrun_tail
 from dist_jobs.render.quoting import kubelet_literal
@@ -57,6 +57,7 @@ def container_command(spec: JobSpec) -> list[str]:
     """sh wrapper (forwards SIGTERM, caps restarts, maps preemption and a lost peer to the
     retryable exit code) + program, every `$` escaped for the kubelet."""
     text = (template_dir() / "pod-entrypoint.sh").read_text().replace("@REQUEUE@", str(REQUEUE_EXIT_CODE))
+    text = text.replace("@LOCKLOST@", str(LOCK_LOST_EXIT_CODE))
     wrapper = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
     if spec.k8s.launch == "direct":
         # One python per pod: the launcher turns the operator's pod RANK and WORLD_SIZE into the

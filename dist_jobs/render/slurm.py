@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_jobs.constants import REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
 from dist_jobs.render.common import header_lines, step_signal
 from dist_jobs.render.quoting import sbatch_value, sh, sh_argv, slurm_filename
 from dist_jobs.spec import JobSpec
@@ -116,4 +116,5 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "warning_signal": _BATCH_WARNING,
         "requeue_code": REQUEUE_EXIT_CODE,
         "limit_code": REQUEUE_LIMIT_EXIT_CODE,
+        "lock_lost_code": LOCK_LOST_EXIT_CODE,
     }

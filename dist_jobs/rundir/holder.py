@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+HEARTBEAT_SECONDS = 10.0
+
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# squeue's states of a job whose processes may still run (or, suspended, run again); any other
+# state, or a job squeue no longer knows, means none of its processes holds anything.
+_SLURM_LIVE = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESIZING"})
 
 
 def _read(path: str) -> str:
@@ -50,6 +57,20 @@ def process_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A positive number of seconds from the environment (at least 0.05), else `default`."""
+    env = os.environ if environ is None else environ
+    try:
+        return max(0.05, float(env.get(name, default)))
+    except ValueError:
+        return default
+
+
+def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """How often a holder touches its lock: DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s."""
+    return env_seconds("DIST_JOBS_LOCK_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS, environ)
+
+
 def owner_from_env(environ: Mapping[str, str]) -> str:
     """What identifies this job across its attempts: DIST_JOBS_LOCK_OWNER where the backend sets
     it (Kubernetes: k8s:KIND/NAMESPACE/NAME of the PyTorchJob or TrainJob), else the SLURM job id, else nothing."""
@@ -74,9 +95,13 @@ class Holder:
     backend: str
     job_id: str
     started: float  # unix time
+    every: float = HEARTBEAT_SECONDS  # its heartbeat's period: how long a newcomer watches for a beat
+    cluster: str = ""  # SLURM_CLUSTER_NAME: whose squeue may be asked about job_id
 
     @classmethod
-    def this(cls, token: str, owner: str, backend: str, job_id: str, pid: int | None = None) -> Holder:
+    def this(
+        cls, token: str, owner: str, backend: str, job_id: str, pid: int | None = None, every: float | None = None
+    ) -> Holder:
         """This machine's process `pid` (default: this process) holding the lock for `owner`."""
         pid = os.getpid() if pid is None else pid
         return cls(
@@ -90,6 +115,8 @@ class Holder:
             backend=backend,
             job_id=job_id,
             started=time.time(),
+            every=heartbeat_seconds() if every is None else every,
+            cluster=os.environ.get("SLURM_CLUSTER_NAME", "") if owner.startswith("slurm:") else "",
         )
 
     def to_bytes(self) -> bytes:
@@ -114,6 +141,30 @@ class Holder:
             return False
         start = process_start(self.pid)
         return start is None or (self.pid_start is not None and start != self.pid_start)
+
+    def slurm_state(self) -> str | None:
+        """SLURM's word for the holder's job ("GONE" once squeue no longer knows it), or None when
+        it cannot be asked: not a SLURM job, no squeue here, or another cluster's job (a job id
+        means nothing to another cluster's controller)."""
+        here = os.environ.get("SLURM_CLUSTER_NAME", "")
+        if not self.owner.startswith("slurm:") or not self.cluster or self.cluster != here:
+            return None
+        if shutil.which("squeue") is None:
+            return None
+        argv = ["squeue", "--noheader", "--jobs", self.owner[6:], "--format", "%T"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if proc.returncode != 0:
+            return "GONE" if "Invalid job id" in proc.stderr else None
+        states = proc.stdout.split()
+        return states[0] if states else "GONE"
+
+    def job_ended(self) -> str | None:
+        """SLURM's word when the scheduler says the holder's job runs no process any more."""
+        state = self.slurm_state()
+        return state if state is not None and state not in _SLURM_LIVE else None
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))

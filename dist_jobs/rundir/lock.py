@@ -3,16 +3,22 @@
 NFS gives no flock that holds across hosts, so the lock is a file. It is written whole under a
 unique name and hard-linked to LOCK, which is atomic on local filesystems and NFS alike: exactly
 one of two runs creates it, and nobody ever reads a half-written one. The holder touches it
-every HEARTBEAT_SECONDS. Another run takes it over only when
+every heartbeat (DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s; the record says how often).
 
+A newcomer takes it over at once when
 - it is the same job (same owner: a requeued SLURM attempt, a replaced pod of the PyTorchJob),
 - the holder is provably gone (its process, on this machine, is not running), or
-- its heartbeat is older than the stale limit (DIST_JOBS_LOCK_STALE_SECONDS, default 90 s),
-  measured against the file server's clock (the mtime of a file we just wrote), not ours.
-  Holders beat every DIST_JOBS_LOCK_HEARTBEAT_SECONDS (default 10 s).
+- the holder's SLURM job has ended or is waiting in the queue (asked of squeue, same cluster only).
+A holder on this machine whose process runs is refused at once (LockHeld, exit 2). Any other
+holder is watched: a heartbeat seen to beat means a live run (refused); a holder that stops
+beating is waited for until its heartbeat is older than the stale limit
+(DIST_JOBS_LOCK_STALE_SECONDS, default 90 s), measured against the file server's clock (the
+mtime of a file we just wrote), not ours, and then taken over. Breaking a stale lock renames it
+aside first: one rename of a file succeeds, so exactly one newcomer breaks it.
 
-Otherwise it is refused with LockHeld (exit 2) naming the holder. Breaking a stale lock goes
-through a second lock file, so two newcomers cannot both break it and both believe they hold it.
+A holder that was only paused (SIGSTOP, a suspended SLURM job, an NFS failover) may wake up
+after losing its lock. `Fence.check()` is how it learns before every write into the run
+directory: LockLost (exit 6) names the new holder, and the run writes nothing more.
 Stdlib only: the batch script, the pod entrypoint, the local launcher and the trainer share it.
 """
 
@@ -27,15 +33,17 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dist_jobs.errors import BackendError, UsageError
-from dist_jobs.rundir.holder import Holder
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.errors import BackendError, DistJobsError, UsageError
+from dist_jobs.rundir.holder import Holder, env_seconds, heartbeat_seconds
+
+__all__ = ["Fence", "Heartbeat", "Lock", "LockHeld", "LockLost", "acquire", "heartbeat_seconds", "held"]
 
 LOCK_NAME = "LOCK"
-HEARTBEAT_SECONDS = 10.0
 STALE_SECONDS = 90.0
-_BREAK_STALE_SECONDS = 30.0  # a breaker that died half-way is ignored after this
-_ATTEMPTS = 50
+_ATTEMPTS = 50  # lost races (the lock changed hands under us) before giving up
 _SETTLE_SECONDS = 1.0  # how long a heartbeat waits for a half-written record before calling the lock lost
+_ASK_SCHEDULER_EVERY = 10.0  # seconds between two squeue calls about the same holder while waiting
 
 
 class LockHeld(UsageError):
@@ -55,20 +63,24 @@ class LockHeld(UsageError):
         self.age = age
 
 
-def _seconds(name: str, default: float, environ: Mapping[str, str] | None) -> float:
-    env = os.environ if environ is None else environ
-    try:
-        return max(0.05, float(env.get(name, default)))
-    except ValueError:
-        return default
+class LockLost(DistJobsError):
+    """This run's lock now belongs to another run: it must write nothing more in the run directory."""
+
+    exit_code = LOCK_LOST_EXIT_CODE
+
+    def __init__(self, run_dir: Path, successor: Holder | None, doing: str) -> None:
+        now = successor.describe() if successor else "nobody: the lock file was removed or cannot be read"
+        super().__init__(
+            f"lost the lock of run directory {run_dir} (it is now held by {now}): not going to {doing}; "
+            f"this run stops without writing anything more there (exit {LOCK_LOST_EXIT_CODE}, not requeued)",
+            hint="this run was paused or cut off for longer than the stale limit and another run took the "
+            "folder over; that run owns it now. Give this run another name if both should run",
+        )
+        self.successor = successor
 
 
 def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
-    return _seconds("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS, environ)
-
-
-def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
-    return _seconds("DIST_JOBS_LOCK_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS, environ)
+    return env_seconds("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS, environ)
 
 
 def new_token() -> str:
@@ -88,16 +100,21 @@ def _write_new(path: Path, data: bytes) -> bool:
         os.link(tmp, path)
         return True
     except FileExistsError:
-        return False
+        # NFS: a retransmitted LINK whose first try succeeded answers EEXIST; the count tells.
+        return _linked(tmp)
     except OSError:
-        # NFS: a retransmitted LINK can report failure after it succeeded; the count tells.
-        # A filesystem without hard links gets O_EXCL instead (content then shows a moment later).
-        with contextlib.suppress(OSError):
-            if os.stat(tmp).st_nlink == 2:
-                return True
-        return _create_exclusive(path, data)
+        # A failure after success, as above; a filesystem without hard links gets O_EXCL instead
+        # (its content then shows a moment later).
+        return _linked(tmp) or _create_exclusive(path, data)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _linked(tmp: Path) -> bool:
+    try:
+        return os.stat(tmp).st_nlink == 2
+    except OSError:
+        return False
 
 
 def _create_exclusive(path: Path, data: bytes) -> bool:
@@ -120,37 +137,80 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+def _now(folder: Path) -> float:
+    """The clock of the filesystem that holds `folder`: the mtime of a file written there now."""
+    probe = folder / f".now.{new_token()}"
+    probe.touch()
+    try:
+        return probe.stat().st_mtime
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def age(path: Path) -> float | None:
     """Seconds since `path` was last touched, by the clock of the filesystem that holds it."""
-    probe = path.with_name(f".{path.name}.{new_token()}.now")
     try:
-        probe.touch()
-        now = probe.stat().st_mtime
-        probe.unlink()
-        return max(0.0, now - path.stat().st_mtime)
+        return max(0.0, _now(path.parent) - path.stat().st_mtime)
     except FileNotFoundError:
         return None
 
 
-def _break(path: Path, judged: bytes) -> bool:
-    """Remove the stale lock we judged, unless it changed meanwhile; one breaker at a time."""
-    breaker = path.with_name(path.name + ".break")
-    if not _write_new(breaker, b""):
-        old = age(breaker)
-        if old is not None and old > _BREAK_STALE_SECONDS:
-            breaker.unlink(missing_ok=True)
-        return False
+@dataclass(frozen=True)
+class _Seen:
+    """One look at the lock file: its bytes, its holder (None: unreadable) and its mtime."""
+
+    raw: bytes
+    holder: Holder | None
+    mtime: float
+    age: float
+
+
+def _look(path: Path) -> _Seen | None:
     try:
-        if _read(path) != judged:
-            return False
-        path.unlink()
-        return True
+        raw = path.read_bytes()
+        mtime = path.stat().st_mtime
+        now = _now(path.parent)
+    except FileNotFoundError:
+        return None
+    return _Seen(raw, Holder.parse(raw), mtime, max(0.0, now - mtime))
+
+
+def _break(path: Path, judged: _Seen) -> bool:
+    """Remove the stale lock we judged, unless it changed meanwhile. It is renamed aside first:
+    of several newcomers that judged it stale, exactly one rename succeeds."""
+    aside = path.with_name(f".{path.name}.broken.{new_token()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False  # another newcomer broke it first, or its holder released it
+    try:
+        if aside.read_bytes() == judged.raw and aside.stat().st_mtime == judged.mtime:
+            return True
+        # It beat, or changed hands, after we judged it: put it back. Its holder's heartbeat
+        # looks again for a second before calling a missing lock lost.
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+        return False
     finally:
-        breaker.unlink(missing_ok=True)
+        aside.unlink(missing_ok=True)
+
+
+def current(path: Path, settle: float = 0.0) -> Holder | None:
+    """The holder the lock file names; None for no file or a record that cannot be read.
+    With `settle`, a missing or unreadable record is looked at again for that many seconds:
+    a takeover removes the file a moment before its successor's appears, and a writer
+    without hard links (or a person's editor) fills the file after creating it."""
+    deadline = time.monotonic() + settle
+    while True:
+        raw = _read(path)
+        holder = None if raw is None else Holder.parse(raw)
+        if holder is not None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.05)
 
 
 def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_after: float) -> str | None:
-    """Why `me` may take the lock from `holder`, or None when `holder` must be presumed alive."""
+    """Why `me` may take the lock from `holder` now, or None when `holder` may be alive."""
     if holder is not None and holder.owner and holder.owner == me.owner:
         return f"an earlier attempt of the same job ({holder.owner}) held it"
     if holder is not None and holder.gone():
@@ -158,6 +218,29 @@ def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_af
     if held_for > stale_after:
         return f"its holder's last heartbeat was {held_for:.0f} s ago (stale after {stale_after:.0f} s)"
     return None
+
+
+class _Watch:
+    """What a newcomer has seen of one holder while deciding whether it is alive."""
+
+    def __init__(self, seen: _Seen, started: float) -> None:
+        self.first = seen
+        self.started = started
+        self.asked: float | None = None  # when squeue was last asked about its job
+        self.told = False  # the waiting message was given
+
+    def same_holder(self, seen: _Seen) -> bool:
+        return seen.raw == self.first.raw
+
+    def beat_seen(self, seen: _Seen) -> bool:
+        return seen.mtime > self.first.mtime
+
+    def scheduler_says_ended(self, holder: Holder | None, now: float) -> str | None:
+        if holder is None or (self.asked is not None and now - self.asked < _ASK_SCHEDULER_EVERY):
+            return None
+        self.asked = now
+        state = holder.job_ended()
+        return None if state is None else f"its holder's SLURM job {holder.job_id} is {state.lower()} (squeue)"
 
 
 @dataclass
@@ -172,12 +255,14 @@ class Lock:
     def token(self) -> str:
         return self.holder.token
 
-    def beat(self) -> bool:
-        """Touch the lock if it is still ours; False once it is not (released or taken over),
-        with `successor` naming who holds it now."""
+    def beat(self, touch: bool = True) -> bool:
+        """Touch the lock if it is still ours (with touch=False: only look); False once it is not
+        (released or taken over), with `successor` naming who holds it now."""
         self.successor = self.current(settle=_SETTLE_SECONDS)
         if self.successor != self.holder:
             return False
+        if not touch:
+            return True
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.path)
             return True
@@ -189,25 +274,41 @@ class Lock:
             self.path.unlink(missing_ok=True)
 
     def current(self, settle: float = 0.0) -> Holder | None:
-        """The holder the lock file names; None for no file or a record that cannot be read.
-        With `settle`, a missing or unreadable record is looked at again for that many seconds:
-        a takeover removes the file a moment before its successor's appears, and a writer
-        without hard links (or a person's editor) fills the file after creating it."""
-        deadline = time.monotonic() + settle
-        while True:
-            raw = _read(self.path)
-            holder = None if raw is None else Holder.parse(raw)
-            if holder is not None or time.monotonic() >= deadline:
-                return holder
-            time.sleep(0.05)
+        return current(self.path, settle)
+
+    def fence(self) -> Fence:
+        return Fence(self.path, self.token)
 
 
-def acquire(run_dir: Path, me: Holder, inherited: str = "", stale_after: float | None = None) -> Lock:
+@dataclass(frozen=True)
+class Fence:
+    """Checks, right before a write into the run directory, that this run still holds its lock.
+    Every rank can hold one (the token is all it needs): one small read per write."""
+
+    path: Path
+    token: str
+
+    def check(self, doing: str) -> None:
+        """Raise LockLost unless the lock file still names our token; `doing` says what we were
+        about to do, for the message ("commit checkpoint step-40")."""
+        holder = current(self.path)
+        if holder is not None and holder.token == self.token:
+            return
+        raise LockLost(self.path.parent, holder or current(self.path, settle=_SETTLE_SECONDS), doing)
+
+
+def acquire(
+    run_dir: Path,
+    me: Holder,
+    inherited: str = "",
+    stale_after: float | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> Lock:
     """Take `run_dir`'s lock for `me`, or join it when it holds the `inherited` token (exported
-    as DIST_JOBS_LOCK_TOKEN by the launcher that took it). Raises LockHeld when another live
-    run holds it."""
+    as DIST_JOBS_LOCK_TOKEN by the launcher that took it). A holder that may be alive is watched
+    (`on_wait` hears why once); raises LockHeld when it is seen alive."""
     try:
-        return _acquire(run_dir, me, inherited, stale_seconds() if stale_after is None else stale_after)
+        return _acquire(run_dir, me, inherited, stale_seconds() if stale_after is None else stale_after, on_wait)
     except OSError as exc:
         raise BackendError(
             f"cannot lock the run directory {run_dir}: {exc.strerror or exc}",
@@ -215,30 +316,32 @@ def acquire(run_dir: Path, me: Holder, inherited: str = "", stale_after: float |
         ) from exc
 
 
-def _acquire(run_dir: Path, me: Holder, inherited: str, stale_after: float) -> Lock:
+def _acquire(
+    run_dir: Path, me: Holder, inherited: str, stale_after: float, on_wait: Callable[[str], None] | None
+) -> Lock:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
     took_over: str | None = None
-    for _ in range(_ATTEMPTS):
+    watch: _Watch | None = None
+    races = 0
+    while races < _ATTEMPTS:
         if _write_new(path, me.to_bytes()):
             return Lock(path, me, owned=True, took_over=took_over)
-        raw = _read(path)
-        if raw is None:
-            continue  # released between our two looks
-        holder = Holder.parse(raw)
-        if holder is not None and inherited and holder.token == inherited:
-            return Lock(path, holder, owned=False)
-        held_for = age(path)
-        if held_for is None:
+        seen = _look(path)
+        if seen is None:
+            races += 1  # released between our two looks
             continue
-        if holder is None and held_for < 5.0:  # being written without link(): give it a moment
-            time.sleep(0.1)
-            continue
-        reason = takeover_reason(holder, me, held_for, stale_after)
+        if seen.holder is not None and inherited and seen.holder.token == inherited:
+            return Lock(path, seen.holder, owned=False)
+        if watch is None or not watch.same_holder(seen):
+            watch = _Watch(seen, time.monotonic())  # a new holder (or the first look): watch it afresh
+        reason = _verdict(seen, watch, me, stale_after, on_wait, path)
         if reason is None:
-            raise LockHeld(path, holder, held_for, stale_after)
+            time.sleep(_poll_seconds(seen.holder))
+            continue
         took_over = reason
-        if not _break(path, raw):
+        if not _break(path, seen):
+            races += 1
             time.sleep(0.05)
     raise BackendError(
         f"could not take the lock {path}: it kept changing hands",
@@ -246,9 +349,39 @@ def _acquire(run_dir: Path, me: Holder, inherited: str, stale_after: float) -> L
     )
 
 
+def _verdict(
+    seen: _Seen, watch: _Watch, me: Holder, stale_after: float, on_wait: Callable[[str], None] | None, path: Path
+) -> str | None:
+    """Why the lock may be taken now; None to keep watching; raises LockHeld for a live holder."""
+    holder = seen.holder
+    reason = takeover_reason(holder, me, seen.age, stale_after)
+    if reason is None:
+        reason = watch.scheduler_says_ended(holder, time.monotonic())
+    if reason is not None:
+        return reason
+    if holder is None and seen.age < 5.0 and not watch.beat_seen(seen):
+        return None  # being written without link(): give it a moment
+    if watch.beat_seen(seen) or (holder is not None and holder.on_this_machine()):
+        raise LockHeld(path, holder, seen.age, stale_after)  # it beats, or its process runs here
+    if on_wait is not None and not watch.told:
+        watch.told = True
+        on_wait(
+            f"waiting for the lock of {path.parent}: its holder "
+            f"({holder.describe() if holder else 'a record that cannot be read'}) last beat {seen.age:.0f} s ago; "
+            f"refused if it beats again, taken over once its heartbeat is {stale_after:.0f} s old"
+        )
+    return None
+
+
+def _poll_seconds(holder: Holder | None) -> float:
+    """A quarter of the holder's heartbeat period (at most a second): a beat is not missed."""
+    return min(1.0, max(0.02, (holder.every if holder else 1.0) / 4))
+
+
 class Heartbeat:
     """Touches a lock every `every` seconds (default: heartbeat_seconds()) from a daemon thread;
-    `on_lost` runs once if the lock stops being ours (another run took it over: we looked dead)."""
+    `on_lost` runs once if the lock stops being ours (another run took it over: we looked dead).
+    A joined lock (not owned) is only watched: its launcher beats it."""
 
     def __init__(
         self, lock: Lock, every: float | None = None, on_lost: Callable[[Holder | None], None] | None = None
@@ -256,21 +389,20 @@ class Heartbeat:
         self.lock = lock
         self.every = heartbeat_seconds() if every is None else every
         self.on_lost = on_lost
-        self.lost = False
+        self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dist-jobs-lock-heartbeat", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            if not self.lock.beat():
-                self.lost = True
+            if not self.lock.beat(touch=self.lock.owned):
+                self.lost.set()
                 if self.on_lost is not None:
                     self.on_lost(self.lock.successor)
                 return
 
     def __enter__(self) -> Heartbeat:
-        if self.lock.owned:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -281,10 +413,14 @@ class Heartbeat:
 
 @contextlib.contextmanager
 def held(
-    run_dir: Path, me: Holder, inherited: str = "", on_lost: Callable[[Holder | None], None] | None = None
+    run_dir: Path,
+    me: Holder,
+    inherited: str = "",
+    on_lost: Callable[[Holder | None], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Iterator[Lock]:
     """The lock for the duration of the block: taken (or joined), kept beating, released."""
-    lock = acquire(run_dir, me, inherited)
+    lock = acquire(run_dir, me, inherited, on_wait=on_wait)
     try:
         with Heartbeat(lock, on_lost=on_lost):
             yield lock

@@ -4,7 +4,7 @@ The sbatch script and the pod entrypoint take the lock for their whole job, so t
 command is covered as well as the built-in trainer:
 
     token="$(python3 -m dist_jobs.rundir.lockctl acquire RUN_DIR --backend slurm --pid $$)" || exit 2
-    python3 -m dist_jobs.rundir.lockctl heartbeat RUN_DIR "$token" --pid $$ &
+    python3 -m dist_jobs.rundir.lockctl heartbeat RUN_DIR "$token" --pid $$ --stop-steps "$SLURM_JOB_ID" &
     ... the job, with DIST_JOBS_LOCK_TOKEN="$token" exported so the trainer joins the lock ...
     python3 -m dist_jobs.rundir.lockctl release RUN_DIR "$token"
 
@@ -12,24 +12,33 @@ command is covered as well as the built-in trainer:
 passes `--token`, and relies on the default --pid, the parent, which is the shell when
 lockctl runs as a plain command, not inside `$(...)`.)
 
-`acquire` prints the token (unless --token gave it), or the refusal (exit 2). `heartbeat` keeps the lock fresh until it
-is released or taken over, or process --pid is gone; it ignores the signals that stop a job
-(TERM, INT, HUP, USR1, USR2), since the ranks may still be writing their preemption checkpoint.
+`acquire` prints the token (unless --token gave it), or the refusal (exit 2); a holder that may
+be alive is waited for (see dist_jobs.rundir.lock). `heartbeat` keeps the lock fresh until it is
+released or taken over, or process --pid is gone; it ignores the signals that stop a job (TERM,
+INT, HUP, USR1, USR2), since the ranks may still be writing their preemption checkpoint. When
+another run took the lock over, the job must stop at once and write nothing more: `heartbeat`
+kills what it was told to (--stop-steps: every step of that SLURM job, not its batch shell;
+--kill-tree: a process and all its descendants) with SIGKILL, a signal a rank cannot turn into
+a checkpoint, and exits 6. `check` exits 0 while the token holds the lock, else 6 naming the holder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
-from dist_jobs.rundir.lock import LOCK_NAME, Lock, acquire, heartbeat_seconds, new_token
+from dist_jobs.rundir.lock import LOCK_NAME, Fence, Lock, LockLost, acquire, current, heartbeat_seconds, new_token
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,30 +50,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, default=os.getppid(), help="the process that holds it (default: parent)")
     p.add_argument("--job-id", default=None, help="scheduler job id (default: $SLURM_JOB_ID, else the owner)")
     p.add_argument("--token", default=None, help="the lock's token, made by the caller (default: printed)")
-    for verb in ("heartbeat", "release"):
+    for verb in ("heartbeat", "release", "check"):
         p = sub.add_parser(verb, help=f"{verb} the lock taken with TOKEN")
         p.add_argument("run_dir", type=Path)
         p.add_argument("token")
         if verb == "heartbeat":
             p.add_argument("--pid", type=int, default=os.getppid(), help="stop when this process is gone")
             p.add_argument("--every", type=float, help="seconds (default: $DIST_JOBS_LOCK_HEARTBEAT_SECONDS or 10)")
+            p.add_argument("--stop-steps", metavar="JOB_ID", help="lost: SIGKILL every step of this SLURM job")
+            p.add_argument("--kill-tree", metavar="PID", type=int, help="lost: SIGKILL PID and its descendants")
     return parser
 
 
 def _mine(run_dir: Path, token: str) -> Lock | None:
-    path = run_dir / LOCK_NAME
-    try:
-        holder = Holder.parse(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    return Lock(path, holder, owned=True) if holder is not None and holder.token == token else None
+    """Our lock, or None once it names another holder (or none)."""
+    holder = current(run_dir / LOCK_NAME)
+    return Lock(run_dir / LOCK_NAME, holder, owned=True) if holder is not None and holder.token == token else None
 
 
 def _acquire(args: argparse.Namespace) -> int:
     owner = owner_from_env(os.environ)
     job_id = args.job_id if args.job_id is not None else os.environ.get("SLURM_JOB_ID", "") or owner.split(":")[-1]
     me = Holder.this(args.token or new_token(), owner, args.backend, job_id, pid=args.pid)
-    lock = acquire(args.run_dir, me)
+    lock = acquire(args.run_dir, me, on_wait=lambda why: print(f"dist-jobs: {why}", file=sys.stderr, flush=True))
     if lock.took_over:
         print(f"dist-jobs: took over the lock of {args.run_dir}: {lock.took_over}", file=sys.stderr)
     if not args.token:
@@ -76,15 +84,54 @@ def _heartbeat(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     lock = _mine(args.run_dir, args.token)
+    successor = None if lock is not None else current(args.run_dir / LOCK_NAME)  # lost before we began?
     watched = process_start(args.pid)
     every = heartbeat_seconds() if args.every is None else args.every
     while lock is not None and lock.beat():
         time.sleep(every)
         if watched is None or process_start(args.pid) != watched:
             return 0  # the job's shell is gone: the lock goes stale unless released
-    if lock is not None and lock.current() is not None:
-        print(f"dist-jobs: lost the lock of {args.run_dir} to another run", file=sys.stderr)
-        return 1
+    if lock is not None:
+        successor = lock.successor
+    if successor is None and not (args.run_dir / LOCK_NAME).exists():
+        return 0  # released (the job ended)
+    if args.stop_steps:
+        _stop_slurm_steps(args.stop_steps)
+    if args.kill_tree:
+        _kill_tree(args.kill_tree)
+    print(f"dist-jobs: {LockLost(args.run_dir, successor, 'go on')}", file=sys.stderr, flush=True)
+    return LOCK_LOST_EXIT_CODE
+
+
+def _stop_slurm_steps(job_id: str) -> None:
+    """SIGKILL every step of the job but its batch shell, which decides what happens next."""
+    argv = ["squeue", "--noheader", "--steps", "--jobs", job_id, "--format", "%i"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listed = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False).stdout.split()
+        steps = [step for step in listed if re.fullmatch(rf"{re.escape(job_id)}\.\d+", step)]
+        if steps:
+            subprocess.run(["scancel", "--signal=KILL", *steps], timeout=30, check=False)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it (ranks under torchrun under a shell)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry))
+    doomed, todo = [], [pid]
+    while todo:
+        doomed.append(todo.pop())
+        todo.extend(children.get(doomed[-1], []))
+    for victim in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(victim, signal.SIGKILL)
+
+
+def _check(args: argparse.Namespace) -> int:
+    Fence(args.run_dir / LOCK_NAME, args.token).check("go on")
     return 0
 
 
@@ -98,7 +145,8 @@ def _release(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"acquire": _acquire, "heartbeat": _heartbeat, "release": _release}[args.verb](args)
+        verbs = {"acquire": _acquire, "heartbeat": _heartbeat, "release": _release, "check": _check}
+        return verbs[args.verb](args)
     except DistJobsError as exc:
         print(f"dist-jobs: {exc}", file=sys.stderr)
         return exc.exit_code

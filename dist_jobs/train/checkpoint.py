@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from dist_jobs.constants import VERSION
+from dist_jobs.rundir.lock import LockLost
 from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
 from dist_jobs.train.ckpt_read import SHARED, Agree, encode_marker, load_verified, newest_agreed, read_marker
@@ -73,6 +74,7 @@ class Checkpointer:
         keep: int = 3,
         async_write: bool = False,
         finalize_timeout: float = 600.0,
+        fence: Callable[[str], None] = lambda doing: None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise CheckpointError(
@@ -86,6 +88,9 @@ class Checkpointer:
             )
         self.directory, self.rank, self.world_size = Path(directory), rank, world_size
         self.keep, self.async_write, self.finalize_timeout = keep, async_write, finalize_timeout
+        # Raises (LockLost) once this run no longer holds its run directory: called right before
+        # each write, so a run that lost it writes nothing more there.
+        self.fence = fence
         self._writer = BackgroundWriter(f"checkpoint-writer-rank{rank}")
         self._buffers = {"shared": TensorBuffers(), "rank": TensorBuffers()}
         self._bad: set[int] = set()  # committed steps latest() found unusable: save() replaces them
@@ -98,6 +103,7 @@ class Checkpointer:
                 hint="check the path and its permissions",
             ) from exc
         if rank == 0:
+            self.fence("remove the leftovers of interrupted checkpoints")
             for stale in self._leftovers(below=None):
                 log.info("removing %s left by an interrupted checkpoint", stale)
                 disk.remove(stale)
@@ -139,7 +145,7 @@ class Checkpointer:
         """Block until the in-flight write (if any) is durable; raise its error."""
         try:
             self._writer.wait()
-        except CheckpointError:
+        except (CheckpointError, LockLost):
             raise
         except Exception as exc:
             raise CheckpointError(
@@ -218,6 +224,7 @@ class Checkpointer:
 
     def _write(self, step: int, shared: Any, rank_state: Any, needed: int) -> None:
         partial, files = self._partial(step), {}
+        self.fence(f"write rank {self.rank}'s part of checkpoint step-{step}")
         try:
             partial.mkdir(parents=True, exist_ok=True)
             # Opened first: once our file is in, rank 0 may rename the folder before we fsync it.
@@ -229,8 +236,8 @@ class Checkpointer:
                 os.fsync(handle)
             if self.rank == 0:
                 self._commit(step, files)
-        except CheckpointError:
-            raise  # a rank missed the deadline: keep the folder, it may still be writing into it
+        except (CheckpointError, LockLost):
+            raise  # a rank missed the deadline, or the folder is another run's now: leave it be
         except Exception as exc:
             if self.rank == 0 and partial.exists():
                 disk.remove(partial)  # nothing of a failed step may remain to confuse anyone
@@ -255,6 +262,7 @@ class Checkpointer:
         disk.write_atomic(partial / COMPLETE, lambda f: f.write(payload))  # last file: it makes it count
         disk.fsync_dir(partial)
         final = self._folder(step)
+        self.fence(f"commit checkpoint step-{step}")
         if final.exists():  # a copy that does not count (no COMPLETE, or latest() rejected it)
             aside = self.directory / f".step-{step}.corrupt-{time.time_ns()}"
             os.rename(final, aside)
@@ -279,6 +287,7 @@ class Checkpointer:
 
     def _after_commit(self, step: int) -> None:
         """Pointer and pruning: the checkpoint already counts, so failures here only warn."""
+        self.fence(f"point {LATEST} at step-{step} and prune older checkpoints")
         try:
             payload = f"step-{step}\n".encode()
             disk.write_atomic(self.directory / LATEST, lambda f: f.write(payload))

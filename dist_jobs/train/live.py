@@ -19,6 +19,7 @@ from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.attempts import Attempts
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.runlock import Guard
 from dist_jobs.train.watchdog import Watchdog
 
 log = logging.getLogger("dist_jobs.train")
@@ -41,8 +42,9 @@ def attempt_number(environ: Mapping[str, str] | None = None) -> int:
 class Live:
     """Rank 0's progress.json and metrics.jsonl; every method does nothing when `folder` is None."""
 
-    def __init__(self, folder: Path | None, total_steps: int, attempt: int) -> None:
+    def __init__(self, folder: Path | None, total_steps: int, attempt: int, guard: Guard | None = None) -> None:
         self.folder = folder
+        self.guard = guard or Guard()
         self.total = total_steps
         self.attempt = attempt
         self.metrics: dict[str, float] = {}
@@ -56,7 +58,7 @@ class Live:
 
     def update(self, step: int, epoch: int, values: Mapping[str, float], *, finished: bool = False) -> None:
         """Record `values` (the latest of each metric is kept) and rewrite the progress file."""
-        if self.folder is None:
+        if self.folder is None or not self.guard.holds("write progress.json and metrics.jsonl"):
             return
         fresh = {k: float(v) for k, v in values.items() if k not in _NOT_METRICS}
         self.metrics.update(fresh)

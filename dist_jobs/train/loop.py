@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.lock import LOCK_NAME, LockLost, current
 from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, live, models, shm_reduce, signals
@@ -37,7 +38,7 @@ from dist_jobs.train.distributed import Dist, FlagPoll, session
 from dist_jobs.train.metrics import Meter, Reporter, evaluate
 from dist_jobs.train.resume import checkpoint_folder, resume, run_name, seed_all, shared_state
 from dist_jobs.train.rng import rng_state
-from dist_jobs.train.runlock import run_lock
+from dist_jobs.train.runlock import Guard, run_lock
 from dist_jobs.train.state import Run
 
 log = logging.getLogger("dist_jobs.train")
@@ -79,7 +80,7 @@ def fit(
     with (
         signals.PreemptFlag(signals.preempt_signals(config.preempt_signals)) as flag,
         session(config) as dist,
-        run_lock(checkpoint_folder(config), dist),
+        run_lock(checkpoint_folder(config), dist) as guard,
     ):
         if train_data is None:
             train_data, built_eval = data.build_datasets(config)
@@ -87,7 +88,7 @@ def fit(
         if model is None:
             model = models.build_model(config.model, config.num_classes, config)
         loss_fn = loss or models.default_loss(config)
-        run = _build(config, dist, flag, model, train_data, eval_data, loss_fn, dict(state or {}))
+        run = _build(config, dist, flag, guard, model, train_data, eval_data, loss_fn, dict(state or {}))
         try:
             resume(run)
             watching: AbstractContextManager[Any] = run.watchdog or nullcontext()
@@ -102,6 +103,7 @@ def _build(
     c: TrainConfig,
     dist: Dist,
     flag: signals.PreemptFlag,
+    guard: Guard,
     model: nn.Module,
     train_data: Any,
     eval_data: Any,
@@ -115,20 +117,18 @@ def _build(
         shm_reduce.attach(ddp, dist.rank, dist.world_size, dist.timeout)
     if c.compile:
         ddp = cast(nn.Module, torch.compile(ddp))
-    where: dict[str, Any] = {"rank": dist.rank, "world_size": dist.world_size, "pin_memory": on_gpu}
-    loader = data.train_loader(train_data, c, **where)
-    evaluating = eval_data is not None and c.eval_every_epoch
-    held_out = data.eval_loader(eval_data, c, **where) if evaluating else None
+    loader, held_out = _loaders(c, dist, train_data, eval_data, on_gpu)
     steps = data.steps_per_epoch(loader, c, dist.world_size)
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
-    folder, ckpt = _checkpointer(c, dist)
+    folder, ckpt = _checkpointer(c, dist, guard)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(
         config=c,
         dist=dist,
         flag=flag,
+        guard=guard,
         model=model,
         ddp=ddp,
         optimizer=optimizer,
@@ -141,13 +141,20 @@ def _build(
         total_steps=total,
         ckpt=ckpt,
         reporter=Reporter(enabled=dist.is_main, progress=c.progress, tensorboard_dir=board, total_steps=total),
-        poll=FlagPoll(dist.control, 2),
+        poll=FlagPoll(dist.control, 3),
         loss_fn=loss_fn,
         no_sync=no_sync,
         user_state=user_state,
-        live=live.Live(folder if dist.is_main else None, total, live.attempt_number()),
+        live=live.Live(folder if dist.is_main else None, total, live.attempt_number(), guard),
         watchdog=live.watchdog(c, dist.rank, folder),
     )
+
+
+def _loaders(c: TrainConfig, dist: Dist, train_data: Any, eval_data: Any, on_gpu: bool) -> tuple[Any, Any]:
+    """This rank's training loader and held-out loader (None without eval data or evaluation)."""
+    where: dict[str, Any] = {"rank": dist.rank, "world_size": dist.world_size, "pin_memory": on_gpu}
+    evaluating = eval_data is not None and c.eval_every_epoch
+    return data.train_loader(train_data, c, **where), data.eval_loader(eval_data, c, **where) if evaluating else None
 
 
 def _check_amp(c: TrainConfig, dist: Dist) -> bool:
@@ -160,14 +167,17 @@ def _check_amp(c: TrainConfig, dist: Dist) -> bool:
     return on_gpu
 
 
-def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer | None]:
+def _checkpointer(c: TrainConfig, dist: Dist, guard: Guard) -> tuple[Path | None, Checkpointer | None]:
     folder = checkpoint_folder(c)
     if folder is None:
         return None, None
     keep, async_write = c.keep_checkpoints, c.async_checkpoint
     # First: it creates the folder, or says why it cannot.
-    ckpt = Checkpointer(folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write)
+    ckpt = Checkpointer(
+        folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write, fence=guard.check
+    )
     if dist.is_main:
+        guard.check(f"remove {PREEMPTED}")
         (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
     return folder, ckpt
 
@@ -198,6 +208,7 @@ def _train(run: Run) -> dict[str, float]:
     folder = checkpoint_folder(c)
     if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
         run.live.update(pos.step, min(pos.epoch, c.epochs - 1), {}, finished=True)
+        run.guard.check("write result.json")
         write_result(folder, run.metrics)
     return dict(run.metrics)
 
@@ -250,7 +261,9 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
 def _boundary(run: Run) -> None:
     """Between optimizer steps: checkpoint when due, stop when any rank was told to."""
     c, pos = run.config, run.pos
-    preempt, time_due = run.poll.result()  # what all ranks reported one boundary ago
+    preempt, time_due, lost = run.poll.result()  # what all ranks reported one boundary ago
+    if lost:  # rank 0 saw another run take the run directory over: stop, and save nothing
+        _lock_lost(run)
     every = c.checkpoint_every_steps
     if run.ckpt is not None and (preempt or time_due or (every and pos.step % every == 0)):
         _save(run)
@@ -259,7 +272,7 @@ def _boundary(run: Run) -> None:
     # Rank 0's clock alone decides time-based checkpoints, so all ranks save the same step.
     minutes = c.checkpoint_every_minutes
     due = bool(minutes and run.dist.is_main and time.monotonic() - run.last_save >= minutes * 60)
-    run.poll.launch([bool(run.flag), due])
+    run.poll.launch([bool(run.flag), due, run.guard.lost.is_set()])
 
 
 def _save(run: Run) -> None:
@@ -283,6 +296,7 @@ def _stop(run: Run) -> None:
     if run.ckpt is not None:
         run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
         if run.dist.is_main:
+            run.guard.check(f"mark the run {PREEMPTED}")
             tmp = run.ckpt.directory / f".{PREEMPTED}.tmp"
             tmp.write_text(f"{run.pos.step}\n")
             os.replace(tmp, run.ckpt.directory / PREEMPTED)
@@ -295,6 +309,14 @@ def _stop(run: Run) -> None:
     raise Preempted(
         f"preempted by {by} at step {run.pos.step}: {saved}; exiting with {REQUEUE_EXIT_CODE} to be requeued", hint=hint
     )
+
+
+def _lock_lost(run: Run) -> None:
+    """Every rank leaves at the same boundary with the same error, writing nothing more."""
+    assert run.ckpt is not None  # only a run with a run directory holds a lock
+    run.dist.barrier()  # leave together: launchers kill the rest when the first rank exits
+    folder = run.ckpt.directory  # an async write still in flight is fenced too: its commit is refused
+    raise LockLost(folder, current(folder / LOCK_NAME), f"take step {run.pos.step + 1}")
 
 
 def _max_steps_reached(run: Run) -> bool:

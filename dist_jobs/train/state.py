@@ -19,6 +19,7 @@ from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll
 from dist_jobs.train.live import Live
 from dist_jobs.train.metrics import Reporter
+from dist_jobs.train.runlock import Guard
 from dist_jobs.train.watchdog import Watchdog
 
 
@@ -35,6 +36,7 @@ class Run:
     config: TrainConfig
     dist: Dist
     flag: signals.PreemptFlag
+    guard: Guard  # the run directory lock: fences every write, says when it was lost
     model: nn.Module  # unwrapped: what checkpoints hold and evaluation runs
     ddp: nn.Module  # DistributedDataParallel(model), or the model itself in a world of one
     optimizer: torch.optim.Optimizer

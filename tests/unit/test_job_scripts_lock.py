@@ -5,7 +5,6 @@ the same job take it over, and release it at the end."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -16,26 +15,15 @@ from pathlib import Path
 from dist_jobs.render import render
 from dist_jobs.render.k8s import container_command
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import LOCK_NAME, new_token
+from dist_jobs.rundir.lock import LOCK_NAME
 from dist_jobs.spec.load import load_spec
 from support import kubelet
+from support.lock_support import beating, foreign, plant
 from support.paths import REPO, venv_bin
 from support.render_helpers import make_stubs, run_script
 
 SLURM = {"name": "locked", "nodes": 2, "procs_per_node": 2}
 K8S = {"name": "locked", "nodes": 2, "procs_per_node": 1, "image": "x/y:1", "k8s": {"namespace": "ml"}}
-
-
-def foreign(owner: str, backend: str, job_id: str) -> Holder:
-    """A live holder on another host (only a stale heartbeat could free its lock)."""
-    holder = Holder.this(new_token(), owner, backend, job_id)
-    return dataclasses.replace(holder, host="elsewhere", pid=99999, boot_id="other-boot")
-
-
-def plant(run_dir: Path, holder: Holder) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / LOCK_NAME).write_bytes(holder.to_bytes())
-    return run_dir / LOCK_NAME
 
 
 # -- sbatch ------------------------------------------------------------------------------------------
@@ -60,8 +48,10 @@ def test_a_second_job_is_refused_before_its_step(tmp_path: Path) -> None:
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     holder = foreign("slurm:4100", "slurm", "4100")
     lock = plant(tmp_path / "checkpoints" / "locked", holder)
-    proc, calls = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs)
+    with beating(lock, holder):
+        proc, calls = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs)
     assert proc.returncode == 2 and not [c for c in calls if c["prog"] == "srun"]
+    assert not (lock.parent / "attempts").exists()  # a refused job is no attempt of the run
     assert "is in use by another run (slurm job 4100, pid 99999 on host elsewhere" in proc.stderr
     assert "stop it (scancel 4100)" in proc.stderr
     assert Holder.parse(lock.read_bytes()) == holder
@@ -112,8 +102,9 @@ def test_pod_rank_0_holds_the_lock_for_its_program(tmp_path: Path) -> None:
 
 def test_a_second_job_on_the_same_volume_is_refused_a_replaced_pod_takes_over(tmp_path: Path) -> None:
     run_dir = tmp_path / "shared" / "locked"
-    plant(run_dir, foreign("k8s:pytorchjob/other-ns/locked", "k8s", "pytorchjob/other-ns/locked"))
-    refused = run_pod(tmp_path, "echo started", PET_NODE_RANK="0")
+    other = foreign("k8s:pytorchjob/other-ns/locked", "k8s", "pytorchjob/other-ns/locked")
+    with beating(plant(run_dir, other), other):
+        refused = run_pod(tmp_path, "echo started", PET_NODE_RANK="0")
     assert refused.returncode == 2 and "started" not in refused.stdout
     assert "stop it (kubectl delete pytorchjob locked -n other-ns)" in refused.stderr, refused.stderr
 
@@ -136,3 +127,45 @@ def test_the_pods_heartbeat_keeps_the_lock_fresh(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert time.time() - int(proc.stdout.split()[-1]) < 10  # touched again by the heartbeat
     assert not lock.exists() and os.listdir(lock.parent) in ([], ["attempts"])  # attempts: the restart cap
+
+
+def test_a_batch_job_that_lost_its_lock_stops_writes_nothing_and_is_not_requeued(tmp_path: Path) -> None:
+    """Another run takes the lock over while the step runs (this job was suspended past the stale
+    limit): the heartbeat kills the job's steps, and the script exits 6 without counting the
+    attempt done, requeueing or releasing the other run's lock."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    thief = foreign("slurm:4300", "slurm", "4300")
+    run_dir = tmp_path / "checkpoints" / "locked"
+    record = thief.to_bytes().decode().strip()
+    (stubs / "srun").write_text(
+        f"#!/bin/sh\nprintf '%s' '{record}' > \"$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK\"\n"
+        f'while [ ! -e "{tmp_path}/scancelled" ]; do sleep 0.05; done\nexit 137\n'
+    )
+    (stubs / "squeue").write_text("#!/bin/sh\necho 4242.batch; echo 4242.0\n")
+    (stubs / "scancel").write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/scancelled"\n')
+    for name in ("squeue", "scancel"):
+        (stubs / name).chmod(0o755)
+    env = {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "0.1"}
+    proc, calls = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs, env)
+    assert proc.returncode == 6, proc.stderr
+    assert (tmp_path / "scancelled").read_text().split() == ["--signal=KILL", "4242.0"]  # the step, not the batch
+    assert "lost the lock of run directory" in proc.stderr and "slurm job 4300" in proc.stderr
+    assert "this job lost the run directory lock: exit 6" in proc.stdout
+    assert not [c for c in calls if c["prog"] == "scontrol" and "requeue" in c["argv"]]
+    assert Holder.parse((run_dir / LOCK_NAME).read_bytes()) == thief  # the other run's lock stays
+    assert (run_dir / "attempts" / "4242" / "batch").is_file()  # counted, never marked done
+
+
+def test_a_pod_that_lost_its_lock_kills_its_program_and_exits_6(tmp_path: Path) -> None:
+    thief = foreign("k8s:pytorchjob/other/locked", "k8s", "pytorchjob/other/locked")
+    lock = tmp_path / "shared" / "locked" / LOCK_NAME
+    program = (
+        f"printf '%s' '{thief.to_bytes().decode().strip()}' > '{lock}'; "
+        f"sh -c 'sleep 30; touch {tmp_path}/survived' & wait"
+    )
+    started = time.monotonic()
+    proc = run_pod(tmp_path, program, PET_NODE_RANK="0", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.1")
+    assert proc.returncode == 6, proc.stderr
+    assert time.monotonic() - started < 20 and not (tmp_path / "survived").exists()  # the tree was killed
+    assert "this job lost the run directory lock: exit 6" in proc.stderr
+    assert Holder.parse(lock.read_bytes()) == thief

@@ -73,7 +73,8 @@ def test_the_checker_catches_a_wrong_way_edge_and_a_cycle() -> None:
     assert layers.cycles(loop) == [["dist_jobs.backends.base", "dist_jobs.backends.slurm"]]
 
 
-MAX_MODULE_LINES = 310  # the card's "~300"
+# A smell, not a rule (issue 25): one concept read top to bottom beats fragments split to fit.
+MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 50
 
 

@@ -13,14 +13,27 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
-from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, LockHeld, acquire, held, new_token, stale_seconds
+from dist_jobs.rundir.lock import (
+    LOCK_NAME,
+    Heartbeat,
+    LockHeld,
+    LockLost,
+    acquire,
+    held,
+    new_token,
+    stale_seconds,
+)
+from support.lock_support import beating
 from support.paths import PYTHON, REPO
 
 LOCKCTL = [PYTHON, "-m", "dist_jobs.rundir.lockctl"]
@@ -30,9 +43,9 @@ def me(owner: str = "", backend: str = "local", job_id: str = "") -> Holder:
     return Holder.this(new_token(), owner, backend, job_id)
 
 
-def elsewhere(owner: str = "slurm:77", job_id: str = "77") -> Holder:
-    """A holder on another host: nothing here can see whether its process runs."""
-    return dataclasses.replace(me(owner, "slurm", job_id), host="n9", pid=4321, boot_id="other-boot")
+def elsewhere(owner: str = "slurm:77", job_id: str = "77", every: float = 0.05) -> Holder:
+    """A holder on another host: nothing here can see whether its process runs, only its heartbeat."""
+    return dataclasses.replace(me(owner, "slurm", job_id), host="n9", pid=4321, boot_id="other-boot", every=every)
 
 
 def plant(run_dir: Path, holder: Holder, age: float = 0.0) -> Path:
@@ -58,23 +71,23 @@ def test_the_lock_file_names_its_holder_and_goes_at_release(tmp_path: Path) -> N
 def test_a_second_run_is_refused_with_the_holder_and_the_fix(tmp_path: Path) -> None:
     holder = elsewhere()
     path = plant(tmp_path / "run", holder, age=3)
-    with pytest.raises(LockHeld) as caught:
+    with beating(path, holder), pytest.raises(LockHeld) as caught:
         acquire(tmp_path / "run", me("slurm:78", "slurm", "78"))
     error = caught.value
     assert error.exit_code == 2 and error.holder == holder
     text = str(error)
     assert f"run directory {tmp_path / 'run'} is in use by another run (slurm job 77, pid 4321 on host n9" in text
-    assert "last heartbeat 3 s ago" in text
+    assert "last heartbeat 0 s ago" in text
     assert "hint: wait for that run to end or stop it (scancel 77)" in text and str(path) in text
 
 
 def test_the_refusal_leaves_the_holders_lock_as_it_was(tmp_path: Path) -> None:
     holder = elsewhere()
     path = plant(tmp_path / "run", holder, age=3)
-    before = path.stat().st_mtime
-    with pytest.raises(LockHeld):
+    with beating(path, holder), pytest.raises(LockHeld):
         acquire(tmp_path / "run", me())
-    assert Holder.parse(path.read_bytes()) == holder and path.stat().st_mtime == before
+    assert Holder.parse(path.read_bytes()) == holder
+    assert sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
 
 
 def test_a_requeued_attempt_of_the_same_job_takes_it_over(tmp_path: Path) -> None:
@@ -84,13 +97,151 @@ def test_a_requeued_attempt_of_the_same_job_takes_it_over(tmp_path: Path) -> Non
     assert Holder.parse((tmp_path / "run" / LOCK_NAME).read_bytes()) == lock.holder
 
 
-def test_a_stale_heartbeat_is_taken_over_a_fresh_one_is_not(tmp_path: Path) -> None:
-    plant(tmp_path / "run", elsewhere(), age=stale_seconds() - 20)
-    with pytest.raises(LockHeld):
+def test_a_stale_heartbeat_is_taken_over_a_beating_one_is_not(tmp_path: Path) -> None:
+    holder = elsewhere()
+    path = plant(tmp_path / "run", holder, age=stale_seconds() - 20)
+    with beating(path, holder), pytest.raises(LockHeld):
         acquire(tmp_path / "run", me())
     plant(tmp_path / "run", elsewhere(), age=stale_seconds() + 20)
     lock = acquire(tmp_path / "run", me())
     assert "last heartbeat was" in (lock.took_over or "") and lock.owned
+
+
+def test_a_holder_whose_heartbeat_stopped_is_waited_for_then_taken_over(tmp_path: Path) -> None:
+    """A job killed a moment ago (scancel, then SIGKILL) left a fresh lock that never beats again:
+    the newcomer says it waits, and takes the lock once it is stale instead of refusing at once."""
+    plant(tmp_path / "run", elsewhere(every=0.1), age=0)
+    said: list[str] = []
+    started = time.monotonic()
+    lock = acquire(tmp_path / "run", me(), stale_after=1.5, on_wait=said.append)
+    assert time.monotonic() - started >= 1.0
+    assert lock.owned and "last heartbeat was" in (lock.took_over or "")
+    assert len(said) == 1
+    assert said[0].startswith(f"waiting for the lock of {tmp_path / 'run'}: its holder (slurm job 77")
+    assert "refused if it beats again, taken over once its heartbeat is 2 s old" in said[0]
+
+
+def test_a_waited_for_holder_that_beats_again_is_refused(tmp_path: Path) -> None:
+    """A paused holder (SIGSTOP, a suspended job) that wakes up before the stale limit is alive."""
+    holder = elsewhere(every=0.1)
+    path = plant(tmp_path / "run", holder, age=0)
+    waiting = threading.Event()
+    outcome: list[BaseException] = []
+
+    def newcomer() -> None:
+        try:
+            acquire(tmp_path / "run", me(), stale_after=30, on_wait=lambda _: waiting.set())
+        except LockHeld as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=newcomer)
+    thread.start()
+    assert waiting.wait(20)
+    os.utime(path)  # the holder's heartbeat resumes
+    thread.join(20)
+    assert not thread.is_alive() and len(outcome) == 1 and outcome[0].holder == holder  # type: ignore[attr-defined]
+    assert Holder.parse(path.read_bytes()) == holder
+
+
+def _fake_squeue(folder: Path, stdout: str, stderr: str, code: int) -> dict[str, str]:
+    """squeue as SLURM 22.05 answers `squeue --noheader --jobs ID --format %T` (see fixtures)."""
+    folder.mkdir()
+    script = folder / "squeue"
+    script.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\nprintf '%s' '{stderr}' >&2\nexit {code}\n")
+    script.chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}", "SLURM_CLUSTER_NAME": "distjobs"}
+
+
+@pytest.mark.parametrize(
+    ("stdout", "stderr", "code", "taken"),
+    [
+        ("", "slurm_load_jobs error: Invalid job id specified\n", 1, "is gone (squeue)"),
+        ("CANCELLED\n", "", 0, "is cancelled (squeue)"),
+        ("PENDING\n", "", 0, "is pending (squeue)"),
+        ("RUNNING\n", "", 0, None),
+        ("SUSPENDED\n", "", 0, None),
+    ],
+    ids=["forgotten", "cancelled", "requeued", "running", "suspended"],
+)
+def test_a_slurm_holder_is_asked_of_the_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stdout: str, stderr: str, code: int, taken: str | None
+) -> None:
+    for name, value in _fake_squeue(tmp_path / "bin", stdout, stderr, code).items():
+        monkeypatch.setenv(name, value)
+    holder = dataclasses.replace(elsewhere(every=0.1), cluster="distjobs")
+    path = plant(tmp_path / "run", holder, age=0)
+    if taken:
+        lock = acquire(tmp_path / "run", me(), stale_after=60)
+        assert f"its holder's SLURM job 77 {taken}" == lock.took_over
+        return
+    with beating(path, holder), pytest.raises(LockHeld):
+        acquire(tmp_path / "run", me(), stale_after=60)
+
+
+def test_another_clusters_job_is_not_asked_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job 77 on another cluster means nothing to this squeue: only the heartbeat can tell."""
+    for name, value in _fake_squeue(tmp_path / "bin", "", "Invalid job id specified\n", 1).items():
+        monkeypatch.setenv(name, value)
+    holder = dataclasses.replace(elsewhere(every=0.1), cluster="other")
+    path = plant(tmp_path / "run", holder, age=0)
+    with beating(path, holder), pytest.raises(LockHeld):
+        acquire(tmp_path / "run", me(), stale_after=60)
+
+
+def test_an_ambiguous_create_is_checked_not_taken_as_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NFS: a LINK retransmitted after the first one succeeded answers EEXIST; the file is ours."""
+    real_link = os.link
+
+    def link_then_eexist(src: Any, dst: Any) -> None:
+        real_link(src, dst)
+        raise FileExistsError(17, "File exists")
+
+    monkeypatch.setattr(lockmod.os, "link", link_then_eexist)
+    lock = acquire(tmp_path / "run", me())
+    assert lock.owned and lock.took_over is None
+    assert Holder.parse((tmp_path / "run" / LOCK_NAME).read_bytes()) == lock.holder
+
+
+def test_a_stale_lock_that_beats_before_the_break_is_put_back(tmp_path: Path) -> None:
+    """Judged stale, then it beat: the breaker's rename finds a newer mtime and restores it."""
+    holder = elsewhere()
+    path = plant(tmp_path / "run", holder, age=stale_seconds() + 20)
+    judged = lockmod._look(path)
+    assert judged is not None
+    os.utime(path)  # the holder wakes up between the judgement and the break
+    assert not lockmod._break(path, judged)
+    assert Holder.parse(path.read_bytes()) == holder and sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
+
+
+def test_the_fence_passes_while_ours_and_names_the_new_holder_once_lost(tmp_path: Path) -> None:
+    lock = acquire(tmp_path / "run", me())
+    fence = lock.fence()
+    fence.check("commit checkpoint step-5")
+    thief = elsewhere()
+    plant(tmp_path / "run", thief, age=0)
+    with pytest.raises(LockLost) as caught:
+        fence.check("commit checkpoint step-10")
+    error = caught.value
+    assert error.exit_code == LOCK_LOST_EXIT_CODE == 6 and error.successor == thief
+    assert str(error).startswith(
+        f"lost the lock of run directory {tmp_path / 'run'} (it is now held by slurm job 77, pid 4321 on host n9"
+    )
+    assert "not going to commit checkpoint step-10" in str(error)
+
+
+def test_a_joined_lock_is_watched_not_touched(tmp_path: Path) -> None:
+    outer = acquire(tmp_path / "run", me())
+    inner = acquire(tmp_path / "run", me(), inherited=outer.token)
+    past = time.time() - 50
+    os.utime(outer.path, (past, past))
+    lost: list[Holder | None] = []
+    with Heartbeat(inner, every=0.02, on_lost=lost.append) as watch:
+        thief = elsewhere()
+        assert not watch.lost.wait(0.2)  # still ours: only looked at
+        assert outer.path.stat().st_mtime == past
+        plant(tmp_path / "run", thief, age=0)
+        assert watch.lost.wait(10)
+    assert lost == [thief]
 
 
 def test_a_dead_holder_on_this_machine_is_taken_over_at_once(tmp_path: Path) -> None:
@@ -155,10 +306,8 @@ def test_the_heartbeat_reports_a_lost_lock(tmp_path: Path) -> None:
     thief = elsewhere()
     with Heartbeat(lock, every=0.05, on_lost=lost.append) as beat:
         plant(tmp_path / "run", thief, age=0)
-        deadline = time.monotonic() + 10
-        while not lost and time.monotonic() < deadline:
-            time.sleep(0.02)
-    assert beat.lost and lost == [thief]
+        assert beat.lost.wait(10)
+    assert lost == [thief]
 
 
 def test_the_heartbeat_names_a_successor_whose_record_came_a_moment_late(tmp_path: Path) -> None:
@@ -171,10 +320,8 @@ def test_the_heartbeat_names_a_successor_whose_record_came_a_moment_late(tmp_pat
         lock.path.write_bytes(b"")  # truncated in place: the new record is not there yet
         time.sleep(0.3)
         lock.path.write_bytes(thief.to_bytes())
-        deadline = time.monotonic() + 10
-        while not lost and time.monotonic() < deadline:
-            time.sleep(0.02)
-    assert beat.lost and lost == [thief]
+        assert beat.lost.wait(10)
+    assert lost == [thief]
 
 
 def test_a_lock_that_stays_unreadable_is_lost_after_a_second(tmp_path: Path) -> None:
@@ -192,14 +339,18 @@ def test_held_releases_on_error(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / LOCK_NAME).exists()
 
 
-def test_an_unreadable_lock_is_refused_until_stale(tmp_path: Path) -> None:
+def test_an_unreadable_lock_is_refused_while_touched_and_taken_once_stale(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     path = tmp_path / "run" / LOCK_NAME
     path.write_text("not json")
     old = time.time() - 10
     os.utime(path, (old, old))
+    waiting = threading.Event()
+    toucher = threading.Thread(target=lambda: waiting.wait(20) and os.utime(path))
+    toucher.start()
     with pytest.raises(LockHeld, match="a holder whose record cannot be read"):
-        acquire(tmp_path / "run", me())
+        acquire(tmp_path / "run", me(), stale_after=60, on_wait=lambda _: waiting.set())
+    toucher.join()
     old = time.time() - stale_seconds() - 10
     os.utime(path, (old, old))
     assert acquire(tmp_path / "run", me()).took_over

@@ -1,0 +1,30 @@
+"""Lock holders for tests: a holder on another host, and its heartbeat kept going."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dist_jobs.rundir.holder import Holder
+from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, new_token
+
+
+def foreign(owner: str, backend: str, job_id: str, every: float = 0.05) -> Holder:
+    """A holder on another host: nothing here can see whether its process runs, only its heartbeat."""
+    holder = Holder.this(new_token(), owner, backend, job_id, every=every)
+    return dataclasses.replace(holder, host="elsewhere", pid=99999, boot_id="other-boot")
+
+
+def plant(run_dir: Path, holder: Holder) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / LOCK_NAME).write_bytes(holder.to_bytes())
+    return run_dir / LOCK_NAME
+
+
+@contextmanager
+def beating(path: Path, holder: Holder) -> Iterator[Heartbeat]:
+    """The planted holder is alive: its heartbeat touches the lock every `holder.every` seconds."""
+    with Heartbeat(Lock(path, holder, owned=True), every=holder.every) as beat:
+        yield beat
