@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dist_jobs.rundir.holder import Holder
+from support.lock_support import foreign
 from support.train_support import start_ranks, wait_all
 
 pytestmark = pytest.mark.timeout(240)
@@ -48,3 +50,35 @@ def test_a_hand_launch_holds_the_lock_and_a_second_one_is_refused_on_every_rank(
         codes = wait_all(first, timeout=150)
     assert codes == [0, 0], first[0].text()[-3000:]
     assert not lock.exists()
+
+
+def test_a_run_whose_lock_is_taken_over_stops_and_writes_nothing_more(tmp_path: Path) -> None:
+    """Another run takes the lock over mid-run (as it would after this one was paused past the
+    stale limit): from that moment no rank writes into the run directory (metrics, progress,
+    checkpoints, result), every rank exits 6 at the next step boundary, and rank 0 names the
+    new holder. The other run's lock stays."""
+    (tmp_path / "a").mkdir()
+    run_dir = tmp_path / "ckpt" / "locked"
+    args = [*job(tmp_path / "ckpt"), "--checkpoint-every-steps", "2"]
+    ranks = start_ranks(args, tmp_path / "a", DJ_TEST_STEP_DELAY="0.5", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.2")
+    try:
+        deadline = time.monotonic() + 90
+        while not (run_dir / "step-2" / "COMPLETE").exists() and time.monotonic() < deadline:
+            assert all(r.proc.poll() is None for r in ranks), ranks[0].text()[-3000:]
+            time.sleep(0.05)
+        thief = foreign("slurm:4300", "slurm", "4300")
+        (run_dir / "LOCK").write_bytes(thief.to_bytes())  # the takeover: from now on the folder is 4300's
+        taken = time.time()
+        before = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+    finally:
+        codes = wait_all(ranks, timeout=120)
+    assert codes == [6, 6], ranks[0].text()[-3000:]
+    log = ranks[0].text()
+    assert "lost the lock of run directory" in log and "slurm job 4300, pid 99999 on host elsewhere" in log, log
+    assert "Traceback" not in log and "Traceback" not in ranks[1].text()
+    after = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+    # A write that passed its check just before the takeover may land a moment after it; none later.
+    changed = {name for name, mtime in after.items() if mtime > taken + 0.3 or name not in before}
+    assert changed == set(), changed
+    assert not (run_dir / "result.json").exists()
+    assert Holder.parse((run_dir / "LOCK").read_bytes()) == thief
