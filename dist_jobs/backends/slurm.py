@@ -82,6 +82,10 @@ class SlurmBackend:
             "attach from the folder you submitted from (or pass its --jobs-dir)",
         )
 
+    def owner(self, job_id: str) -> str:
+        """The job as its trainer names itself in progress.json (dist_jobs.train.live)."""
+        return f"slurm:{job_id}"
+
     def cluster_name(self) -> str:
         """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
         if not hasattr(self, "_cluster"):
