@@ -55,9 +55,8 @@ class JobInfo(Record):
 
 
 def info_of(handle: str, status: JobStatus) -> JobInfo:
-    return JobInfo(
-        handle, status.name, normalise(status.state), status.state, status.detail, dict(status.ranks), status.extra
-    )
+    state = JobState(status.normal) if status.normal else normalise(status.state)
+    return JobInfo(handle, status.name, state, status.state, status.detail, dict(status.ranks), status.extra)
 
 
 class Job:

@@ -153,7 +153,8 @@ def test_restart_cap_counted_in_the_run_directory(tmp_path) -> None:
     assert proc.returncode == 0 and [c for c in calls if c["prog"] == "srun"]
     counts = tmp_path / "checkpoints" / "resnet50-ddp" / "attempts"
     assert len((counts / "4242" / "batch").read_text().splitlines()) == 2
-    assert not (counts / "4243").exists()  # a success forgets its count
+    assert not (counts / "4243" / "batch").exists()  # a success closes its count: no start reads it
+    assert len((counts / "4243" / "batch.done").read_text().splitlines()) == 1  # status still counts it
 
 
 def test_preempted_marker_maps_to_requeue(tmp_path) -> None:
