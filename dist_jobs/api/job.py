@@ -55,9 +55,8 @@ class JobInfo(Record):
 
 
 def info_of(handle: str, status: JobStatus) -> JobInfo:
-    return JobInfo(
-        handle, status.name, normalise(status.state), status.state, status.detail, dict(status.ranks), status.extra
-    )
+    state = JobState(status.normal) if status.normal else normalise(status.state)
+    return JobInfo(handle, status.name, state, status.state, status.detail, dict(status.ranks), status.extra)
 
 
 class Job:
@@ -85,21 +84,35 @@ class Job:
     def status(self) -> JobInfo:
         """The scheduler's state, with the run's live progress where its run directory is readable."""
         info = info_of(self.handle, self._backend.status(self.id))
-        return info.replace(progress=self.progress())
+        progress = self.progress()
+        if progress is not None and info.state is not JobState.RUNNING:
+            progress["eta_s"] = None  # no rank runs: an ETA from the last log interval would be a guess
+        return info.replace(progress=progress)
 
     def progress(self) -> dict[str, Any] | None:
         """Rank 0's `<run dir>/progress.json`: step of total, epoch, metrics, samples/s, ETA, last
-        checkpoint, attempt, state. None before the first log interval, or when the run directory
-        is not readable from here (a Kubernetes volume this host does not mount)."""
-        from dist_jobs.rundir.progress import read_progress
+        checkpoint, attempt, state. None before the first log interval, when the run directory
+        is not readable from here (a Kubernetes volume this host does not mount), or when another
+        job sharing the run directory wrote it. `checkpoint_step` is the newest committed one."""
+        from dist_jobs.rundir.checkpoints import newest_committed
+        from dist_jobs.rundir.progress import owned_by, read_progress
 
         find = getattr(self._backend, "run_dir", None)
+        owner = getattr(self._backend, "owner", None)
         if find is None:
             return None
         try:
-            return read_progress(find(self.id))
+            run_dir = find(self.id)
+            progress = read_progress(run_dir)
+            if progress is None or not owned_by(progress, owner(self.id) if owner else None):
+                return None
         except DistJobsError:
             return None
+        # progress.json is written at log intervals: a checkpoint committed since is newer.
+        newest, said = newest_committed(run_dir), progress.get("checkpoint_step")
+        if newest is not None and not (isinstance(said, int) and said >= newest):
+            progress["checkpoint_step"] = newest
+        return progress
 
     def wait(self, timeout: float | None = None, poll: float = 2.0) -> JobInfo:
         """Until the job succeeds, fails or is cancelled; WaitTimeout after `timeout` seconds."""

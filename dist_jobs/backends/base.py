@@ -46,6 +46,9 @@ class JobStatus(Record):
     detail: str = ""
     extra: dict[str, str] = {}
     ranks: dict[int, str] = {}  # per-rank detail where the backend knows it
+    # The JobState value where the word alone cannot say it (SLURM's COMPLETING of a requeued
+    # job is "requeued"); "" lets the word decide (backends.state.normalise).
+    normal: str = ""
 
     @property
     def finished(self) -> bool:

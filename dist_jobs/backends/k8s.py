@@ -136,6 +136,11 @@ class K8sBackend:
         self._seen[name] = obj
         return obj
 
+    def owner(self, job_id: str) -> str | None:
+        """The job as its pods name it in progress.json (DIST_JOBS_LOCK_OWNER, set by render.k8s)."""
+        env = [e for e in _container_env(self._seen.get(job_id) or self._get(job_id)) if isinstance(e, dict)]
+        return next((e.get("value") for e in env if e.get("name") == "DIST_JOBS_LOCK_OWNER"), None)
+
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint dir>/<run>` as the pods see it (the job's DIST_JOBS_CHECKPOINT_DIR, under the
         volume's mount path): readable here where this host mounts the same shared filesystem there."""

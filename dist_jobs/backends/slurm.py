@@ -82,6 +82,10 @@ class SlurmBackend:
             "attach from the folder you submitted from (or pass its --jobs-dir)",
         )
 
+    def owner(self, job_id: str) -> str:
+        """The job as its trainer names itself in progress.json (dist_jobs.train.live)."""
+        return f"slurm:{job_id}"
+
     def cluster_name(self) -> str:
         """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
         if not hasattr(self, "_cluster"):
@@ -95,6 +99,8 @@ class SlurmBackend:
 
     def status(self, job_id: str) -> JobStatus:
         job = self._squeue_job(job_id)
+        if job is not None and job.state == "COMPLETING":
+            return self._completing(job_id, job)
         if job is not None:
             return JobStatus(
                 job.job_id,
@@ -104,12 +110,30 @@ class SlurmBackend:
                 {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
             )
         from dist_jobs.backends.slurm_batchlog import finished_status  # an ended job's alone
+        from dist_jobs.rundir.attempts import starts
 
         state = self._sacct_state(job_id)
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
-        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
+        # the batch script counts its starts under SLURM_JOB_ID: an array task's own (raw) id
+        started = starts(Path(meta["run_dir"]), state.job_id_raw or job_id) if meta.get("run_dir") else 0
+        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started)
+
+    def _completing(self, job_id: str, job: SlurmJob) -> JobStatus:
+        """A job whose nodes are being cleaned up: requeued or ended (sacct), and which node
+        holds it up (sinfo). Either answer may be missing: the status is still told."""
+        from dist_jobs.backends.slurm_faults import SINFO_NODE_STATES, completing_status, parse_node_states
+
+        try:
+            acct: SacctJobState | None = self._sacct_state(job_id)
+        except BackendError:
+            acct = None
+        nodes = {}
+        if job.nodelist:
+            proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", job.nodelist, "--format", SINFO_NODE_STATES])
+            nodes = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
+        return completing_status(job, acct, nodes)
 
     def _sacct_state(self, job_id: str) -> SacctJobState:
         """sacct's record of the job. An array task (ID_I) is looked up among its array's records

@@ -6,9 +6,12 @@ script's true exit code and its requeue decisions:
 
     srun: error: n1: task 1: Exited with exit code 3
     srun: error: n2: tasks 2-3: Terminated
-    dist-jobs: requeueing job 7 (attempt 0 of at most 5 requeues)
+    dist-jobs: requeueing job 7: requeue 1 of at most 5
     dist-jobs: preempted, but the maximum of 5 requeues is reached
     dist-jobs: step finished with exit code 143
+
+A cancel (scancel, `dist-jobs cancel`) leaves slurmstepd's `*** JOB 9 ON n1 CANCELLED AT <time> ***`
+(a requeue or a time limit adds `DUE TO ...`): its ranks were stopped by it, not by a failure.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm_output import SacctJobState
+from dist_jobs.backends.slurm_output import SacctJobState, sacct_exit
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.records import Record
@@ -26,6 +29,8 @@ _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?
 _EXITED = re.compile(r"Exited with exit code (\d+)")
 _STEP_END = re.compile(r"^dist-jobs: step finished with exit code (\d+)", re.M)
 _USED_UP = re.compile(r"maximum of (\d+) requeues is reached")
+_CANCELLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (\S+)( DUE TO [^*]*)? \*\*\*")
+_NOT_ASSIGNED = "None assigned"  # sacct's node list of a job that never got nodes
 _SIGNALS = {"Terminated": "SIGTERM", "Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
 
 
@@ -35,6 +40,7 @@ class BatchOutcome(Record):
     ranks: dict[int, str] = {}
     exit_code: int | None = None  # the batch script's own, unmasked
     requeues_used_up: int | None = None  # the maximum, when a preempted run hit it
+    cancelled_at: str | None = None  # when a cancel stopped the last attempt (slurmstepd's time)
 
     @property
     def summary(self) -> str:
@@ -45,7 +51,9 @@ class BatchOutcome(Record):
         parts = []
         if self.first_failed is not None:
             parts.append(f"{unit} {self.first_failed} failed first: {self.ranks[self.first_failed]}")
-        if self.requeues_used_up is not None:
+        if self.cancelled_at is not None:
+            parts.append(f"cancelled at {self.cancelled_at.replace('T', ' ')}")
+        elif self.requeues_used_up is not None:
             n = self.requeues_used_up
             parts.append(f"preempted with the requeues used up ({n} of {n})")
         elif self.exit_code is not None and not parts:
@@ -61,13 +69,15 @@ def _tasks(text: str) -> list[int]:
     return out
 
 
-def _what(text: str) -> tuple[str, bool]:
+def _what(text: str, cancelled: bool) -> tuple[str, bool]:
     """(what happened to the task, whether it failed by itself rather than being stopped)."""
     exited = _EXITED.search(text)
     if exited:
         code = int(exited.group(1))
         return describe_exit(code), code != REQUEUE_EXIT_CODE  # 200: checkpointed on a signal
     name = _SIGNALS.get(text)
+    if cancelled and name in ("SIGTERM", "SIGKILL"):  # SIGKILL: what did not stop within KillWait
+        return "cancelled", False
     if name == "SIGTERM":
         return "stopped (SIGTERM) after another rank failed", False
     return (f"killed by {name}" if name else text), True
@@ -79,8 +89,9 @@ def parse_batch_log(text: str) -> BatchOutcome:
     last = text[starts[-1].start() :] if starts else text
     ranks: dict[int, str] = {}
     first: int | None = None
+    cancels = [m.group(1) for m in _CANCELLED.finditer(last) if not m.group(2)]
     for match in _TASK.finditer(last):
-        what, failed = _what(match.group("what"))
+        what, failed = _what(match.group("what"), bool(cancels))
         for task in _tasks(match.group("tasks")):
             ranks.setdefault(task, f"{what} on {match.group('node')}")
             if failed and first is None:
@@ -93,19 +104,35 @@ def parse_batch_log(text: str) -> BatchOutcome:
         ranks=ranks,
         exit_code=int(ends[-1]) if ends else None,
         requeues_used_up=int(used_up[-1]) if used_up else None,
+        cancelled_at=cancels[-1] if cancels else None,
     )
 
 
-def finished_status(state: SacctJobState, run: str, log_text: str, launcher: str = "srun") -> JobStatus:
+def finished_status(
+    state: SacctJobState, run: str, log_text: str, launcher: str = "srun", starts: int = 0
+) -> JobStatus:
     """A job squeue has forgotten: sacct's state, told truthfully with its batch log (if read).
 
     `run`: the run name recorded at submit; sacct's name right after the end is a placeholder
-    (`allocation`, with no partition yet) until slurmdbd merges the job record.
+    (`allocation`, with no partition yet) until slurmdbd merges the job record. `starts`: the
+    batch script's starts the run directory counted (dist_jobs.rundir.attempts); sacct lists
+    one line per requeue only when it saw the job pending in between, so it may count fewer.
     """
     outcome = parse_batch_log(log_text)
+    name = run if (state.name == "allocation" and run) else state.name
+    extra = {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(max(state.attempts, starts))}
+    if state.state == "CANCELLED" and state.nodelist == _NOT_ASSIGNED:  # sacct says exit 0: nothing ran
+        detail = "cancelled while pending: it never started, so it has no exit code"
+        return JobStatus(state.job_id, name, state.state, detail, {**extra, "nodes": "", "attempts": "0"})
     code = state.exit_code if outcome.exit_code is None else outcome.exit_code
     # torchrun mode runs one srun task per node: srun's task numbers are nodes, not ranks
-    detail = outcome.told("node" if launcher == "torchrun" else "rank") or describe_exit(code, state.exit_signal)
-    name = run if (state.name == "allocation" and run) else state.name
-    extra = {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)}
+    detail = outcome.told("node" if launcher == "torchrun" else "rank")
+    if not detail and state.state == "CANCELLED":  # sacct's 0:0 of a cancelled job is no exit code
+        detail = "cancelled" + (f" at {state.end:%Y-%m-%d %H:%M:%S}" if state.end else "")
+    if not detail:
+        detail = (
+            describe_exit(code, state.exit_signal)
+            if outcome.exit_code is not None
+            else sacct_exit(code, state.exit_signal)
+        )
     return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})

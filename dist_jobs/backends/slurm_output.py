@@ -12,6 +12,8 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
+from dist_jobs.backends.state import describe_exit
+from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError
 from dist_jobs.records import Record
 from dist_jobs.spec.slurm_time import NO_LIMIT, parse_time
@@ -209,6 +211,15 @@ def _exit_code(text: str) -> tuple[int | None, int | None]:
     return _int(code), _int(sig)
 
 
+def sacct_exit(code: int | None, sig: int | None) -> str:
+    """sacct's ExitCode `code:signal` in words. 22.05 prints the code modulo 128: a batch script's
+    `exit 200` (REQUEUE_EXIT_CODE) and `exit 72` both read 72:0, 143 reads 15:0 (the real code is
+    in the batch log, slurm_batchlog). 72 is told as both: 200 is the one dist-jobs means."""
+    if not sig and code is not None and code + 128 == REQUEUE_EXIT_CODE:
+        return f"{describe_exit(REQUEUE_EXIT_CODE)}, or exit {code}: sacct shows both as {code}"
+    return describe_exit(code, sig)
+
+
 def parse_sacct(stdout: str) -> list[SacctRow]:
     """Rows from `sacct --parsable2 --noheader --format SACCT_FIELDS`."""
     width = len(SACCT_FIELDS.split(","))
@@ -259,7 +270,8 @@ class SacctJobState(Record):
     elapsed: str
     start: datetime | None
     end: datetime | None
-    attempts: int  # allocation lines seen; with --duplicates, 1 + number of requeues
+    attempts: int  # allocation lines seen; with --duplicates, 1 + number of requeues (or fewer)
+    job_id_raw: str = ""  # an array task's own id (SLURM_JOB_ID in it)
 
 
 def sacct_job_state(rows: Sequence[SacctRow], job_id: str) -> SacctJobState | None:
@@ -292,4 +304,5 @@ def sacct_job_state(rows: Sequence[SacctRow], job_id: str) -> SacctJobState | No
         row.start,
         row.end,
         len(allocations),
+        row.job_id_raw,
     )

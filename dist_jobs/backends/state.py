@@ -18,7 +18,8 @@ class JobState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    REQUEUED = "requeued"  # preempted and checkpointed, waiting to run again
+    REQUEUED = "requeued"  # preempted, checkpointed or its node failed: waiting to run again
+    COMPLETING = "completing"  # ended, its nodes not yet cleaned up: no rank is meant to run
     UNKNOWN = "unknown"
 
     @property
@@ -38,7 +39,7 @@ _WORDS: dict[str, JobState] = {
     "REQUEUE_FED": JobState.REQUEUED,
     "REQUEUED": JobState.REQUEUED,
     "RUNNING": JobState.RUNNING,
-    "COMPLETING": JobState.RUNNING,
+    "COMPLETING": JobState.COMPLETING,  # slurm_faults says whether it was requeued
     "STAGE_OUT": JobState.RUNNING,
     "SIGNALING": JobState.RUNNING,
     "RESIZING": JobState.RUNNING,

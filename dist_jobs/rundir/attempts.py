@@ -1,7 +1,7 @@
 """The restart cap of a run, counted in its run directory on shared storage.
 
     python3 -m dist_jobs.rundir.attempts start   # before the program: count this start, or refuse
-    python3 -m dist_jobs.rundir.attempts done    # after it succeeded: forget this member's count
+    python3 -m dist_jobs.rundir.attempts done    # after it succeeded: close this member's count
 
 Kubernetes' training operator does not cap restarts under restartPolicy ExitCode: its retry
 counter is never incremented (kubeflow/trainer#2045), so a pod that keeps exiting with 128 or
@@ -32,6 +32,7 @@ from pathlib import Path
 from dist_jobs.constants import REQUEUE_LIMIT_EXIT_CODE
 
 UNSTAMPED = "unstamped"
+DONE = ".done"  # suffix of a member's record once it succeeded
 
 
 def _safe(text: str, fallback: str) -> str:
@@ -84,11 +85,24 @@ class Attempts:
         )
 
     def done(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """Close this member's count: kept as `<member>.done`, which no start reads (a manifest
+        applied again starts afresh) but `starts()` still counts once the job has ended."""
         try:
-            self.path.parent.rmdir()  # the last member of the submission to finish removes it
-        except OSError:
+            os.replace(self.path, self.path.with_name(self.path.name + DONE))
+        except FileNotFoundError:
             pass
+
+
+def starts(run_dir: Path, submission: str) -> int:
+    """How many times the submission's most-started member started, its closed count included:
+    the attempts the run directory saw (a scheduler's own count may merge some)."""
+    counts = []
+    try:
+        for record in (run_dir / "attempts" / _safe(submission, UNSTAMPED)).iterdir():
+            counts.append(len(record.read_text(errors="replace").splitlines()))
+    except OSError:  # no records (not started, or an older version's success removed them)
+        pass
+    return max(counts, default=0)
 
 
 def main(argv: list[str] | None = None) -> int:

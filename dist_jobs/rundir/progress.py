@@ -8,7 +8,9 @@ torn last line (a writer killed mid-line). Readers never raise on what they find
 
 progress.json: step (optimizer steps done), total_steps (int or null), epoch, metrics
 ({name: float}), samples_per_s, eta_s (float or null), checkpoint_step (the last committed
-checkpoint, or null), attempt, time (unix seconds), state ("running" | "finished").
+checkpoint, or null), attempt, owner (the job that writes it: `slurm:ID`, `k8s:KIND/NS/NAME`, or ""
+for a local run; absent in files of older versions), time (unix seconds), state ("running" |
+"finished").
 metrics.jsonl rows: {"step", "epoch", "time", "metrics"}. Stdlib only.
 """
 
@@ -49,6 +51,14 @@ def read_progress(run_dir: Path) -> dict[str, object] | None:
     if not isinstance(data, dict) or not isinstance(data.get("step"), int):
         return None
     return data
+
+
+def owned_by(progress: Mapping[str, object], owner: str | None) -> bool:
+    """Whether job `owner` wrote `progress`. Jobs may share a run directory (one refused while
+    another holds it, a dead one before a live one): each sees only its own counter. A file
+    without an owner (an older trainer's, a local run's) or a job of unknown owner: as before."""
+    written = progress.get("owner")
+    return not written or not owner or written == owner
 
 
 def read_history(run_dir: Path) -> list[dict[str, object]]:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from dist_jobs.constants import VERSION
+from dist_jobs.rundir.checkpoints import COMPLETE, LATEST, committed_steps
 from dist_jobs.rundir.lock import LockLost
 from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
@@ -38,9 +39,6 @@ __all__ = ["COMPLETE", "Agree", "CheckpointError", "Checkpointer", "Loaded"]
 
 log = logging.getLogger(__name__)
 
-COMPLETE = "COMPLETE"
-LATEST = "latest"
-_STEP_RE = re.compile(r"^step-(\d+)$")
 _PARTIAL_RE = re.compile(r"^\.step-(\d+)\.(partial|corrupt-\d+)$")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -191,9 +189,7 @@ class Checkpointer:
         return self.directory / f".step-{step}.partial"
 
     def _committed(self) -> list[int]:
-        names = os.listdir(self.directory) if self.directory.is_dir() else []
-        steps = [int(m.group(1)) for m in map(_STEP_RE.match, names) if m]
-        return [s for s in steps if (self._folder(s) / COMPLETE).is_file()]
+        return committed_steps(self.directory)
 
     def _leftovers(self, below: int | None) -> list[Path]:
         found = [(int(m.group(1)), m.group(0)) for m in map(_PARTIAL_RE.match, os.listdir(self.directory)) if m]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.attempts import Attempts
+from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.runlock import Guard
@@ -39,14 +40,27 @@ def attempt_number(environ: Mapping[str, str] | None = None) -> int:
         return 0
 
 
+def progress_owner(environ: Mapping[str, str] | None = None) -> str:
+    """The job that writes progress.json, as `dist-jobs status` names it: `slurm:ID` (an array
+    task: `slurm:ARRAY_TASK`, its handle's id), `k8s:KIND/NAMESPACE/NAME`, or "" (a local run, whose
+    id is its run directory). Status shows the progress only to the job that wrote it."""
+    env = os.environ if environ is None else environ
+    owner = owner_from_env(env)
+    array, task = env.get("SLURM_ARRAY_JOB_ID", "").strip(), env.get("SLURM_ARRAY_TASK_ID", "").strip()
+    return f"slurm:{array}_{task}" if owner.startswith("slurm:") and array and task else owner
+
+
 class Live:
     """Rank 0's progress.json and metrics.jsonl; every method does nothing when `folder` is None."""
 
-    def __init__(self, folder: Path | None, total_steps: int, attempt: int, guard: Guard | None = None) -> None:
+    def __init__(
+        self, folder: Path | None, total_steps: int, attempt: int, guard: Guard | None = None, owner: str | None = None
+    ) -> None:
         self.folder = folder
         self.guard = guard or Guard()
         self.total = total_steps
         self.attempt = attempt
+        self.owner = progress_owner() if owner is None else owner
         self.metrics: dict[str, float] = {}
         self.checkpoint_step: int | None = None
         self._mark: tuple[float, int] | None = None  # (time, step) of the previous update: the ETA's pace
@@ -74,6 +88,7 @@ class Live:
             "eta_s": 0.0 if finished else self._eta(now, step),
             "checkpoint_step": self.checkpoint_step,
             "attempt": self.attempt,
+            "owner": self.owner,
             "time": wall,
             "state": "finished" if finished else "running",
         }

@@ -422,7 +422,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     batch = batch_log(tmp_path, name, job_id)
     assert status.state == "COMPLETED", batch
     assert "dist-jobs: preemption warning, checkpointing" in batch
-    assert f"dist-jobs: requeueing job {job_id} (attempt 0 of at most 3 requeues)" in batch
+    assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch
     assert "dist-jobs: step finished with exit code 200" in batch
     first = (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
     preempted = re.search(rf"preempted by {signal} at step (\d+): checkpoint step-\1 .* is committed", first)
@@ -463,7 +463,7 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     assert stopped, first[-3000:]
     step = int(stopped.group(1))
     assert 6 <= step < TOTAL_STEPS
-    assert f"dist-jobs: requeueing job {job_id} (attempt 0 of at most 3 requeues)" in batch, batch
+    assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch, batch
     assert "dist-jobs: step finished with exit code 200" in batch
     assert resumed_step(tmp_path, name, job_id) == step
     assert final_sacct_state(job_id) == ("COMPLETED", 2)
@@ -488,7 +488,7 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
     assert status.state == "COMPLETED", batch
-    assert f"dist-jobs: requeueing job {job_id} (attempt 0 of at most 3 requeues)" in batch, batch
+    assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch, batch
     assert "dist-jobs: step finished with exit code 200" in batch
     first = {
         r: (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank{r}.out").read_text(errors="replace") for r in range(4)

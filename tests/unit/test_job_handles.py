@@ -49,7 +49,7 @@ def test_a_bad_handle_says_which_forms_exist(text: str) -> None:
     [
         ("PENDING", JobState.PENDING),
         ("RUNNING", JobState.RUNNING),
-        ("COMPLETING", JobState.RUNNING),
+        ("COMPLETING", JobState.COMPLETING),  # ended, its nodes being cleaned up: no rank runs
         ("COMPLETED", JobState.SUCCEEDED),
         ("CANCELLED by 0", JobState.CANCELLED),
         ("CANCELLED+", JobState.CANCELLED),

@@ -27,7 +27,7 @@ from dist_jobs.rundir.progress import (
     read_progress,
     write_progress,
 )
-from dist_jobs.train.live import Live, attempt_number
+from dist_jobs.train.live import Live, attempt_number, progress_owner
 from support.paths import PYTHON
 
 RECORD: dict[str, Any] = {
@@ -164,6 +164,67 @@ def test_slurm_status_reads_the_run_dir_recorded_at_submit(tmp_path: Path) -> No
     assert Job(Handle("slurm", "39", cluster="c"), slurm).progress() is None  # not submitted from here
 
 
+def _two_slurm_jobs(tmp_path: Path) -> tuple[Job, Job, Path]:
+    """Jobs 38 and 39, submitted from here with one spec: they share a run directory."""
+    from dist_jobs.backends.slurm import SlurmBackend
+    from dist_jobs.spec.load import load_spec
+
+    ids = iter(["38\n", "39\n"])
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "sbatch":
+            return subprocess.CompletedProcess(argv, 0, next(ids), "")
+        job = argv[argv.index("--jobs") + 1]
+        line = f"{job}|RUNNING|None|2|n[1-2]|0:01|UNLIMITED|2026-11-22T05:22:45|2026-11-22T05:22:56|debug|0|fx\n"
+        return subprocess.CompletedProcess(argv, 0, line, "")
+
+    slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    spec = load_spec(data={"name": "fx", "nodes": 2, "procs_per_node": 2, "checkpoint_dir": "ck"})
+    assert [slurm.submit(slurm.prepare(spec)) for _ in range(2)] == ["38", "39"]
+    jobs = [Job(Handle("slurm", i, cluster="c"), slurm) for i in ("38", "39")]
+    return jobs[0], jobs[1], tmp_path / "ck" / spec.run_id
+
+
+def test_progress_is_shown_only_to_the_job_that_wrote_it(tmp_path: Path) -> None:
+    """Job 38 was refused (or died) while 39 holds the run directory: 38 shows no counter of 39's."""
+    refused, live, run = _two_slurm_jobs(tmp_path)
+    mine = {**RECORD, "owner": "slurm:39"}
+    write_progress(run, mine)
+    assert refused.status().progress is None and refused.progress() is None
+    assert live.status().progress == mine
+    assert "progress" in info_table(live.status()) and "progress" not in info_table(refused.status())
+    write_progress(run, RECORD)  # written by an older trainer: no owner, shown as before
+    assert refused.status().progress == RECORD == live.status().progress
+
+
+def test_progress_names_the_newest_committed_checkpoint(tmp_path: Path) -> None:
+    """progress.json is written at log intervals: a checkpoint committed after the last one is newer."""
+    _, job, run = _two_slurm_jobs(tmp_path)
+    write_progress(run, {**RECORD, "owner": "slurm:39"})  # checkpoint_step 30
+    (run / "step-40").mkdir()
+    (run / "step-40" / "COMPLETE").write_text("{}\n")
+    (run / "step-50").mkdir()  # no COMPLETE: being written, it does not count
+    progress = job.status().progress
+    assert progress is not None and progress["checkpoint_step"] == 40
+    assert "  checkpoint 40  " in info_table(job.status())
+    write_progress(run, {**RECORD, "checkpoint_step": 60})  # newer than any folder (pruned): kept
+    assert (job.progress() or {})["checkpoint_step"] == 60
+
+
+def test_live_records_the_job_that_writes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert progress_owner({"SLURM_JOB_ID": "7"}) == "slurm:7"
+    array = {"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "2"}
+    assert progress_owner(array) == "slurm:10_2"  # as its handle names it
+    pod = {"DIST_JOBS_LOCK_OWNER": "k8s:pytorchjob/ml/fx", "SLURM_JOB_ID": "7"}
+    assert progress_owner(pod) == "k8s:pytorchjob/ml/fx"
+    assert progress_owner({"SLURM_JOB_ID": "7", "DIST_JOBS_BACKEND": "local"}) == ""  # local: its run dir
+    for name in ("DIST_JOBS_LOCK_OWNER", "DIST_JOBS_BACKEND", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    Live(tmp_path, 10, 0).update(1, 0, {"loss": 1.0})
+    assert (read_progress(tmp_path) or {})["owner"] == "slurm:5"
+
+
 def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None:
     pytest.importorskip("kubernetes")
     from dist_jobs.backends import k8s_client
@@ -186,7 +247,13 @@ def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None
         assert k8s.run_dir(name) == tmp_path / "ck" / name
         assert job.status().progress is None  # nothing there yet (or a volume this host lacks)
         write_progress(tmp_path / "ck" / name, RECORD)
-        assert job.status().progress == RECORD
+        assert job.progress() == RECORD
+        assert job.status().progress == {**RECORD, "eta_s": None}  # no pod runs yet: no ETA
+        assert k8s.owner(name) == f"k8s:pytorchjob/default/{name}"  # what its pods write
+        write_progress(tmp_path / "ck" / name, {**RECORD, "owner": k8s.owner(name)})
+        assert job.progress() == {**RECORD, "owner": k8s.owner(name)}
+        write_progress(tmp_path / "ck" / name, {**RECORD, "owner": "k8s:pytorchjob/default/other"})
+        assert job.progress() is None  # another job's, sharing the run directory
         trainer = K8sBackend(api_client=k8s_client.for_host(api.url), kind="TrainJob", namespace="ml")
         spec = load_spec(data={**data, "name": "tj", "k8s": {"api": "trainjob", "namespace": "ml", "pvc": "ckpt"}})
         tj = trainer.submit(trainer.prepare(spec))

@@ -120,6 +120,11 @@ def test_requeue_on_requeue_exit_code(tmp_path) -> None:
     proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, rc=200)
     assert proc.returncode == 200
     assert [c["argv"] for c in calls if c["prog"] == "scontrol"] == [["requeue", "4242"]]
+    # the first attempt (SLURM_RESTART_COUNT 0) asks for the first requeue, not "attempt 0"
+    assert "dist-jobs: requeueing job 4242: requeue 1 of at most 3\n" in proc.stdout, proc.stdout
+    spec = load_spec(data={**SEED, "preemption": {"max_requeues": 5}})
+    proc, _ = run_script(render(spec, "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "2"}, rc=200)
+    assert "dist-jobs: requeueing job 4242: requeue 3 of at most 5\n" in proc.stdout, proc.stdout
 
 
 def test_no_requeue_past_max_or_on_failure(tmp_path) -> None:
@@ -148,7 +153,8 @@ def test_restart_cap_counted_in_the_run_directory(tmp_path) -> None:
     assert proc.returncode == 0 and [c for c in calls if c["prog"] == "srun"]
     counts = tmp_path / "checkpoints" / "resnet50-ddp" / "attempts"
     assert len((counts / "4242" / "batch").read_text().splitlines()) == 2
-    assert not (counts / "4243").exists()  # a success forgets its count
+    assert not (counts / "4243" / "batch").exists()  # a success closes its count: no start reads it
+    assert len((counts / "4243" / "batch.done").read_text().splitlines()) == 1  # status still counts it
 
 
 def test_preempted_marker_maps_to_requeue(tmp_path) -> None:

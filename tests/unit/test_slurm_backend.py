@@ -255,7 +255,7 @@ def test_status_of_a_requeued_job_waiting_for_its_begin_time(tmp_path: Path) -> 
         ("sacct_completed.txt", "30", "COMPLETED", "exit 0", "1"),
         ("sacct_completed_just_finished.txt", "30", "COMPLETED", "exit 0", "1"),
         ("sacct_failed.txt", "31", "FAILED", "exit 3", "1"),
-        ("sacct_cancelled.txt", "32", "CANCELLED", "exit 0", "1"),
+        ("sacct_cancelled.txt", "32", "CANCELLED", "cancelled at 2026-11-22 05:22:28", "1"),  # not sacct's 0:0
         ("sacct_timeout.txt", "37", "TIMEOUT", "exit 0", "1"),
         ("sacct_requeued.txt", "38", "COMPLETED", "exit 0", "2"),  # the later attempt wins
         ("sacct_requeued_pending.txt", "38", "REQUEUED", "exit 0", "1"),
