@@ -15,6 +15,10 @@ from collections.abc import Callable
 
 from dist_jobs.constants import VERSION
 
+TYPE_CHECKING = False  # typing: the query verbs' start-up does without it
+if TYPE_CHECKING:
+    from typing import Any
+
 OUTPUT = ("table", "json", "yaml")
 JOB_HELP = "job handle (slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME, local:///RUN/DIR) or a bare id with --backend"
 HELP = {  # each verb's line in `dist-jobs --help`, in this order
@@ -38,6 +42,15 @@ class _Parser(argparse.ArgumentParser):
         # argparse makes a formatter for every add_argument (to check the metavar), and one asks
         # shutil (a 2 ms import) for the terminal's width: os answers the same question.
         return self.formatter_class(prog=self.prog, width=_columns())  # type: ignore[call-arg]
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # main() has cut argv at its first bare `--` (the job's command) before parsing, so a `--`
+        # that reaches a flag here is its value (`--workdir=--`), which argparse would drop.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
 
 
 def _columns() -> int:
