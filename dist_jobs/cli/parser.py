@@ -37,7 +37,7 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
 }
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def _get_formatter(self) -> argparse.HelpFormatter:
         # argparse makes a formatter for every add_argument (to check the metavar), and one asks
         # shutil (a 2 ms import) for the terminal's width: os answers the same question.
@@ -67,7 +67,7 @@ def _columns() -> int:
 
 def build(verb: str | None = None) -> argparse.ArgumentParser:
     """Every verb, with the arguments of `verb` only (of all, when None)."""
-    parser = _Parser(
+    parser = Parser(
         prog="dist-jobs",
         description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
         epilog="A command after `--` replaces the default training entrypoint.",

@@ -172,6 +172,8 @@ def test_a_flag_whose_value_is_double_dash_keeps_it() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --chdir=--" in proc.stdout.splitlines() and "export A=--" in proc.stdout.splitlines()
     assert '"$DJ_PY" -m dist_jobs.launch -- prog &' in proc.stdout  # the bare `--` still starts the command
+    status = dj("sweep", "status", "--checkpoint-dir=--", "nosuch")  # its own parser: a traceback before
+    assert status.returncode == 2 and "Traceback" not in status.stderr and "no --/nosuch/sweep.json" in status.stderr
 
 
 def test_an_image_that_reads_as_an_option_is_refused() -> None:
