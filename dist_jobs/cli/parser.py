@@ -9,15 +9,10 @@ the other verbs' ~100 flags, and the spec flags' module (dataclasses), were a te
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Callable
 
+from dist_jobs.cli.argv import Parser
 from dist_jobs.constants import VERSION
-
-TYPE_CHECKING = False  # typing: the query verbs' start-up does without it
-if TYPE_CHECKING:
-    from typing import Any
 
 OUTPUT = ("table", "json", "yaml")
 JOB_HELP = "job handle (slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME, local:///RUN/DIR) or a bare id with --backend"
@@ -35,34 +30,6 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
     "completion": 'print a shell completion script: eval "$(dist-jobs completion bash)"',
     "sweep": "submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        # argparse makes a formatter for every add_argument (to check the metavar), and one asks
-        # shutil (a 2 ms import) for the terminal's width: os answers the same question.
-        return self.formatter_class(prog=self.prog, width=_columns())  # type: ignore[call-arg]
-
-    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
-        # main() has cut argv at its first bare `--` (the job's command) before parsing, so a `--`
-        # that reaches a flag here is its value (`--workdir=--`), which argparse would drop.
-        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
-            value = self._get_value(action, "--")
-            self._check_value(action, value)
-            return value
-        return super()._get_values(action, arg_strings)
-
-
-def _columns() -> int:
-    """shutil.get_terminal_size's answer: $COLUMNS, else the terminal's width, else 80."""
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
 
 
 def build(verb: str | None = None) -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ import torch
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import UsageError
+from dist_jobs.spec.paths import expand_home
 from dist_jobs.spec.train import RUN_NAME, RUN_NAME_FIX, RUN_NAME_RULE, TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
@@ -214,7 +215,7 @@ def checkpoint_folder(config: TrainConfig, environ: Mapping[str, str] | None = N
     root = config.checkpoint_dir or (from_env if from_env.strip() else "")
     if not root:
         return None
-    folder = Path(root).expanduser()
+    folder = Path(expand_home(root))
     if folder.exists() and not folder.is_dir():
         raise UsageError(
             f"checkpoint directory {str(folder)!r} exists and is not a folder",
