@@ -20,6 +20,7 @@ from dist_jobs.api.sweep_local import MANIFEST
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.result import read_result
+from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.api.job import Job
@@ -53,7 +54,7 @@ class TrialRow:
 def manifest_path(name_or_path: str, checkpoint_dir: str = "checkpoints") -> Path:
     """The manifest of sweep NAME under `checkpoint_dir`, or the sweep folder / sweep.json given."""
     given = Path(name_or_path).expanduser()
-    local = Path(checkpoint_dir).expanduser() / name_or_path / MANIFEST
+    local = Path(expand_home(checkpoint_dir)) / name_or_path / MANIFEST
     for candidate in (given, given / MANIFEST, local, Path(SWEEPS_DIR) / name_or_path / MANIFEST):
         if candidate.name == MANIFEST and candidate.is_file():
             return candidate.resolve()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dist_jobs.api.sweep_local import drive_local, start_driver, write_manifest
 from dist_jobs.api.sweep_status import MANIFEST, SWEEPS_DIR, Sweep
 from dist_jobs.errors import Problem, SpecError
+from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
@@ -199,7 +200,7 @@ def sweep(
     plan = plan_sweep(spec_or_path, grid or {}, random, seed, max_parallel, backend, overrides, **options)
     base_dir = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
     first = plan.head or plan.specs[0]
-    root = _absolute(Path(first.checkpoint_dir), base_dir, first.workdir if backend == "slurm" else None)
+    root = _absolute(first.checkpoint_dir, base_dir, first.workdir if backend == "slurm" else None)
     runs = str(root)
     if backend == "k8s":  # the checkpoint root is the pods' volume: the manifest stays here
         from dist_jobs.render.k8s import checkpoint_path
@@ -225,11 +226,12 @@ def sweep(
     return Sweep(manifest, root / MANIFEST)
 
 
-def _absolute(path: Path, base: Path, workdir: str | None) -> Path:
-    path = path.expanduser()
+def _absolute(folder: str, base: Path, workdir: str | None) -> Path:
+    """`folder` as the jobs have it: `~` expanded here (as the renderers do), relative to the workdir."""
+    path = Path(expand_home(folder))
     if path.is_absolute():
         return path
-    return (base / workdir / path if workdir else base / path).resolve()
+    return (base / expand_home(workdir) / path if workdir else base / path).resolve()
 
 
 def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict[str, Any]) -> list[str | None]:

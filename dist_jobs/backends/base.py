@@ -24,11 +24,14 @@ else:
 
 
 def checkpoint_root(spec: JobSpec, workdir: Path) -> Path:
-    """The spec's checkpoint_dir as the trainer reads it: `~` expanded, a relative one below
-    `workdir` (where the job runs). Every backend that finds a run directory starts here."""
+    """The spec's checkpoint_dir as the trainer reads it: `~` expanded on this host (as the SLURM
+    script and job_env have it), a relative one below `workdir` (where the job runs). Every
+    backend that finds a run directory starts here."""
     from pathlib import Path  # a verb that finds no run directory does without it
 
-    root = Path(spec.checkpoint_dir).expanduser()
+    from dist_jobs.spec.paths import expand_home
+
+    root = Path(expand_home(spec.checkpoint_dir))
     return root if root.is_absolute() else workdir / root
 
 

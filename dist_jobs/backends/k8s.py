@@ -21,21 +21,16 @@ import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.k8s_client import KubeClient, KubeconfigError, in_cluster, load
-from dist_jobs.backends.k8s_errors import api_error, no_config, not_started, unreachable
-from dist_jobs.backends.k8s_ranks import with_ranks
+from dist_jobs.backends.k8s_errors import APIS, api_error, handle, no_config, not_started, unreachable
+from dist_jobs.backends.k8s_ranks import completion_index, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
 
-APIS = {
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-}
 MANAGED = "app.kubernetes.io/managed-by=dist-jobs"
 PYTORCHJOB_LABEL = "training.kubeflow.org/"
 JOBSET_LABEL = "jobset.sigs.k8s.io/"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # The container the logs come from: the operator requires `pytorch`; the torch TrainingRuntime names it `node`.
 CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}
 
@@ -87,20 +82,24 @@ class K8sBackend:
         return self._ns()
 
     @contextlib.contextmanager
-    def _translated(self, what: str, kind: str | None = None) -> Iterator[None]:
-        """ApiException -> its message and a hint; a socket-level failure -> what went wrong."""
+    def _translated(self, what: str, job: tuple[str, str, str] | None = None) -> Iterator[None]:
+        """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind, namespace, name)."""
         from urllib3.exceptions import HTTPError
 
+        kind, namespace, name = job or (self.kind, "", "")
         try:
             yield
         except self.client.api_exception as exc:
-            raise api_error(exc, what, kind or self.kind) from None
+            raise api_error(exc, what, kind, namespace, name, self.client.host) from None
         except (HTTPError, OSError) as exc:
-            raise unreachable(self.client.host, exc, what) from None
+            raise unreachable(self.client.host, exc, what, handle(kind, namespace, name) if name else "") from None
 
-    def _call(self, what: str, method: str, path: str, kind: str | None = None, **kwargs: Any) -> Any:
-        with self._translated(what, kind):
+    def _call(self, what: str, method: str, path: str, job: tuple[str, str, str] | None = None, **kwargs: Any) -> Any:
+        with self._translated(what, job):
             return self.client.request(method, path, **kwargs)
+
+    def _job(self, name: str) -> tuple[str, str, str]:
+        return self.kind, self._ns(), name
 
     def _objects(self, kind: str, namespace: str, name: str = "") -> str:
         group, version, plural = APIS[kind]
@@ -115,8 +114,9 @@ class K8sBackend:
         kind = body["kind"]  # the manifest decides: a TrainJob spec goes to trainjobs whatever self.kind is
         namespace = body["metadata"].get("namespace") or self._ns()
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
-        what = f"create {kind} {namespace}/{body['metadata']['name']}"
-        return self._call(what, "POST", self._objects(kind, namespace), kind=kind, query=query, body=body)
+        job = (kind, namespace, body["metadata"]["name"])
+        what = f"create {kind} {namespace}/{job[2]}"
+        return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
 
     def submit(self, prepared: Prepared) -> str:
         created = self._create(prepared, dry_run=False)
@@ -132,7 +132,8 @@ class K8sBackend:
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
-        obj = self._call(f"get {self.kind} {self._ns()}/{name}", "GET", self._objects(self.kind, self._ns(), name))
+        path = self._objects(self.kind, self._ns(), name)
+        obj = self._call(f"get {self.kind} {self._ns()}/{name}", "GET", path, self._job(name))
         self._seen[name] = obj
         return obj
 
@@ -170,7 +171,7 @@ class K8sBackend:
         # same name cannot meet the old run's pods.
         path = self._objects(self.kind, self._ns(), job_id)
         query = {"propagationPolicy": "Foreground"}
-        self._call(f"delete {self.kind} {self._ns()}/{job_id}", "DELETE", path, query=query)
+        self._call(f"delete {self.kind} {self._ns()}/{job_id}", "DELETE", path, self._job(job_id), query=query)
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
         """Lines of the pod with pod rank `rank` (default 0); follow=True streams until the container ends."""
@@ -180,7 +181,7 @@ class K8sBackend:
         pod, container = self._pod_for_rank(job_id, rank)
         path = f"/api/v1/namespaces/{self._ns()}/pods/{pod}/log"
         query = {"container": container, **({"follow": "true"} if follow else {})}
-        with self._translated(f"logs of pod {self._ns()}/{pod}"):
+        with self._translated(f"logs of pod {self._ns()}/{pod}", self._job(job_id)):
             if follow:
                 yield from self.client.lines(path, query)
                 return
@@ -189,13 +190,14 @@ class K8sBackend:
 
     def _pods(self, job: str, selector: str) -> builtins.list[dict[str, Any]]:
         path = f"/api/v1/namespaces/{self._ns()}/pods"
-        return self._call(f"list pods of {job}", "GET", path, query={"labelSelector": selector}).get("items") or []
+        found = self._call(f"list pods of {job}", "GET", path, self._job(job), query={"labelSelector": selector})
+        return found.get("items") or []
 
     def _pod_for_rank(self, job: str, rank: int) -> tuple[str, str]:
         """(pod name, container) of `rank`, selected by the operator's (or JobSet's) pod labels."""
         if self.kind == "TrainJob":
             selector = f"{JOBSET_LABEL}jobset-name={job},{JOBSET_LABEL}replicatedjob-name=node"
-            pods = [p for p in self._pods(job, selector) if _completion_index(p) == str(rank)]
+            pods = [p for p in self._pods(job, selector) if completion_index(p) == str(rank)]
         else:  # the torch runtime's PET_NODE_RANK is the Indexed Job's completion index
             pods = self._pods(job, pytorchjob_selector(job, rank, has_master=_has_master(self._get(job))))
         if not pods:
@@ -205,7 +207,7 @@ class K8sBackend:
             pods, key=lambda p: ("deletionTimestamp" not in p["metadata"], p["metadata"].get("creationTimestamp"))
         )
         container = _container(pod, CONTAINER[self.kind])
-        waiting = _waiting(pod, container)
+        waiting = waiting_reason(pod, container)
         if waiting is not None:  # the apiserver answers 200 with no text for a pod not yet running
             raise not_started(self.kind, self._ns(), job, pod["metadata"]["name"], waiting)
         return pod["metadata"]["name"], container
@@ -216,7 +218,7 @@ class K8sBackend:
         return BackendError(
             f"{self.kind} {self._ns()}/{job} has no pod with rank {rank} (its pods: {', '.join(names) or 'none yet'})",
             f"ranks run from 0 to the number of pods - 1; pods appear once the job is scheduled: "
-            f"dist-jobs status --backend k8s {job}",
+            f"dist-jobs status {handle(self.kind, self._ns(), job)}",
         )
 
 
@@ -263,32 +265,9 @@ def _has_master(job: dict[str, Any]) -> bool:
     return "Master" in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {})
 
 
-def _completion_index(pod: dict[str, Any]) -> str | None:
-    meta = pod["metadata"]
-    for source in (meta.get("annotations"), meta.get("labels")):  # the label only exists on newer clusters
-        if source and COMPLETION_INDEX in source:
-            return str(source[COMPLETION_INDEX])
-    return None
-
-
 def _container(pod: dict[str, Any], preferred: str) -> str:
     names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     return preferred if preferred in names or not names else str(names[0])
-
-
-def _waiting(pod: dict[str, Any], container: str) -> str | None:
-    """Why the pod has no log yet (Pending, ContainerCreating, ...), or None when it has one."""
-    status = pod.get("status") or {}
-    for state in status.get("containerStatuses") or []:
-        if state.get("name") == container:
-            waiting = (state.get("state") or {}).get("waiting")
-            ran_before = (state.get("lastState") or {}).get("terminated")  # a restarted container has a log
-            return None if ran_before or waiting is None else str(waiting.get("reason") or "Waiting")
-    if status.get("phase") == "Pending":
-        unscheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
-        reason = unscheduled[0].get("reason") if unscheduled and unscheduled[0].get("status") == "False" else None
-        return f"Pending{f' ({reason})' if reason else ''}"
-    return None
 
 
 def job_status(obj: dict[str, Any]) -> JobStatus:

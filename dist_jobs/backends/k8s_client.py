@@ -79,6 +79,14 @@ class KubeClient:
         from urllib3.util.retry import Retry
 
         configuration.retries = Retry(total=1, connect=1, read=0, status=0, redirect=0)
+        if not configuration.verify_ssl:
+            # insecure-skip-tls-verify is the kubeconfig's own choice (kubectl says nothing either):
+            # urllib3 would print InsecureRequestWarning with a URL on every request.
+            import warnings
+
+            from urllib3.exceptions import InsecureRequestWarning
+
+            warnings.filterwarnings("ignore", category=InsecureRequestWarning)
         self.configuration = configuration
         self.namespace = namespace  # the kubeconfig context's default namespace
         self._rest = rest.RESTClientObject(configuration)

@@ -16,6 +16,11 @@ from typing import Any
 from dist_jobs.backends.k8s_client import CONNECT_S, READ_S
 from dist_jobs.errors import BackendError
 
+# Each kind's API group, version and plural.
+APIS = {
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+}
 # What installs each kind's CRD; the vendored copies ship in the wheel as dist_jobs/crds/.
 _INSTALL = {
     "PyTorchJob": (
@@ -42,21 +47,30 @@ def _status_body(body: Any) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) and parsed.get("kind") == "Status" else None
 
 
-def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
-    """A BackendError for an ApiException raised while doing `what` to a `kind` object."""
+# The apiserver's whole answer for a path it does not serve (a resource whose CRD is missing).
+NOT_SERVED = "404 page not found"
+
+
+def handle(kind: str, namespace: str, name: str) -> str:
+    """The job's handle, for hints: a bare name would be looked up as a PyTorchJob."""
+    return f"k8s://{namespace}/{kind}/{name}"
+
+
+def api_error(
+    exc: Any, what: str, kind: str = "PyTorchJob", namespace: str = "", name: str = "", host: str = ""
+) -> BackendError:
+    """A BackendError for an ApiException raised while doing `what` to the `kind` object `name` in
+    `namespace` (the hints name it by its handle), asked of the server at `host`."""
     code = int(getattr(exc, "status", 0) or 0)
     status = _status_body(getattr(exc, "body", None))
     if code == 0 and "SSL" in str(getattr(exc, "reason", "")):  # rest.py's wrapping of urllib3's SSLError
         return _tls(what, str(exc.reason).splitlines()[-1])
     if status is None:
-        return _plain_error(code, str(getattr(exc, "reason", "") or ""), what, kind)
+        return _plain_error(code, str(getattr(exc, "reason", "") or ""), what, kind, _text(exc), host)
     message = str(status.get("message", ""))
     reason = str(status.get("reason", ""))
     if code == 409:
-        return BackendError(
-            f"{what}: {message} (409 AlreadyExists)",
-            "pick another --name, or delete the old job: dist-jobs cancel --backend k8s NAME",
-        )
+        return _exists(what, message, kind, namespace, name)
     if code == 422:
         causes = (status.get("details") or {}).get("causes") or []
         lines = [f"  - {c.get('field') or '?'}: {c.get('message', '')}" for c in causes] or [f"  - {message}"]
@@ -72,19 +86,12 @@ def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
         )
         return BackendError(f"{what}: {message} (403 {reason or 'Forbidden'})", hint)
     if code == 404:
-        details = status.get("details") or {}
-        if details.get("kind") == "namespaces":
-            return BackendError(
-                f"{what}: {message} (404 NotFound)",
-                f"create the namespace (kubectl create namespace {details.get('name')}) or choose an existing "
-                "one: k8s.namespace in job.yaml, --namespace on the command line",
-            )
-        return BackendError(
-            f"{what}: {message} (404 NotFound)",
-            "check the name and --namespace/--context: dist-jobs list --backend k8s",
-        )
+        return _not_found(what, message, status.get("details") or {}, kind)
     if code == 400:
-        return BackendError(f"{what}: {message} (400 {reason or 'BadRequest'})", _bad_request_hint(message))
+        return BackendError(
+            f"{what}: {message} (400 {reason or 'BadRequest'})",
+            _bad_request_hint(message, handle(kind, namespace or "NAMESPACE", name or "NAME")),
+        )
     if code == 401:
         return BackendError(
             f"{what}: {message or 'Unauthorized'} (401)",
@@ -93,13 +100,55 @@ def api_error(exc: Any, what: str, kind: str = "PyTorchJob") -> BackendError:
     return BackendError(f"{what}: {message or reason} (HTTP {code})", "see the apiserver's message above")
 
 
-def _plain_error(code: int, reason: str, what: str, kind: str) -> BackendError:
-    if code == 404:
+def _not_found(what: str, message: str, details: dict[str, Any], kind: str) -> BackendError:
+    if details.get("kind") == "namespaces":
+        return BackendError(
+            f"{what}: {message} (404 NotFound)",
+            f"create the namespace (kubectl create namespace {details.get('name')}) or choose an existing "
+            "one: k8s.namespace in job.yaml, --namespace on the command line",
+        )
+    return BackendError(
+        f"{what}: {message} (404 NotFound)",
+        f"check the name and --namespace/--context: dist-jobs list --backend k8s --kind {kind}",
+    )
+
+
+def _exists(what: str, message: str, kind: str, namespace: str, name: str) -> BackendError:
+    job = handle(kind, namespace or "NAMESPACE", name or "NAME")
+    if "being deleted" in message:  # a Foreground delete keeps the object until its pods are gone
+        group, _, plural = APIS.get(kind, ("", "", kind.lower()))
+        return BackendError(
+            f"{what}: {message} (409 AlreadyExists): the old job is still being deleted",
+            f"wait for the deletion to finish, then submit again: kubectl wait --for=delete "
+            f"{plural}.{group}/{name or 'NAME'} -n {namespace or 'NAMESPACE'} --timeout=10m "
+            f"(or dist-jobs status {job} until it is not found)",
+        )
+    return BackendError(
+        f"{what}: {message} (409 AlreadyExists)",
+        f"pick another --name, or delete the old job: dist-jobs cancel {job}",
+    )
+
+
+def _text(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    return body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+
+
+def _plain_error(code: int, reason: str, what: str, kind: str, body: str, host: str) -> BackendError:
+    if code == 404 and body.strip() == NOT_SERVED:
         resource, install = _INSTALL.get(kind, (kind, "install the CRD that serves it"))
         return BackendError(
-            f"{what}: the apiserver does not serve {resource} (404 page not found): "
+            f"{what}: the apiserver does not serve {resource} ({NOT_SERVED}): "
             f"the {kind} CRD is not installed in this cluster",
             install,
+        )
+    if code == 404:  # an apiserver answers a Status, or its plain-text line: an HTML page is another server
+        looks = "an HTML page" if "<html" in body[:512].lower() else "no Kubernetes Status"
+        return BackendError(
+            f"{what}: the server{f' at {host}' if host else ''} answered HTTP 404 with {looks}: "
+            "it is not a Kubernetes apiserver",
+            "check the cluster's server address in the kubeconfig (kubectl config view --minify) and "
+            "--kubeconfig/--context",
         )
     return BackendError(
         f"{what}: HTTP {code} {reason}".rstrip(),
@@ -107,15 +156,15 @@ def _plain_error(code: int, reason: str, what: str, kind: str) -> BackendError:
     )
 
 
-def _bad_request_hint(message: str) -> str:
+def _bad_request_hint(message: str, job: str) -> str:
     if "strict decoding error" in message or "unknown field" in message:
         return "fieldValidation=Strict refuses unknown or misspelled fields: fix them in job.yaml"
     if "waiting to start" in message or "ContainerCreating" in message or "PodInitializing" in message:
-        return "the container has not started yet: retry in a moment (dist-jobs status --backend k8s NAME)"
+        return f"the container has not started yet: retry in a moment (dist-jobs status {job})"
     return "the apiserver refused the request as malformed: see its message"
 
 
-def unreachable(host: str, exc: BaseException, what: str = "") -> BackendError:
+def unreachable(host: str, exc: BaseException, what: str = "", job: str = "") -> BackendError:
     """The apiserver did not answer at all: an untrusted certificate, a timeout, or no connection."""
     cause: BaseException = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError wraps the real one
     chain = [cause, cause.__context__, *getattr(cause, "args", ())]
@@ -127,7 +176,7 @@ def unreachable(host: str, exc: BaseException, what: str = "") -> BackendError:
         return BackendError(
             f"{what or 'request'}: the Kubernetes apiserver at {host} did not answer in time "
             f"({CONNECT_S:.0f} s to connect, {READ_S:.0f} s to answer)",
-            "the job may have been created all the same: check with `dist-jobs status --backend k8s NAME` "
+            f"the job may have been created all the same: check with `dist-jobs status {job or 'k8s://NS/KIND/NAME'}` "
             "before submitting again"
             if creating
             else "the apiserver is overloaded or a firewall drops the traffic: try `kubectl cluster-info`",
@@ -150,7 +199,8 @@ def not_started(kind: str, namespace: str, job: str, pod: str, why: str) -> Back
     """`logs` of a pod whose container has not started: the apiserver would answer with nothing."""
     return BackendError(
         f"{kind} {namespace}/{job}: pod {pod} is {why}: it has no log yet",
-        f"wait for it to start: dist-jobs status --backend k8s {job}; why it waits: kubectl describe pod {pod}",
+        f"wait for it to start: dist-jobs status {handle(kind, namespace, job)}; why it waits: "
+        f"kubectl describe pod {pod} -n {namespace}",
     )
 
 

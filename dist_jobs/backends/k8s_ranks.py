@@ -70,3 +70,27 @@ def with_ranks(status: JobStatus, pods: list[dict[str, Any]], kind: str, has_mas
     ranks, first = rank_detail(pods, kind, has_master)
     detail = f"{first}; {status.detail}" if first and status.detail else (first or status.detail)
     return status.replace(detail=detail, ranks=ranks)
+
+
+def completion_index(pod: dict[str, Any]) -> str | None:
+    """A TrainJob pod's Indexed Job completion index (its rank), or None."""
+    meta = pod["metadata"]
+    for source in (meta.get("annotations"), meta.get("labels")):  # the label only exists on newer clusters
+        if source and COMPLETION_INDEX in source:
+            return str(source[COMPLETION_INDEX])
+    return None
+
+
+def waiting_reason(pod: dict[str, Any], container: str) -> str | None:
+    """Why the pod has no log yet (Pending, ContainerCreating, ...), or None when it has one."""
+    status = pod.get("status") or {}
+    for state in status.get("containerStatuses") or []:
+        if state.get("name") == container:
+            waiting = (state.get("state") or {}).get("waiting")
+            ran_before = (state.get("lastState") or {}).get("terminated")  # a restarted container has a log
+            return None if ran_before or waiting is None else str(waiting.get("reason") or "Waiting")
+    if status.get("phase") == "Pending":
+        unscheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
+        reason = unscheduled[0].get("reason") if unscheduled and unscheduled[0].get("status") == "False" else None
+        return f"Pending{f' ({reason})' if reason else ''}"
+    return None

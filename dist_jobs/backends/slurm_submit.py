@@ -18,6 +18,7 @@ from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm_sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError
+from dist_jobs.spec.paths import expand_home
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
     """Submit through `run`; the job id. Relative folders of the spec are taken from `cwd`."""
     spec = prepared.spec
     workdir = workdir_of(spec, cwd)
-    log_dir = Path(spec.log_dir) if Path(spec.log_dir).is_absolute() else workdir / spec.log_dir
+    log_dir = Path(expand_home(spec.log_dir))
+    log_dir = log_dir if log_dir.is_absolute() else workdir / log_dir
     # slurmd opens --output before the script runs: a missing folder fails the job at once
     # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
     created = _missing_dirs(log_dir) + _missing_dirs(jobs_dir)
@@ -99,7 +101,8 @@ def _too_big(spec: JobSpec, run: Runner) -> BackendError | None:
 def workdir_of(spec: JobSpec, cwd: Path) -> Path:
     if not spec.workdir:
         return cwd
-    return Path(spec.workdir) if Path(spec.workdir).is_absolute() else cwd / spec.workdir
+    workdir = Path(expand_home(spec.workdir))
+    return workdir if workdir.is_absolute() else cwd / workdir
 
 
 def _missing_dirs(path: Path) -> list[Path]:

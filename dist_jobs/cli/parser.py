@@ -9,10 +9,9 @@ the other verbs' ~100 flags, and the spec flags' module (dataclasses), were a te
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Callable
 
+from dist_jobs.cli.argv import Parser
 from dist_jobs.constants import VERSION
 
 OUTPUT = ("table", "json", "yaml")
@@ -33,28 +32,9 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        # argparse makes a formatter for every add_argument (to check the metavar), and one asks
-        # shutil (a 2 ms import) for the terminal's width: os answers the same question.
-        return self.formatter_class(prog=self.prog, width=_columns())  # type: ignore[call-arg]
-
-
-def _columns() -> int:
-    """shutil.get_terminal_size's answer: $COLUMNS, else the terminal's width, else 80."""
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
 def build(verb: str | None = None) -> argparse.ArgumentParser:
     """Every verb, with the arguments of `verb` only (of all, when None)."""
-    parser = _Parser(
+    parser = Parser(
         prog="dist-jobs",
         description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
         epilog="A command after `--` replaces the default training entrypoint.",

@@ -63,7 +63,9 @@ def sub_parser(verb: str) -> argparse.ArgumentParser:
         "the best trial is marked *.",
         "cancel": "Stop a sweep: no trial starts any more and every trial not yet ended is cancelled.",
     }
-    p = argparse.ArgumentParser(prog=f"dist-jobs sweep {verb}", description=descriptions[verb])
+    from dist_jobs.cli.argv import Parser  # keeps `--checkpoint-dir=--` a value, as the other verbs do
+
+    p = Parser(prog=f"dist-jobs sweep {verb}", description=descriptions[verb])
     p.add_argument("name", metavar="NAME", help="the sweep's name (its --name), or its folder or sweep.json")
     p.add_argument(
         "--checkpoint-dir", default="checkpoints", help="the spec's checkpoint_dir, where NAME/sweep.json is"

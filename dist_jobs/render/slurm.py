@@ -9,6 +9,7 @@ from dist_jobs.render.common import header_lines, step_signal
 from dist_jobs.render.quoting import sbatch_value, sh, sh_argv, slurm_filename
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
+from dist_jobs.spec.paths import expand_home
 from dist_jobs.spec.slurm_time import format_time, parse_time
 
 # Signal the batch shell receives `grace_seconds` before the time limit (B: = batch shell only);
@@ -33,13 +34,13 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
         "nodes": spec.nodes,
         "ntasks-per-node": per_task,
         "cpus-per-task": cpus,
-        "output": slurm_filename(spec.log_dir.rstrip("/") or ".") + "/" + pattern,
+        "output": slurm_filename(expand_home(spec.log_dir).rstrip("/") or ".") + "/" + pattern,
         "open-mode": "append",
         "requeue": True,
         "signal": f"B:{_BATCH_WARNING}@{spec.preemption.grace_seconds}",
         "mem": spec.memory,
         "time": _time_limit(spec.time),
-        "chdir": spec.workdir,
+        "chdir": expand_home(spec.workdir) if spec.workdir else None,
         "partition": slurm.partition,
         "account": slurm.account,
         "qos": slurm.qos,

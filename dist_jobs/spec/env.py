@@ -5,21 +5,23 @@ task, the launcher) needs it as much as the renderers do."""
 from __future__ import annotations
 
 from dist_jobs.spec.model import JobSpec
+from dist_jobs.spec.paths import expand_home
 
 
 def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> dict[str, str]:
     """The job's environment on every backend: dist-jobs' own variables, the NCCL knobs, then the
     user's `env`, which wins. `checkpoint_dir` is the backend's view of the shared root (under the
     PVC mount, absolute on this host); the batch script alone reads the log folder, it and the pod
-    entrypoint read the requeue cap."""
+    entrypoint read the requeue cap. `~` in the folders is expanded here, on the submitting host,
+    as job.json and status have it (dist_jobs.spec.paths)."""
     nccl = spec.nccl
     in_script = backend == "slurm"
     capped = backend in ("slurm", "k8s")  # the batch script and the pod entrypoint count restarts
     pairs = [
         ("DIST_JOBS_BACKEND", backend),
         ("DIST_JOBS_RUN", spec.run_id),
-        ("DIST_JOBS_CHECKPOINT_DIR", spec.checkpoint_dir if checkpoint_dir is None else checkpoint_dir),
-        ("DIST_JOBS_LOG_DIR", spec.log_dir if in_script else None),
+        ("DIST_JOBS_CHECKPOINT_DIR", expand_home(spec.checkpoint_dir) if checkpoint_dir is None else checkpoint_dir),
+        ("DIST_JOBS_LOG_DIR", expand_home(spec.log_dir) if in_script else None),
         ("DIST_JOBS_NNODES", str(spec.nodes)),
         ("DIST_JOBS_NPROC_PER_NODE", str(spec.procs)),
         ("DIST_JOBS_MAX_REQUEUES", str(spec.preemption.max_requeues) if capped else None),

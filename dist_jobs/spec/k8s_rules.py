@@ -87,6 +87,15 @@ def _job(spec: JobSpec) -> list[Problem]:
         found.append(
             Problem("workdir", spec.workdir, "must be absolute in a container", "give the path in the image, e.g. /app")
         )
+    if spec.checkpoint_dir.startswith("~"):
+        found.append(
+            Problem(
+                "checkpoint_dir",
+                spec.checkpoint_dir,
+                "starts with `~`: a pod has no home folder of yours, so it would be a folder named `~` on the volume",
+                f"give it relative to k8s.mount_path ({spec.k8s.mount_path}) or as an absolute path in the pod",
+            )
+        )
     return found
 
 

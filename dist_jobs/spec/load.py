@@ -15,6 +15,7 @@ from dist_jobs.errors import MISSING, Problem, SpecError
 from dist_jobs.spec import k8s_rules
 from dist_jobs.spec.limits import limit_problems
 from dist_jobs.spec.model import JobSpec, run_id
+from dist_jobs.spec.paths import home_problems
 from dist_jobs.spec.reserved import env_problems
 from dist_jobs.spec.slurm_time import parse_time
 from dist_jobs.spec.validate import convert
@@ -117,6 +118,7 @@ def cross_checks(spec: JobSpec, backend: str | None = None) -> list[Problem]:
             )
         )
     problems += env_problems(spec.env)
+    problems += home_problems(spec)
     problems += limit_problems(spec)
     problems += _k8s_checks(spec)
     if backend == "k8s":

@@ -1,10 +1,14 @@
 """Environment variable names a job spec's `env:` may not set, in one table with the reason and the fix.
 
-Three owners. bash: the batch script is bash, and bash evaluates an assignment to some of its
+Four owners. bash: the batch script is bash, and bash evaluates an assignment to some of its
 own variables as arithmetic (`RANDOM=PWD[$(cmd)]` runs cmd) or keeps them read-only or
-recomputed, so the value would run code or never reach the job. dist-jobs: `job_env` sets
-these for every backend and the launch reads them back. torch: every launch mode sets the
-env:// variables per process. `DIST_JOBS_ENV` and `DIST_JOBS_RDZV_TIMEOUT` stay user knobs.
+recomputed, so the value would run code or never reach the job; it acts on every other `BASH_*`
+(BASH_ENV runs a file in each bash the job starts) and on PWD, PATH and EXECIGNORE, which the
+script's own lines rely on (the user's exports come first). The scheduler: the script reads
+SLURM_JOB_ID, SLURM_JOB_NODELIST, ... to name, reach and requeue its own job, and srun reads
+SLURM_* as options. dist-jobs: `job_env` sets these for every backend and the launch reads them
+back. torch: every launch mode sets the env:// variables per process. `DIST_JOBS_ENV` and
+`DIST_JOBS_RDZV_TIMEOUT` stay user knobs.
 """
 
 from __future__ import annotations
@@ -66,6 +70,40 @@ DIST_JOBS_OWNED = frozenset(
 TORCH_OWNED = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR"}
 )
+# What the batch script's own lines read, and why setting it breaks them (tests/unit/test_reserved.py
+# runs the rendered script with each).
+SCRIPT_READ = {
+    "PWD": (
+        "is the batch script's working directory: the script makes relative checkpoint and log folders "
+        "absolute with $PWD, so the run directory would move away from the one job.json and status name",
+        "set `workdir` in the job spec instead",
+    ),
+    "PATH": (
+        "is where the batch script finds mkdir, srun, scontrol and python before the job starts: one "
+        "without them stops the job with 'command not found'",
+        "extend it in a `setup:` line (export PATH=/opt/bin:$PATH), or name the interpreter with `python:`",
+    ),
+    "EXECIGNORE": (
+        "makes bash skip matching programs on PATH: the batch script's own mkdir, srun or python "
+        "would be 'command not found'",
+        "drop it; a shell of your own can set it in its first line",
+    ),
+}
+OWNED_PREFIXES = {
+    "BASH_": (
+        "is a variable bash acts on or sets (BASH_ENV runs a file in every bash the job starts, "
+        "BASH_XTRACEFD and BASH_ARGV0 redirect tracing and rename the script, BASH_COMPAT changes the "
+        "shell's rules): the batch script is bash",
+        "rename the variable (e.g. MY_{name})",
+    ),
+    "SLURM_": (
+        "is the scheduler's: the batch script reads SLURM_JOB_ID, SLURM_JOB_NODELIST, ... to name, reach "
+        "and requeue its own job (a value of yours would requeue another job), and srun reads SLURM_* "
+        "as its options",
+        "use the job spec's fields (nodes, slurm.*, slurm.extra_sbatch) for the scheduler, or rename a "
+        "variable of your own (e.g. MY_{name})",
+    ),
+}
 _SPEC_FIELD = {
     "DIST_JOBS_RUN": "name (or train.run_name)",
     "DIST_JOBS_CHECKPOINT_DIR": "checkpoint_dir",
@@ -86,6 +124,11 @@ def reserved(name: str) -> tuple[str, str] | None:
             "so the value could run code or would never reach the job",
             "rename the variable (e.g. MY_" + name.lstrip("_") + ")",
         )
+    if name in SCRIPT_READ:
+        return SCRIPT_READ[name]
+    for prefix, (why, fix) in OWNED_PREFIXES.items():
+        if name.startswith(prefix):
+            return why, fix.format(name=name.removeprefix(prefix))
     field = _SPEC_FIELD.get(name)
     if name in DIST_JOBS_OWNED or name == "MASTER_PORT":
         fix = f"set `{field}` in the job spec instead" if field else "drop it: dist-jobs sets it from the backend"

@@ -23,12 +23,17 @@ Importable = Annotated[
 ]
 # One folder inside the checkpoint directory: no '/', no '..', no leading '.' or '-'; NAME_MAX long.
 RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}"
+RUN_NAME_RULE = (
+    f"is not a run name: it must match {RUN_NAME} (ASCII letters, digits or '_' first, then also '.' "
+    "and '-', at most 255 characters), so the run stays one folder inside the checkpoint directory"
+)
+RUN_NAME_FIX = "write it with those characters only (no space, '/' or accent), e.g. resnet50-lr0.1"
 RunName = Annotated[
     str,
     checked(
         rf"^{RUN_NAME}" + END,
-        "is not one folder name: runs stay inside the checkpoint directory",
-        "use letters, digits, '.', '_' and '-' (no '/'), e.g. resnet50-lr0.1",
+        RUN_NAME_RULE,
+        RUN_NAME_FIX,
     ),
 ]
 SignalName = Annotated[

@@ -33,7 +33,7 @@ from dist_jobs.rundir.checkpoints import COMPLETE, LATEST, committed_steps
 from dist_jobs.rundir.lock import LockLost
 from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
-from dist_jobs.train.ckpt_read import SHARED, Agree, encode_marker, load_verified, newest_agreed, read_marker
+from dist_jobs.train.ckpt_read import SHARED, Agree, encode_marker, load_verified, newest_agreed, read_marker, unusable
 
 __all__ = ["COMPLETE", "Agree", "CheckpointError", "Checkpointer", "Loaded"]
 
@@ -175,11 +175,8 @@ class Checkpointer:
     def _reject(self, step: int, got: Loaded | Exception | None) -> None:
         """Every rank marks the same step bad (so all rewrite it); the rank that failed says why."""
         self._bad.add(step)
-        folder = self._folder(step)
-        if isinstance(got, Exception):
-            log.warning("checkpoint %s is unusable on rank %d, falling back: %s", folder, self.rank, got)
-        elif self.rank == 0:
-            log.warning("checkpoint %s is not usable on every rank (that rank's log says why): falling back", folder)
+        if isinstance(got, Exception) or self.rank == 0:
+            log.warning("%s", unusable(self._folder(step), self.rank, got if isinstance(got, Exception) else None))
 
     # -- layout ---------------------------------------------------------------------------
     def _folder(self, step: int) -> Path:

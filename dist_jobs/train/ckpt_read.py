@@ -42,6 +42,20 @@ Agree = Callable[[list[int]], list[int]]
 T = TypeVar("T")
 
 
+def unusable(folder: Path, rank: int, exc: Exception | None) -> str:
+    """The warning for a checkpoint latest() skips: which file is wrong, and what happens instead
+    (`exc` None: another rank could not load it)."""
+    if exc is None:
+        what = f"checkpoint {folder} is not usable on every rank (that rank's log says why)"
+    elif isinstance(exc, FileNotFoundError):
+        what = f"checkpoint {folder} is unusable on rank {rank}: {exc.filename} is missing"
+    elif isinstance(exc, KeyError):  # its text is the key alone
+        what = f"checkpoint {folder} is unusable on rank {rank}: its COMPLETE marker has no {exc.args[0]!r} entry"
+    else:
+        what = f"checkpoint {folder} is unusable on rank {rank}: {str(exc) or type(exc).__name__}"
+    return what + "; skipped: resuming from the newest older checkpoint every rank can load (the start if none)"
+
+
 def newest_agreed(
     steps: list[int],
     load: Callable[[int], T],
@@ -100,7 +114,7 @@ def read_marker(path: Path, rank: int) -> Marker:
         size = os.fstat(fd).st_size
         chunk = os.pread(fd, _HEAD_MAX, 0)
         if chunk.startswith(b"{\n"):  # written before rank records existed: all of it is JSON
-            return _legacy(json.loads(chunk + os.pread(fd, size, len(chunk))), rank)
+            return _legacy(json.loads(chunk + os.pread(fd, size, len(chunk))), rank, path)
         end = chunk.find(b"\n")
         if end < 0:
             raise ValueError(f"{path.name} has no header line")
@@ -110,7 +124,15 @@ def read_marker(path: Path, rank: int) -> Marker:
         if size != start + world * width:
             raise ValueError(f"{path.name} is {size} bytes, not the {start + world * width} it says")
         mine = _record(os.pread(fd, width, start + rank * width), rank) if rank < world else None
-    return Marker(step, world, head["files"][SHARED], mine)
+    return Marker(step, world, _shared_record(head, path), mine)
+
+
+def _shared_record(head: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
+    """COMPLETE's size and CRC32 of shared.pt; a marker without them vouches for nothing."""
+    files = head.get("files")
+    if not isinstance(files, dict) or not isinstance(files.get(SHARED), dict):
+        raise ValueError(f"{path} records no size and CRC32 for {path.parent / SHARED}")
+    return files[SHARED]
 
 
 def _record(raw: bytes, rank: int) -> dict[str, Any]:
@@ -120,13 +142,14 @@ def _record(raw: bytes, rank: int) -> dict[str, Any]:
     return {"size": int(fields[1]), "crc32": fields[2]}
 
 
-def _legacy(marker: Mapping[str, Any], rank: int) -> Marker:
+def _legacy(marker: Mapping[str, Any], rank: int, path: Path) -> Marker:
+    shared = _shared_record(marker, path)
     files = marker["files"]
     world = int(marker["world_size"])
     mine = files.get(f"rank-{rank}.pt") if rank < world else None
     if rank < world and mine is None:  # names in the marker never pick a file: they only vouch for one
         raise ValueError(f"COMPLETE has no record of rank-{rank}.pt")
-    return Marker(int(marker["step"]), world, files[SHARED], mine)
+    return Marker(int(marker["step"]), world, shared, mine)
 
 
 def load_verified(path: Path, want: Mapping[str, Any]) -> Any:

@@ -24,7 +24,8 @@ import torch
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import UsageError
-from dist_jobs.spec.train import RUN_NAME, TrainConfig
+from dist_jobs.spec.paths import expand_home
+from dist_jobs.spec.train import RUN_NAME, RUN_NAME_FIX, RUN_NAME_RULE, TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
 from dist_jobs.train.distributed import max_over_ranks
@@ -214,7 +215,7 @@ def checkpoint_folder(config: TrainConfig, environ: Mapping[str, str] | None = N
     root = config.checkpoint_dir or (from_env if from_env.strip() else "")
     if not root:
         return None
-    folder = Path(root).expanduser()
+    folder = Path(expand_home(root))
     if folder.exists() and not folder.is_dir():
         raise UsageError(
             f"checkpoint directory {str(folder)!r} exists and is not a folder",
@@ -228,10 +229,7 @@ def run_name(config: TrainConfig, environ: Mapping[str, str] | None = None) -> s
     name = config.run_name or env.get("DIST_JOBS_RUN", "").strip() or "default"
     if not re.fullmatch(RUN_NAME, name):
         where = "--run-name" if config.run_name else "$DIST_JOBS_RUN"
-        raise UsageError(
-            f"{where}={name!r} is not one folder name: its checkpoints would land outside the checkpoint directory",
-            hint="use letters, digits, '.', '_' and '-' (no '/'), e.g. resnet50-lr0.1",
-        )
+        raise UsageError(f"{where}={name!r} {RUN_NAME_RULE}", hint=RUN_NAME_FIX)
     return name
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
+from dist_jobs.spec.paths import expand_home
 from dist_jobs.train.signals import LAUNCH_SIGNALS_VAR
 
 # submitit's default preemption/timeout signal (SUBMITIT_PREEMPT_SIGNAL overrides it).
@@ -41,7 +42,7 @@ class FunctionTask:
         for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(key, None)
         dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        ckpt = Path(self.spec.checkpoint_dir)
+        ckpt = Path(expand_home(self.spec.checkpoint_dir))
         os.environ.update(
             {
                 # submitit sets the env:// variables itself, as torchrun would for its children.

@@ -375,12 +375,14 @@ class FakeKubeAPI:
         key = (info.plural, meta["namespace"], meta["name"])
         with self.lock:
             if key in self.store:
+                # the apiserver's registry store prefixes this while the old object is Terminating
+                deleting = "object is being deleted: " if self.store[key]["metadata"].get("deletionTimestamp") else ""
                 raise Reply(
                     409,
                     status(
                         409,
                         "AlreadyExists",
-                        f'{info.plural}.{info.group} "{meta["name"]}" already exists',
+                        f'{deleting}{info.plural}.{info.group} "{meta["name"]}" already exists',
                         {"name": meta["name"], "group": info.group, "kind": info.plural},
                     ),
                 )

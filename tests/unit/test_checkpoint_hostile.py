@@ -4,6 +4,7 @@ both make latest() fall back to the previous checkpoint, at once, instead of han
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -95,3 +96,38 @@ def test_a_complete_checkpoint_is_accepted(tmp_path: Path) -> None:
     assert loaded is not None and loaded.step == 8
     shutil.rmtree(tmp_path / "run" / "step-4")
     assert _latest_within(Checkpointer(tmp_path / "run", rank=0, world_size=1)).step == 8  # type: ignore[union-attr]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.name == "dist_jobs.train.checkpoint")
+
+
+def test_a_missing_shared_pt_is_named_with_its_path_and_what_was_done(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint")
+    ckpt = _two_steps(tmp_path, _state(8))
+    shared = tmp_path / "run" / "step-8" / "shared.pt"
+    shared.unlink()
+    loaded = _latest_within(ckpt)
+    assert loaded is not None and loaded.step == 4
+    said = _warnings(caplog)
+    assert f"{shared} is missing" in said and "resuming from the newest older checkpoint" in said, said
+
+
+def test_a_marker_without_shared_pts_record_is_named_not_quoted_as_a_bare_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning once read only `falling back: 'shared.pt'` (a KeyError's text)."""
+    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint")
+    ckpt = _two_steps(tmp_path, _state(8))
+    marker = tmp_path / "run" / "step-8" / "COMPLETE"
+    head, _, records = marker.read_text().partition("\n")
+    fields = json.loads(head)
+    del fields["files"]["shared.pt"]
+    marker.write_text(json.dumps(fields) + "\n" + records)
+    loaded = _latest_within(ckpt)
+    assert loaded is not None and loaded.step == 4
+    said = _warnings(caplog)
+    assert f"{marker} records no size and CRC32 for {marker.parent / 'shared.pt'}" in said, said
+    assert "resuming from the newest older checkpoint every rank can load" in said

@@ -164,3 +164,20 @@ def test_env_refuses_a_rank_outside_its_world() -> None:
     proc = subprocess.run([PYTHON, "-m", "dist_jobs", "env"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 3 and "rank 7" in proc.stderr and "outside world size 4" in proc.stderr
     assert "world_size        4" in proc.stdout  # what was resolved is still shown
+
+
+def test_a_flag_whose_value_is_double_dash_keeps_it() -> None:
+    """`--workdir=--` became [] ("must be text (given: [])"): argparse dropped the `--`."""
+    proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--workdir=--", "--env=A=--", "--", "prog")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --chdir=--" in proc.stdout.splitlines() and "export A=--" in proc.stdout.splitlines()
+    assert '"$DJ_PY" -m dist_jobs.launch -- prog &' in proc.stdout  # the bare `--` still starts the command
+    status = dj("sweep", "status", "--checkpoint-dir=--", "nosuch")  # its own parser: a traceback before
+    assert status.returncode == 2 and "Traceback" not in status.stderr and "no --/nosuch/sweep.json" in status.stderr
+
+
+def test_an_image_that_reads_as_an_option_is_refused() -> None:
+    """`--image=--foo=bar` rendered `apptainer exec --nv --foo=bar python3 ...`."""
+    proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--container", "apptainer", "--image=--foo=bar")
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert "image: starts with '-'" in proc.stderr and "(given: '--foo=bar')" in proc.stderr

@@ -129,7 +129,30 @@ def test_second_submit_is_409_with_a_hint(backend: K8sBackend) -> None:
     backend.submit(prepared)
     err = _error(backend.submit, prepared)
     assert "409 AlreadyExists" in err.message and f'"{JOB}" already exists' in err.message
-    assert err.hint and "dist-jobs cancel --backend k8s" in err.hint
+    assert err.hint and f"dist-jobs cancel k8s://{NS}/PyTorchJob/{JOB}" in err.hint
+
+
+def test_a_trainjobs_hints_carry_its_kind(api: FakeKubeAPI) -> None:
+    """A bare name in a hint is looked up as a PyTorchJob: the user got a 404 following it."""
+    backend = _backend(api.url, kind="TrainJob", namespace="ml")
+    prepared = _prepared(backend, TRAINJOB)
+    backend.submit(prepared)
+    err = _error(backend.submit, prepared)
+    assert err.hint and "dist-jobs cancel k8s://ml/TrainJob/resnet-trainjob" in err.hint
+    no_pod = _error(backend.logs, "resnet-trainjob", rank=5)
+    assert no_pod.hint and "dist-jobs status k8s://ml/TrainJob/resnet-trainjob" in no_pod.hint
+    assert "--backend k8s resnet-trainjob" not in f"{err.hint} {no_pod.hint}"
+
+
+def test_resubmitting_while_the_old_job_is_terminating_says_to_wait(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    """Deleting a job that is being deleted does nothing: the hint said to."""
+    prepared = _prepared(backend)
+    backend.submit(prepared)
+    api.store[(PLURAL, NS, JOB)]["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    err = _error(backend.submit, prepared)
+    assert "object is being deleted" in err.message and "still being deleted" in err.message
+    assert err.hint and f"kubectl wait --for=delete pytorchjobs.kubeflow.org/{JOB} -n {NS}" in err.hint
+    assert "cancel" not in err.hint and "delete the old job" not in err.hint
 
 
 def test_schema_violations_are_422_with_every_field_cause(api: FakeKubeAPI, backend: K8sBackend) -> None:
@@ -231,7 +254,9 @@ def test_a_timed_out_create_says_the_job_may_exist(silent_url: str, monkeypatch:
     backend = _backend(f"http://{silent_url}")
     err = _error(backend.submit, _prepared(backend))
     assert err.message.startswith(f"create PyTorchJob {NS}/{JOB}: the Kubernetes apiserver at http://{silent_url}")
-    assert err.hint and "may have been created" in err.hint and "dist-jobs status --backend k8s" in err.hint
+    assert (
+        err.hint and "may have been created" in err.hint and f"dist-jobs status k8s://{NS}/PyTorchJob/{JOB}" in err.hint
+    )
 
 
 def test_an_untrusted_certificate_is_named_as_such(tmp_path: Any) -> None:

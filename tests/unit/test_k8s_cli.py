@@ -275,3 +275,54 @@ def test_status_names_the_rank_that_failed_first_from_container_statuses(
         "1": "exit 3",
         "2": "killed by SIGKILL (exit 137) (OOMKilled)",
     }
+
+
+def test_an_https_server_that_is_no_apiserver_is_named_so_without_urllib3_warnings(tmp_path: Path) -> None:
+    """An HTML 404 was reported as "the PyTorchJob CRD is not installed" quoting "404 page not found",
+    which that server never sent; insecure-skip-tls-verify printed InsecureRequestWarning on stderr."""
+    import http.server
+    import ssl
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            page = b"<!DOCTYPE html><html><body><h1>Not Found</h1></body></html>"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{server.server_address[1]}")
+    doc = yaml.safe_load(config.read_text())
+    doc["clusters"][0]["cluster"]["insecure-skip-tls-verify"] = True
+    config.write_text(yaml.safe_dump(doc))
+    try:
+        proc = subprocess.run(
+            [PYTHON, "-m", "dist_jobs", "status", "k8s://ml/TrainJob/tj", "--kubeconfig", str(config)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+    finally:
+        server.shutdown()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "answered HTTP 404 with an HTML page: it is not a Kubernetes apiserver" in proc.stderr, proc.stderr
+    assert "CRD" not in proc.stderr and "404 page not found" not in proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr

@@ -190,3 +190,9 @@ def test_trainjob_carries_or_refuses_every_setting_never_drops_one(setting: str)
 def test_name_rules(rule: Any, good: list[str], bad: list[str]) -> None:
     assert {g: rule(g) for g in good} == dict.fromkeys(good, "")
     assert all(rule(b) for b in bad), {b: rule(b) for b in bad}
+
+
+def test_home_in_checkpoint_dir_is_refused_for_a_pod() -> None:
+    """`~/ck` became a folder named `~` under the volume's mount path: no pod has the submitter's home."""
+    assert _problems({**GOOD, "checkpoint_dir": "~/ck"}) == [("checkpoint_dir", "~/ck")]
+    assert load_spec(data={**GOOD, "checkpoint_dir": "ck/~x"}, backend="k8s").checkpoint_dir == "ck/~x"

@@ -13,7 +13,7 @@ from dist_jobs.render.quoting import kubelet_literal
 from dist_jobs.spec import run_id
 from dist_jobs.spec.k8s_names import dns1035
 from dist_jobs.spec.load import load_spec
-from dist_jobs.spec.reserved import BASH_OWNED, TORCH_OWNED
+from dist_jobs.spec.reserved import reserved
 from support import kubelet
 from support.operator_harness import pods
 
@@ -22,8 +22,7 @@ one_line = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=
 env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True).filter(
     # Names the launch or the operator set (refused at spec time).
     lambda n: (
-        not n.startswith(("SLURM", "DIST_JOBS", "MASTER", "PATH", "PYTHON", "LD_", "PET_"))
-        and n not in BASH_OWNED | TORCH_OWNED
+        not n.startswith(("SLURM", "DIST_JOBS", "MASTER", "PATH", "PYTHON", "LD_", "PET_")) and reserved(n) is None
     )
 )
 # Kubernetes' own syntax for label keys and values (anything else is refused at spec time).

@@ -27,7 +27,7 @@ from dist_jobs.render.quoting import sh, yaml_value
 from dist_jobs.spec import run_id
 from dist_jobs.spec.k8s_names import dns1035
 from dist_jobs.spec.load import load_spec
-from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED
+from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED, reserved
 from dist_jobs.spec.train import TrainConfig
 from support import kubelet
 from support.render_helpers import make_stubs, run_script
@@ -62,8 +62,7 @@ BASH_NAMES = sorted(BASH_OWNED | {"IFS", "BASH_ENV", "ENV", "POSIXLY_CORRECT", "
 env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True).filter(
     # Names the stub environment itself needs (PATH finds srun) or that the launch sets.
     lambda n: (
-        not n.startswith(("SLURM", "DIST_JOBS", "MASTER", "PATH", "STUB", "PYTHON", "LD_"))
-        and n not in BASH_OWNED | TORCH_OWNED
+        not n.startswith(("SLURM", "DIST_JOBS", "MASTER", "PATH", "STUB", "PYTHON", "LD_")) and reserved(n) is None
     )
 ) | st.sampled_from(["Y", "N", "ON", "NO", "TRUE", "NULL"])
 names = hostile.filter(lambda s: bool(run_id(s)) and bool(dns1035(s)))

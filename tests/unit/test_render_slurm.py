@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from dist_jobs.backends.slurm import SlurmBackend
 from dist_jobs.constants import REQUEUE_LIMIT_EXIT_CODE
+from dist_jobs.errors import SpecError
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.paths import REPO
@@ -182,3 +188,45 @@ def test_checked_in_examples_pass_shellcheck(example: str) -> None:
         [require_tool("shellcheck"), "-s", "bash", "-S", "warning", str(path)], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout
+
+
+def test_home_in_folders_is_the_submitters_for_the_job_its_record_and_status(tmp_path, monkeypatch) -> None:
+    """`checkpoint_dir: ~/ck` once made the script write `$PWD/~/ck` (the export quoted `~`) while
+    job.json, status, Job.progress() and Job.result() read `$HOME/ck`. `~` is the submitting host's
+    home everywhere now, also where the job runs with another $HOME."""
+    submitter, node_home, cwd = tmp_path / "submitter", tmp_path / "node-home", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(submitter))
+    spec = load_spec(data={**SEED, "checkpoint_dir": "~/ck", "log_dir": "~/logs"})
+
+    def sbatch(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, "4242\n", "")
+
+    backend = SlurmBackend(runner=sbatch, cwd=cwd)
+    prepared = backend.prepare(spec)
+    assert backend.submit(prepared) == "4242"
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    proc, calls = run_script(prepared.payload, cwd, stubs, {"HOME": str(node_home)})
+    assert proc.returncode == 0, proc.stderr
+    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    run_dir = submitter / "ck" / "resnet50-ddp"
+    assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == str(submitter / "ck")  # what the trainer writes under
+    assert srun["env"]["DIST_JOBS_LOG_DIR"] == str(submitter / "logs")
+    assert f"--output={submitter / 'logs'}/%x-%j.out" in directives(prepared.payload)
+    assert run_dir.is_dir() and (run_dir / "attempts").is_dir()  # the script's own writes land there too
+    assert not (cwd / "~").exists() and not (node_home / "ck").exists()
+    record = next((cwd / "dist-jobs-runs").glob("*-4242/job.json"))
+    assert Path(json.loads(record.read_text())["run_dir"]) == run_dir  # job.json
+    assert backend.run_dir("4242") == run_dir  # where status, Job.progress() and Job.result() look
+
+
+def test_home_of_another_user_is_that_users_and_an_unknown_one_is_refused(monkeypatch) -> None:
+    me = pwd.getpwuid(os.getuid())
+    monkeypatch.setenv("HOME", "/elsewhere")
+    script = render(load_spec(data={**SEED, "checkpoint_dir": f"~{me.pw_name}/ck", "workdir": "~/w"}), "slurm")
+    assert f"export DIST_JOBS_CHECKPOINT_DIR={me.pw_dir}/ck" in script.splitlines()
+    assert "--chdir=/elsewhere/w" in directives(script)
+    with pytest.raises(SpecError) as err:
+        load_spec(data={**SEED, "log_dir": "~no-such-user-dj/logs"})
+    (problem,) = err.value.problems
+    assert problem.field == "log_dir" and "no user 'no-such-user-dj'" in problem.render()

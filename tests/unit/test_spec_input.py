@@ -103,6 +103,18 @@ def test_base60_time_stays_text(tmp_path: Path) -> None:
         ({"train": {"data_root": "/d" + "/x" * 66000}}, "train (one of its flags)", "Argument list too long"),
         ({"checkpoint_dir": "/shared/" + "é" * 128 + "/ck"}, "checkpoint_dir", "256 bytes"),
         ({"train": {"data_root": "/data/" + "d" * 256}}, "train.data_root", "256 bytes"),
+        # issue 29: every field that reaches argv or a path, container mounts and images included
+        ({"slurm": {"container_mounts": ["/d:" + "/x" * 66000]}}, "slurm.container_mounts[0]", "Argument list"),
+        ({"slurm": {"container_mounts": ["/a:/a", "/d:/" + "x" * 140000]}}, "slurm.container_mounts[1]", "Argument"),
+        ({"slurm": {"container_mounts": ["/d:/" + "x/" * 20000] * 4}}, "slurm.container_mounts", "all mounts"),
+        ({"image": "r/" + "x" * (128 * 1024)}, "image", "Argument list too long"),
+        ({"checkpoint_dir": "/ck" + "/d" * 2047}, "checkpoint_dir", "path of 4097 bytes"),
+        ({"log_dir": "l/" * 2048}, "log_dir", "4095 (PATH_MAX)"),
+        ({"workdir": "/w" * 2048}, "workdir", "PATH_MAX"),
+        ({"python": "/p" * 2048}, "python", "PATH_MAX"),
+        ({"image": "--foo=bar", "slurm": {"container": "apptainer"}}, "image", "read it as one of their own options"),
+        ({"python": "-x"}, "python", "own options"),
+        ({"slurm": {"container_mounts": ["/a:/a", "-B/x:/y"]}}, "slurm.container_mounts[1]", "own options"),
     ],
 )
 def test_limits_of_the_os_and_scheduler_are_checked_up_front(data: dict, field: str, words: str) -> None:

@@ -107,6 +107,13 @@ def test_train_flags_round_trip_and_bad_flags_exit_2() -> None:
         assert f"  - {flag}:" in proc.stderr, proc.stderr
 
 
+def test_a_run_name_error_states_the_rule() -> None:
+    """'r 1 ü' is one folder name: "not one folder name" was wrong; the rule is what it breaks."""
+    got = problems({"train": {"run_name": "r 1 ü"}})
+    assert list(got) == ["train.run_name"] and "[A-Za-z0-9_][A-Za-z0-9._-]{0,254}" in got["train.run_name"]
+    assert "not one folder name" not in got["train.run_name"]
+
+
 @pytest.mark.parametrize(
     "train,field,words",
     [
@@ -115,10 +122,10 @@ def test_train_flags_round_trip_and_bad_flags_exit_2() -> None:
         ({"data_root": "/d\x00"}, "train.data_root", "NUL"),
         ({"checkpoint_dir": "/c\x00"}, "train.checkpoint_dir", "NUL"),
         ({"preempt_signals": ["SIGUSR1,SIGTERM"]}, "train.preempt_signals[0]", "one signal per item"),
-        ({"run_name": "../../x"}, "train.run_name", "one folder name"),
-        ({"run_name": "/abs/x"}, "train.run_name", "one folder name"),
-        ({"run_name": ".."}, "train.run_name", "one folder name"),
-        ({"run_name": "-r"}, "train.run_name", "one folder name"),
+        ({"run_name": "../../x"}, "train.run_name", "is not a run name"),
+        ({"run_name": "/abs/x"}, "train.run_name", "is not a run name"),
+        ({"run_name": ".."}, "train.run_name", "is not a run name"),
+        ({"run_name": "-r"}, "train.run_name", "is not a run name"),
     ],
 )
 def test_train_strings_are_validated_like_the_rest(train: dict, field: str, words: str) -> None:
