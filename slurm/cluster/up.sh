@@ -369,8 +369,12 @@ start_slurmd() {
   log "starting slurmd $node in network namespace slurm-$node"
   rm -f "$pidf"
   # nsenter switches only the network namespace; `ip netns exec` would remount /sys and hide
-  # /sys/fs/cgroup from slurmd. unshare --uts gives the node its own hostname.
-  spawn nsenter --net="/run/netns/slurm-$node" unshare --uts sh -c "hostname $node && exec slurmd -N $node" \
+  # /sys/fs/cgroup from slurmd. unshare --uts gives the node its own hostname, and --mount its own
+  # /dev/shm, as separate machines have: ranks on two nodes never share memory, so a 2-node job
+  # talks over the network (gloo) as it would on a real cluster. The rest of the filesystem stays
+  # shared: it plays the cluster's shared storage.
+  spawn nsenter --net="/run/netns/slurm-$node" unshare --uts --mount --propagation private \
+    sh -c "hostname $node && mount -t tmpfs -o mode=1777,nosuid,nodev shm-$node /dev/shm && exec slurmd -N $node" \
     || { tail_log "/var/log/slurm/slurmd-$node.log"; die "slurmd $node failed to start"; }
   wait_for 10 "slurmd $node pid file" "/var/log/slurm/slurmd-$node.log" test -s "$pidf"
   record "slurmd-$node" "$pidf"
