@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.hang import HANG_RECORD
 from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, live, models, shm_reduce, signals
@@ -146,7 +147,7 @@ def _build(
         no_sync=no_sync,
         user_state=user_state,
         live=live.Live(folder if dist.is_main else None, total, live.attempt_number()),
-        watchdog=live.watchdog(c, dist.rank, folder),
+        watchdog=live.watchdog(c, dist.rank, folder, dist.timeout.total_seconds()),
     )
 
 
@@ -167,8 +168,9 @@ def _checkpointer(c: TrainConfig, dist: Dist) -> tuple[Path | None, Checkpointer
     keep, async_write = c.keep_checkpoints, c.async_checkpoint
     # First: it creates the folder, or says why it cannot.
     ckpt = Checkpointer(folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write)
-    if dist.is_main:
-        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
+    if dist.is_main:  # this run is the requeued one
+        (folder / PREEMPTED).unlink(missing_ok=True)
+        (folder / HANG_RECORD).unlink(missing_ok=True)
     return folder, ckpt
 
 
@@ -193,7 +195,8 @@ def _train(run: Run) -> dict[str, float]:
         if run.ckpt is not None:
             if run.saved_step != pos.step:
                 _save(run)
-            run.ckpt.wait()
+            with _paused(run):
+                run.ckpt.wait()
             run.live.checkpoint_step = run.saved_step
     folder = checkpoint_folder(c)
     if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
@@ -234,7 +237,7 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
         pos.samples += samples_per_step
         run.reporter.advance()
         if run.watchdog is not None:
-            run.watchdog.beat()
+            run.watchdog.beat(pos.step)
         if pos.step % c.log_every == 0:  # the only place the hot loop waits for numbers
             values = {**meter.reduce(), "lr": run.optimizer.param_groups[0]["lr"]}
             run.reporter.report(
@@ -262,36 +265,42 @@ def _boundary(run: Run) -> None:
     run.poll.launch([bool(run.flag), due])
 
 
+def _paused(run: Run) -> AbstractContextManager[Any]:
+    """The watchdog off: a checkpoint takes as long as its bytes, whatever the step time."""
+    return run.watchdog.paused() if run.watchdog is not None else nullcontext()
+
+
 def _save(run: Run) -> None:
     assert run.ckpt is not None
-    if run.watchdog is not None:
-        run.watchdog.touch()  # a save is progress, and its time is not a step's
-    shared = shared_state(run) if run.dist.is_main else None
-    previous = run.saved_step
-    run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
-    # save() returns once this write is committed, or (async) the previous one is.
-    committed = previous if run.ckpt.async_write else run.pos.step
-    run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step
-    run.last_save, run.saved_step = time.monotonic(), run.pos.step
-    if run.watchdog is not None:
-        run.watchdog.touch()
+    with _paused(run):
+        shared = shared_state(run) if run.dist.is_main else None
+        previous = run.saved_step
+        run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
+        # save() returns once this write is committed, or (async) the previous one is.
+        committed = previous if run.ckpt.async_write else run.pos.step
+        run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step
+        run.last_save, run.saved_step = time.monotonic(), run.pos.step
+        # Leave together: rank 0's save (the shared state, the commit) is the long one, and the
+        # other ranks would wait for it in the next step's collective with their watchdog on.
+        run.dist.barrier()
 
 
 def _stop(run: Run) -> None:
     signal = run.flag.received
     by = signal.name if signal is not None else "a signal to another rank"
-    if run.ckpt is not None:
-        run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
-        if run.dist.is_main:
-            tmp = run.ckpt.directory / f".{PREEMPTED}.tmp"
-            tmp.write_text(f"{run.pos.step}\n")
-            os.replace(tmp, run.ckpt.directory / PREEMPTED)
-        saved = f"checkpoint step-{run.pos.step} in {run.ckpt.directory} is committed"
-        hint = "requeue it with the same run name and checkpoint dir: it resumes from there"
-    else:
-        saved = "no checkpoint_dir is set, so nothing was saved"
-        hint = "set DIST_JOBS_CHECKPOINT_DIR (or --checkpoint-dir) so a requeued run resumes"
-    run.dist.barrier()  # leave together: launchers kill the rest when the first rank exits
+    with _paused(run):  # rank 0 waits for the commit, the others for rank 0 in the barrier
+        if run.ckpt is not None:
+            run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
+            if run.dist.is_main:
+                tmp = run.ckpt.directory / f".{PREEMPTED}.tmp"
+                tmp.write_text(f"{run.pos.step}\n")
+                os.replace(tmp, run.ckpt.directory / PREEMPTED)
+            saved = f"checkpoint step-{run.pos.step} in {run.ckpt.directory} is committed"
+            hint = "requeue it with the same run name and checkpoint dir: it resumes from there"
+        else:
+            saved = "no checkpoint_dir is set, so nothing was saved"
+            hint = "set DIST_JOBS_CHECKPOINT_DIR (or --checkpoint-dir) so a requeued run resumes"
+        run.dist.barrier()  # leave together: launchers kill the rest when the first rank exits
     raise Preempted(
         f"preempted by {by} at step {run.pos.step}: {saved}; exiting with {REQUEUE_EXIT_CODE} to be requeued", hint=hint
     )
