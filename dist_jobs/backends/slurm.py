@@ -109,7 +109,10 @@ class SlurmBackend:
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
-        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"))
+        from dist_jobs.rundir.hang import read_hang
+
+        hang = read_hang(Path(meta["run_dir"])) if meta.get("run_dir") else None
+        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), hang)
 
     def _sacct_state(self, job_id: str) -> SacctJobState:
         """sacct's record of the job. An array task (ID_I) is looked up among its array's records

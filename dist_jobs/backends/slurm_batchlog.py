@@ -20,6 +20,7 @@ from dist_jobs.backends.slurm_output import SacctJobState
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.records import Record
+from dist_jobs.rundir.hang import HangRecord
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
 _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
@@ -96,16 +97,23 @@ def parse_batch_log(text: str) -> BatchOutcome:
     )
 
 
-def finished_status(state: SacctJobState, run: str, log_text: str, launcher: str = "srun") -> JobStatus:
+def finished_status(
+    state: SacctJobState, run: str, log_text: str, launcher: str = "srun", hang: HangRecord | None = None
+) -> JobStatus:
     """A job squeue has forgotten: sacct's state, told truthfully with its batch log (if read).
 
     `run`: the run name recorded at submit; sacct's name right after the end is a placeholder
-    (`allocation`, with no partition yet) until slurmdbd merges the job record.
+    (`allocation`, with no partition yet) until slurmdbd merges the job record. `hang`: the run
+    directory's hang record, if any: a watchdog exit of the last attempt reads "hang (rank N)".
     """
     outcome = parse_batch_log(log_text)
     code = state.exit_code if outcome.exit_code is None else outcome.exit_code
     # torchrun mode runs one srun task per node: srun's task numbers are nodes, not ranks
     detail = outcome.told("node" if launcher == "torchrun" else "rank") or describe_exit(code, state.exit_signal)
+    if code == REQUEUE_EXIT_CODE and hang is not None and hang.belongs_to(job=state.job_id, attempt=outcome.attempt):
+        detail = describe_exit(code, hang_rank=hang.rank)  # the watchdog's exit, not a preemption
+        if outcome.requeues_used_up is not None:
+            detail += f"; the requeues are used up ({outcome.requeues_used_up} of {outcome.requeues_used_up})"
     name = run if (state.name == "allocation" and run) else state.name
     extra = {"nodes": state.nodelist, "elapsed": state.elapsed, "attempts": str(state.attempts)}
     return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})
