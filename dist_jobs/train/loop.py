@@ -258,7 +258,8 @@ def _boundary(run: Run) -> None:
     if run.ckpt is not None and (preempt or time_due or (every and pos.step % every == 0)):
         _save(run)
     if preempt:
-        _stop(run)
+        with _paused(run):  # rank 0 waits for the last write's commit, the others for rank 0
+            _stop(run)
     # Rank 0's clock alone decides time-based checkpoints, so all ranks save the same step.
     minutes = c.checkpoint_every_minutes
     due = bool(minutes and run.dist.is_main and time.monotonic() - run.last_save >= minutes * 60)
@@ -271,36 +272,40 @@ def _paused(run: Run) -> AbstractContextManager[Any]:
 
 
 def _save(run: Run) -> None:
-    assert run.ckpt is not None
+    """Checkpoint the current step, the watchdog paused; the ranks leave together: rank 0's part
+    (the shared state, the commit) is the long one, and the other ranks would wait for it in the
+    next step's collective with their watchdog on."""
     with _paused(run):
-        shared = shared_state(run) if run.dist.is_main else None
-        previous = run.saved_step
-        run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
-        # save() returns once this write is committed, or (async) the previous one is.
-        committed = previous if run.ckpt.async_write else run.pos.step
-        run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step
-        run.last_save, run.saved_step = time.monotonic(), run.pos.step
-        # Leave together: rank 0's save (the shared state, the commit) is the long one, and the
-        # other ranks would wait for it in the next step's collective with their watchdog on.
+        _checkpoint(run)
         run.dist.barrier()
+
+
+def _checkpoint(run: Run) -> None:
+    assert run.ckpt is not None
+    shared = shared_state(run) if run.dist.is_main else None
+    previous = run.saved_step
+    run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
+    # save() returns once this write is committed, or (async) the previous one is.
+    committed = previous if run.ckpt.async_write else run.pos.step
+    run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step
+    run.last_save, run.saved_step = time.monotonic(), run.pos.step
 
 
 def _stop(run: Run) -> None:
     signal = run.flag.received
     by = signal.name if signal is not None else "a signal to another rank"
-    with _paused(run):  # rank 0 waits for the commit, the others for rank 0 in the barrier
-        if run.ckpt is not None:
-            run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
-            if run.dist.is_main:
-                tmp = run.ckpt.directory / f".{PREEMPTED}.tmp"
-                tmp.write_text(f"{run.pos.step}\n")
-                os.replace(tmp, run.ckpt.directory / PREEMPTED)
-            saved = f"checkpoint step-{run.pos.step} in {run.ckpt.directory} is committed"
-            hint = "requeue it with the same run name and checkpoint dir: it resumes from there"
-        else:
-            saved = "no checkpoint_dir is set, so nothing was saved"
-            hint = "set DIST_JOBS_CHECKPOINT_DIR (or --checkpoint-dir) so a requeued run resumes"
-        run.dist.barrier()  # leave together: launchers kill the rest when the first rank exits
+    if run.ckpt is not None:
+        run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
+        if run.dist.is_main:
+            tmp = run.ckpt.directory / f".{PREEMPTED}.tmp"
+            tmp.write_text(f"{run.pos.step}\n")
+            os.replace(tmp, run.ckpt.directory / PREEMPTED)
+        saved = f"checkpoint step-{run.pos.step} in {run.ckpt.directory} is committed"
+        hint = "requeue it with the same run name and checkpoint dir: it resumes from there"
+    else:
+        saved = "no checkpoint_dir is set, so nothing was saved"
+        hint = "set DIST_JOBS_CHECKPOINT_DIR (or --checkpoint-dir) so a requeued run resumes"
+    run.dist.barrier()  # leave together: launchers kill the rest when the first rank exits
     raise Preempted(
         f"preempted by {by} at step {run.pos.step}: {saved}; exiting with {REQUEUE_EXIT_CODE} to be requeued", hint=hint
     )

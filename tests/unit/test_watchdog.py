@@ -331,13 +331,14 @@ class Beats:
 
 
 def _run(dog: Watchdog, clock: Clock, tmp_path: Path) -> Any:
+    """A run at the boundary after step 8, where all ranks agreed that one was told to stop."""
     slow = Beats(dog, clock)
-    ckpt = types.SimpleNamespace(save=slow, wait=slow, async_write=True, directory=tmp_path)
-    dist = types.SimpleNamespace(is_main=False, rank=1, barrier=slow)
     run = types.SimpleNamespace(
         watchdog=dog,
-        ckpt=ckpt,
-        dist=dist,
+        config=types.SimpleNamespace(checkpoint_every_steps=None, checkpoint_every_minutes=None),
+        poll=types.SimpleNamespace(result=lambda: [True, False]),
+        ckpt=types.SimpleNamespace(save=slow, wait=slow, async_write=True, directory=tmp_path),
+        dist=types.SimpleNamespace(is_main=False, rank=1, barrier=slow),
         pos=types.SimpleNamespace(step=8),
         saved_step=4,
         live=types.SimpleNamespace(checkpoint_step=None),
@@ -354,11 +355,11 @@ def test_the_trainers_save_and_preemption_wait_pause_it(tmp_path: Path) -> None:
     clock.advance(1.0)
     dog.beat(8)
     run, slow = _run(dog, clock, tmp_path)
-    loop._save(run)  # the save (with its wait for the previous write) and the barrier after it
-    assert slow.calls == 2 and run.saved_step == 8 and exits == []
     with pytest.raises(loop.Preempted):
-        loop._stop(run)  # the wait for the last write, and the barrier all ranks leave by
-    assert slow.calls == 4 and exits == []
+        # The preemption checkpoint: its save (with the wait for the previous write) and the
+        # barrier after it, then the wait for its own write and the barrier all ranks leave by.
+        loop._boundary(run)
+    assert slow.calls == 4 and run.saved_step == 8 and exits == []
     assert not wait(dog, clock, 60)
     assert wait(dog, clock, 1) and exits == [REQUEUE_EXIT_CODE]
 
