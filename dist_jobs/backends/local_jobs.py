@@ -102,7 +102,7 @@ class LocalJobs:
         if (folder / CANCELLED).exists():
             return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
         if code == REQUEUE_EXIT_CODE:
-            return JobStatus(job_id, name, "PREEMPTED", describe_exit(code))
+            return JobStatus(job_id, name, "PREEMPTED", describe_exit(code, hang_rank=_hang_rank(folder)))
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
@@ -179,6 +179,18 @@ def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
     unit, _, number = label.partition(" ")
     ranks = {int(number): what} if unit == "rank" and number.isdigit() else {}
     return JobStatus(job_id, name, "FAILED", f"{label} failed first: {what}", ranks=ranks)
+
+
+def _hang_rank(folder: Path) -> int | None:
+    """The rank whose hang watchdog ended this run, if its record is newer than the launcher."""
+    from dist_jobs.rundir.hang import read_hang
+
+    found = read_hang(folder.parent)
+    try:
+        started = (folder / PID).stat().st_mtime
+    except OSError:
+        return None
+    return found.rank if found is not None and found.belongs_to(since=started) else None
 
 
 def _folder(job_id: str) -> Path:

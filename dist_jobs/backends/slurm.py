@@ -116,9 +116,12 @@ class SlurmBackend:
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
+        from dist_jobs.rundir.hang import read_hang
+
         # the batch script counts its starts under SLURM_JOB_ID: an array task's own (raw) id
         started = starts(Path(meta["run_dir"]), state.job_id_raw or job_id) if meta.get("run_dir") else 0
-        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started)
+        hang = read_hang(Path(meta["run_dir"])) if meta.get("run_dir") else None
+        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started, hang)
 
     def _completing(self, job_id: str, job: SlurmJob) -> JobStatus:
         """A job whose nodes are being cleaned up: requeued or ended (sacct), and which node

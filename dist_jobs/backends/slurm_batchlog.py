@@ -23,6 +23,7 @@ from dist_jobs.backends.slurm_output import SacctJobState, sacct_exit
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.records import Record
+from dist_jobs.rundir.hang import HangRecord
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
 _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
@@ -109,7 +110,12 @@ def parse_batch_log(text: str) -> BatchOutcome:
 
 
 def finished_status(
-    state: SacctJobState, run: str, log_text: str, launcher: str = "srun", starts: int = 0
+    state: SacctJobState,
+    run: str,
+    log_text: str,
+    launcher: str = "srun",
+    starts: int = 0,
+    hang: HangRecord | None = None,
 ) -> JobStatus:
     """A job squeue has forgotten: sacct's state, told truthfully with its batch log (if read).
 
@@ -117,6 +123,8 @@ def finished_status(
     (`allocation`, with no partition yet) until slurmdbd merges the job record. `starts`: the
     batch script's starts the run directory counted (dist_jobs.rundir.attempts); sacct lists
     one line per requeue only when it saw the job pending in between, so it may count fewer.
+    `hang`: the run directory's hang record, if any: a watchdog exit of the last attempt reads
+    "hang (rank N)".
     """
     outcome = parse_batch_log(log_text)
     name = run if (state.name == "allocation" and run) else state.name
@@ -135,4 +143,8 @@ def finished_status(
             if outcome.exit_code is not None
             else sacct_exit(code, state.exit_signal)
         )
+    if code == REQUEUE_EXIT_CODE and hang is not None and hang.belongs_to(job=state.job_id, attempt=outcome.attempt):
+        detail = describe_exit(code, hang_rank=hang.rank)  # the watchdog's exit, not a preemption
+        if outcome.requeues_used_up is not None:
+            detail += f"; the requeues are used up ({outcome.requeues_used_up} of {outcome.requeues_used_up})"
     return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})

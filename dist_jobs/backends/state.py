@@ -69,12 +69,16 @@ def normalise(word: str) -> JobState:
     return _WORDS.get(key, JobState.UNKNOWN)
 
 
-def describe_exit(code: int | None, sig: int | None = None) -> str:
-    """`exit 3`, `killed by SIGKILL (exit 137)`, `preempted and checkpointed (exit 200)`."""
+def describe_exit(code: int | None, sig: int | None = None, *, hang_rank: int | None = None) -> str:
+    """`exit 3`, `killed by SIGKILL (exit 137)`, `preempted and checkpointed (exit 200)`;
+    `hang (rank 1) (exit 200)` when the run directory's hang record (dist_jobs.rundir.hang) says
+    that rank's watchdog, not a preemption, ended this attempt."""
     if sig:
         return f"killed by {_signal_name(sig)}"
     if code is None:
         return "no exit code"
+    if code == REQUEUE_EXIT_CODE and hang_rank is not None:
+        return f"hang (rank {hang_rank}) (exit {code})"
     if code == REQUEUE_EXIT_CODE:
         return f"preempted and checkpointed (exit {code})"
     if 128 < code < 128 + 65:  # a shell's way of saying "killed by signal code-128"

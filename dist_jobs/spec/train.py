@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, structs
 
+from dist_jobs.errors import Problem, SpecError
 from dist_jobs.spec.validate import END, Text, checked, convert, description, plain_type
 
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
@@ -159,4 +160,33 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
         parsed.update(explicit)
         if "preempt_signals" in parsed:
             parsed["preempt_signals"] = tuple(s for s in parsed["preempt_signals"].split(",") if s)
-        return convert(cls, parsed, "training flags")
+        config = convert(cls, parsed, "training flags")
+        problems = hang_problems(config, flags=True)
+        if problems:
+            raise SpecError(problems, "training flags")
+        return config
+
+
+def hang_problems(train: TrainConfig, flags: bool = False) -> list[Problem]:
+    """The watchdog must fire before a collective times out: the timeout aborts the process
+    (NCCL: exit 134) with no stack dump and no requeue. A floor close below the timeout is
+    clamped at run time (with a warning); one at or above it is refused here. `flags`: name the
+    trainer's flags instead of the spec's fields."""
+    timeout = train.collective_timeout
+    if not train.hang_watchdog or timeout is None or train.hang_min_seconds < timeout:
+        return []
+    floor, other = (
+        ("--hang-min-seconds", "--collective-timeout")
+        if flags
+        else ("train.hang_min_seconds", "train.collective_timeout")
+    )
+    return [
+        Problem(
+            "hang_min_seconds" if flags else floor,  # the entrypoint turns a field into its flag
+            train.hang_min_seconds,
+            f"is not below {other} ({timeout:g} s, the job's DIST_JOBS_COLLECTIVE_TIMEOUT): "
+            "a hung collective would abort the process (not requeued, no stack dump) before the watchdog fires",
+            f"lower {floor}, or raise {other} to at least {2 * train.hang_min_seconds:g} "
+            "(unset, it is twice the hang floor)",
+        )
+    ]

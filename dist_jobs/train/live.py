@@ -14,9 +14,11 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.attempts import Attempts
+from dist_jobs.rundir.hang import HangRecord, job_id, write_hang
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
@@ -108,17 +110,49 @@ class Live:
         return (self.total - step) * (now - mark[0]) / (step - mark[1])
 
 
-def watchdog(config: TrainConfig, rank: int, folder: Path | None) -> Watchdog | None:
-    """The rank's hang watchdog (None when train.hang_watchdog is off). When it fires it leaves
-    the marker the batch script and the pod entrypoint read as "requeue", as a preemption does."""
+def watchdog(
+    config: TrainConfig,
+    rank: int,
+    folder: Path | None,
+    collective_timeout_s: float,
+    guard: Guard | None = None,
+    **options: Any,
+) -> Watchdog | None:
+    """The rank's hang watchdog (None when train.hang_watchdog is off), firing before a collective
+    waits `collective_timeout_s`. When it fires it leaves the hang record status reads, then the
+    marker the batch script and the pod entrypoint read as "requeue", as a preemption does.
+    Both are fenced by `guard`: a run that lost its run directory must not make the run that
+    took it over look hung or requeue it. `options`: more of Watchdog's arguments (a test's
+    clock, stream and exit)."""
     if not config.hang_watchdog:
         return None
 
-    def mark() -> None:
+    def mark(dog: Watchdog) -> None:
         if folder is None:
             return
+        (guard or Guard()).check("leave the hang record and the requeue marker")
+        found = HangRecord(rank=rank, step=dog.step, time=time.time(), attempt=attempt_number(), job=job_id())
+        write_hang(folder, found)  # first: a status that sees the requeue sees why
         tmp = folder / f".{PREEMPTED_MARKER}.hang.{os.getpid()}.tmp"
         tmp.write_text(f"hang (rank {rank})\n")
         os.replace(tmp, folder / PREEMPTED_MARKER)
 
-    return Watchdog(config.hang_factor, config.hang_min_seconds, rank=rank, on_fire=mark)
+    dog = Watchdog(
+        config.hang_factor,
+        config.hang_min_seconds,
+        collective_timeout_s=collective_timeout_s,
+        rank=rank,
+        on_fire=mark,
+        **options,
+    )
+    if rank == 0 and dog.cap is not None and config.hang_min_seconds > dog.cap:
+        log.warning(
+            "train.hang_min_seconds is %gs, too close to the collective timeout of %gs "
+            "(train.collective_timeout, $DIST_JOBS_COLLECTIVE_TIMEOUT) for the watchdog to dump the stacks "
+            "before it aborts the process: a hang is declared after %.0fs instead; raise "
+            "train.collective_timeout or lower train.hang_min_seconds",
+            config.hang_min_seconds,
+            collective_timeout_s,
+            dog.cap,
+        )
+    return dog

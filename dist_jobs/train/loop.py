@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.hang import HANG_RECORD
 from dist_jobs.rundir.lock import LOCK_NAME, LockLost, current
 from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
@@ -146,7 +147,7 @@ def _build(
         no_sync=no_sync,
         user_state=user_state,
         live=live.Live(folder if dist.is_main else None, total, live.attempt_number(), guard),
-        watchdog=live.watchdog(c, dist.rank, folder),
+        watchdog=live.watchdog(c, dist.rank, folder, dist.timeout.total_seconds(), guard),
     )
 
 
@@ -176,9 +177,10 @@ def _checkpointer(c: TrainConfig, dist: Dist, guard: Guard) -> tuple[Path | None
     ckpt = Checkpointer(
         folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write, fence=guard.check
     )
-    if dist.is_main:
-        guard.check(f"remove {PREEMPTED}")
-        (folder / PREEMPTED).unlink(missing_ok=True)  # this run is the requeued one
+    if dist.is_main:  # this run is the requeued one
+        guard.check(f"remove {PREEMPTED} and {HANG_RECORD}")
+        (folder / PREEMPTED).unlink(missing_ok=True)
+        (folder / HANG_RECORD).unlink(missing_ok=True)
     return folder, ckpt
 
 
@@ -203,7 +205,8 @@ def _train(run: Run) -> dict[str, float]:
         if run.ckpt is not None:
             if run.saved_step != pos.step:
                 _save(run)
-            run.ckpt.wait()
+            with _paused(run):
+                run.ckpt.wait()
             run.live.checkpoint_step = run.saved_step
     folder = checkpoint_folder(c)
     if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
@@ -245,7 +248,7 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
         pos.samples += samples_per_step
         run.reporter.advance()
         if run.watchdog is not None:
-            run.watchdog.beat()
+            run.watchdog.beat(pos.step)
         if pos.step % c.log_every == 0:  # the only place the hot loop waits for numbers
             values = {**meter.reduce(), "lr": run.optimizer.param_groups[0]["lr"]}
             run.reporter.report(
@@ -268,17 +271,30 @@ def _boundary(run: Run) -> None:
     if run.ckpt is not None and (preempt or time_due or (every and pos.step % every == 0)):
         _save(run)
     if preempt:
-        _stop(run)
+        with _paused(run):  # rank 0 waits for the last write's commit, the others for rank 0
+            _stop(run)
     # Rank 0's clock alone decides time-based checkpoints, so all ranks save the same step.
     minutes = c.checkpoint_every_minutes
     due = bool(minutes and run.dist.is_main and time.monotonic() - run.last_save >= minutes * 60)
     run.poll.launch([bool(run.flag), due, run.guard.lost.is_set()])
 
 
+def _paused(run: Run) -> AbstractContextManager[Any]:
+    """The watchdog off: a checkpoint takes as long as its bytes, whatever the step time."""
+    return run.watchdog.paused() if run.watchdog is not None else nullcontext()
+
+
 def _save(run: Run) -> None:
+    """Checkpoint the current step, the watchdog paused; the ranks leave together: rank 0's part
+    (the shared state, the commit) is the long one, and the other ranks would wait for it in the
+    next step's collective with their watchdog on."""
+    with _paused(run):
+        _checkpoint(run)
+        run.dist.barrier()
+
+
+def _checkpoint(run: Run) -> None:
     assert run.ckpt is not None
-    if run.watchdog is not None:
-        run.watchdog.touch()  # a save is progress, and its time is not a step's
     shared = shared_state(run) if run.dist.is_main else None
     previous = run.saved_step
     run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
@@ -286,8 +302,6 @@ def _save(run: Run) -> None:
     committed = previous if run.ckpt.async_write else run.pos.step
     run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step
     run.last_save, run.saved_step = time.monotonic(), run.pos.step
-    if run.watchdog is not None:
-        run.watchdog.touch()
 
 
 def _stop(run: Run) -> None:

@@ -2,24 +2,51 @@
 with the retryable code, so the scheduler requeues the job and it resumes from its last checkpoint.
 
 Every rank runs one. The hot loop only calls `beat()` after each optimizer step (a clock read and
-a deque append: no collective, no lock, no syscall beyond the clock); a daemon thread wakes every
-second or so and compares the time since the last beat with
-    limit = max(factor x median of the recent step times, floor_s).
+a deque append: no collective, no lock, no syscall beyond the clock); a daemon thread runs
+`check()` every second or so, which compares the time since the last beat with
+    limit = min(max(factor x median of the recent step times, floor_s), cap),
+    cap = the collective timeout minus `headroom()`.
 A stalled rank and the peers waiting for it in a collective all stop stepping, so all of them
 fire. Firing writes every thread's Python stack to stderr (the rank's log) with faulthandler,
 which works from this thread while the main thread is stuck, then leaves the marker the batch
-script and the pod entrypoint turn into the requeue code (torchrun does not pass exit codes on),
-and ends the process with os._exit(REQUEUE_EXIT_CODE): the main thread may be inside a C
-collective that never returns to Python, so raising or sys.exit() there would never happen.
+script and the pod entrypoint turn into the requeue code (torchrun does not pass exit codes on)
+and the hang record status reads, flushes every log handler and the standard streams, and ends
+the process with os._exit(REQUEUE_EXIT_CODE): the main thread may be inside a C collective that
+never returns to Python, so raising or sys.exit() there would never happen, and os._exit
+flushes nothing by itself.
+
+The cap: a collective that waits longer than its timeout aborts the process (NCCL: SIGABRT, 134,
+not requeued, no stack dump). A rank stuck in a collective entered it after its last beat, so
+the watchdog's idle time is never shorter than the collective's wait: firing at a limit that,
+plus one check, the dump and the linger, ends before the timeout always wins the race.
+
+Checkpoints: a save (its state_dict() calls, the write, rank 0's commit) and a wait for an
+asynchronous one take as long as the bytes take, which has nothing to do with the step time.
+They run inside `paused()`, which stops the watch and restarts the clock when it ends. Pausing
+rather than beating while bytes flow, because much of a save moves no bytes we could see
+(a user's state_dict() gathering its state, rank 0 waiting for the other ranks' files) and the
+ranks that are not saving wait for rank 0 in a collective meanwhile; the trainer's saves end
+with a barrier inside the pause so that every rank leaves them together. A save that never
+ends is still bounded: rank 0 waits for the other ranks' files at most the checkpointer's
+finalize_timeout; a rank whose own write never returns leaves its peers in that barrier until
+the collective timeout, which ends them with the retryable PeerLost exit, and the launcher
+(srun --kill-on-bad-exit, torchrun, the local backend) then kills it. Only when every rank's
+write hangs (a dead shared file system) does nothing in the process end it: the job's time
+limit does, and nothing could, since a write stuck in the kernel ignores even SIGKILL.
+
+Stopped time: a process stopped by SIGSTOP, a SLURM suspend or a paused VM did not hang, but the
+monotonic clock kept running. The thread notices its own wake-up came far later than it asked
+(`STOPPED_CHECKS` intervals or more), says so in one line and restarts the clock from then.
 
 Before the first step (start-up, resuming, compiling) nothing is watched: the rendezvous and
-collective timeouts cover those. Evaluation and checkpoint saves `touch()` it, so the clock
-restarts from them without their time counting as a step.
+collective timeouts cover those. Evaluation `touch()`es it, so the clock restarts from each
+batch without their time counting as a step.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import statistics
 import sys
@@ -27,64 +54,113 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 
 # Step times the median is taken over: recent enough to follow a change of pace.
 WINDOW = 200
+# A wake-up this many check intervals late is not a busy machine but a stopped process.
+STOPPED_CHECKS = 10
+# How long the firing thread waits for the log handlers' flush: a handler whose lock the stuck
+# main thread holds (a write into a full pipe) must not keep the process from exiting.
+FLUSH_WAIT_S = 5.0
+
+
+def default_check_every(floor_s: float) -> float:
+    return min(1.0, max(floor_s / 10, 0.01))
+
+
+def headroom(collective_timeout_s: float, check_every_s: float, linger_s: float) -> float:
+    """How far below the collective timeout the limit stays: one check late at most, the linger,
+    one more check for the dump and the records, and never less than a twentieth of the timeout
+    (a slow shared file system under the log and the run directory)."""
+    return max(2 * check_every_s + linger_s, collective_timeout_s / 20)
 
 
 class Watchdog:
-    """Use as a context manager around the training; `beat()` after every optimizer step."""
+    """Use as a context manager around the training; `beat()` after every optimizer step.
+
+    `clock` (monotonic seconds) and calling `check()` by hand let tests drive it without a thread.
+    """
 
     def __init__(
         self,
         factor: float,
         floor_s: float,
         *,
+        collective_timeout_s: float | None = None,
         rank: int = 0,
-        on_fire: Callable[[], None] | None = None,
+        on_fire: Callable[[Watchdog], None] | None = None,
         stream: TextIO | None = None,
         exit: Callable[[int], object] = os._exit,
         check_every_s: float | None = None,
         linger_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.factor, self.floor_s, self.rank = factor, floor_s, rank
+        self.collective_timeout_s = collective_timeout_s
         self._on_fire = on_fire
         self._stream = stream
         self._exit = exit
-        self._check_every = check_every_s if check_every_s is not None else min(1.0, max(floor_s / 10, 0.01))
+        self._clock = clock
+        self._check_every = check_every_s if check_every_s is not None else default_check_every(floor_s)
         # After its dump, a firing rank waits this long before exiting: its peers, stalled in the
         # same collective since the same step, fire within one check and dump their stacks too
         # before the launcher (srun --kill-on-bad-exit, torchrun) kills them for this exit.
         self._linger = linger_s if linger_s is not None else 3 * self._check_every
+        self.cap: float | None = None
+        if collective_timeout_s is not None:
+            room = headroom(collective_timeout_s, self._check_every, self._linger)
+            self.cap = max(collective_timeout_s - room, self._check_every)
         self._times: deque[float] = deque(maxlen=WINDOW)
         self._last: float | None = None  # None: not armed (no step completed yet)
+        self._checked: float | None = None  # when check() last ran
+        self._paused = 0  # nesting depth of paused(); only the training thread changes it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.step: int | None = None  # the last step beat() was told of
         self.fired = False
 
-    def beat(self) -> None:
-        """One optimizer step completed on this rank."""
-        now = time.monotonic()
+    def beat(self, step: int | None = None) -> None:
+        """One optimizer step completed on this rank (`step`: its number, for the hang record)."""
+        now = self._clock()
         last = self._last
         if last is not None:
             self._times.append(now - last)
         self._last = now
+        if step is not None:
+            self.step = step
 
     def touch(self) -> None:
-        """Work other than a step (evaluation, a checkpoint) made progress: restart the clock."""
+        """Work other than a step (evaluation) made progress: restart the clock."""
         if self._last is not None:
-            self._last = time.monotonic()
+            self._last = self._clock()
 
-    def limit(self) -> float:
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No firing inside (a checkpoint save or a wait for one); the clock restarts at its end."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self.touch()  # before unpausing: a check in between must not see the old beat
+            self._paused -= 1
+
+    def wanted(self) -> float:
+        """The limit before the cap: max(factor x median step, floor)."""
         steps = list(self._times)
         median = statistics.median(steps) if steps else 0.0
         return max(self.factor * median, self.floor_s)
 
+    def limit(self) -> float:
+        wanted = self.wanted()
+        return wanted if self.cap is None else min(wanted, self.cap)
+
     def __enter__(self) -> Watchdog:
+        self._checked = self._clock()
         self._thread = threading.Thread(target=self._watch, name=f"dist-jobs-watchdog-rank{self.rank}", daemon=True)
         self._thread.start()
         return self
@@ -96,37 +172,92 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self._check_every):
-            last = self._last
-            if last is None:
-                continue
-            idle, limit = time.monotonic() - last, self.limit()
-            if idle > limit and not self._stop.is_set():
-                self._fire(idle, limit)
+            if self.check():
                 return
+
+    def check(self) -> bool:
+        """One look, as the thread takes every check interval; True when it fired."""
+        now = self._clock()
+        previous, self._checked = self._checked, now
+        if previous is not None and now - previous >= STOPPED_CHECKS * self._check_every:
+            self._discount(now - previous)
+            return False
+        last = self._last
+        if self.fired or self._paused or last is None or self._stop.is_set():
+            return False
+        idle, limit = now - last, self.limit()
+        if idle <= limit:
+            return False
+        self._fire(idle, limit)
+        return True
+
+    def _discount(self, gap: float) -> None:
+        """The process was stopped for most of `gap`: that is not a hang, restart the clock."""
+        if self._last is not None:
+            self._last = self._clock()  # "now": never older than a beat that raced with this
+        self._write(
+            f"dist-jobs: rank {self.rank}: hang watchdog: woke up {gap:.0f} s after its previous check "
+            f"(it checks every {self._check_every:g} s): this process was stopped (SIGSTOP, a SLURM suspend, "
+            "a paused VM); that time does not count, the clock restarts now\n"
+        )
+
+    def _write(self, text: str) -> None:
+        stream = self._stream or sys.stderr
+        stream.write(text)
+        stream.flush()
 
     def _fire(self, idle: float, limit: float) -> None:
         self.fired = True
         stream = self._stream or sys.stderr
+        # One write of the whole dump: in torchrun mode the ranks of a node share one log, and
+        # their dumps, written at the same moment, must not interleave line by line.
+        stream.write(self._headline(idle, limit) + _stacks() + f"dist-jobs: rank {self.rank}: end of the stacks\n")
+        flush_everything(stream)
+        if self._on_fire is not None:
+            try:
+                self._on_fire(self)
+            except Exception as exc:  # the exit below matters more than the records
+                stream.write(f"dist-jobs: rank {self.rank}: hang watchdog: leaving the requeue marker failed: {exc}\n")
+        flush_everything(stream)
+        time.sleep(self._linger)
+        stream.write(f"dist-jobs: rank {self.rank}: hang watchdog: exiting with {REQUEUE_EXIT_CODE} to be requeued\n")
+        flush_everything(stream)
+        self._exit(REQUEUE_EXIT_CODE)
+
+    def _headline(self, idle: float, limit: float) -> str:
         steps = list(self._times)
         median = statistics.median(steps) if steps else 0.0
-        head = (
+        capped = ""
+        if self.collective_timeout_s is not None and limit < self.wanted():
+            capped = f", capped to fire before the {self.collective_timeout_s:g} s collective timeout"
+        return (
             f"dist-jobs: rank {self.rank}: hang watchdog: no optimizer step completed for {idle:.0f} s "
-            f"(limit {limit:.0f} s = max({self.factor:g} x median step {median:.3g} s, {self.floor_s:g} s)); "
+            f"(limit {limit:.0f} s = max({self.factor:g} x median step {median:.3g} s, {self.floor_s:g} s){capped}); "
             f"the stacks of all this process's threads follow, then exit {REQUEUE_EXIT_CODE} "
             "to be requeued and resume from the last checkpoint\n"
         )
-        # One write of the whole dump: in torchrun mode the ranks of a node share one log, and
-        # their dumps, written at the same moment, must not interleave line by line.
-        stream.write(head + _stacks() + f"dist-jobs: rank {self.rank}: end of the stacks\n")
-        stream.flush()
-        if self._on_fire is not None:
+
+
+def flush_everything(*streams: TextIO | None) -> None:
+    """Flush every logging handler and the standard streams, as os._exit will not.
+
+    On a helper thread, waited for at most FLUSH_WAIT_S: a handler's lock may be held forever by
+    the stuck thread, and exiting matters more than its last lines."""
+
+    def flush() -> None:
+        handlers: list[logging.Handler] = list(logging.root.handlers)
+        for logger in list(logging.Logger.manager.loggerDict.values()):
+            handlers.extend(getattr(logger, "handlers", ()))  # a PlaceHolder has none
+        for target in (*handlers, *streams, sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                self._on_fire()
-            except Exception as exc:  # the exit below matters more than the marker
-                stream.write(f"dist-jobs: rank {self.rank}: hang watchdog: leaving the requeue marker failed: {exc}\n")
-        stream.flush()
-        time.sleep(self._linger)
-        self._exit(REQUEUE_EXIT_CODE)
+                if target is not None:
+                    target.flush()
+            except Exception:  # a closed stream: flush the others
+                pass
+
+    helper = threading.Thread(target=flush, name="dist-jobs-watchdog-flush", daemon=True)
+    helper.start()
+    helper.join(timeout=FLUSH_WAIT_S)
 
 
 def _stacks() -> str:

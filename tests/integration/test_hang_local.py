@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
+from dist_jobs.rundir.hang import read_hang
 from dist_jobs.rundir.progress import read_history, read_progress
 from support.paths import PYTHON, REPO, TESTS
 
@@ -38,11 +39,12 @@ TRAIN = {
 }
 
 
-def command() -> list[str]:
+def command(verb: str = "run") -> list[str]:
     sets = [arg for key, value in TRAIN.items() for arg in ("--set", f"train.{key}={value}")]
     return [
-        *(PYTHON, "-m", "dist_jobs", "run", "--backend", "local", "--nodes", "1", "--procs-per-node", "2"),
+        *(PYTHON, "-m", "dist_jobs", verb, "--backend", "local", "--nodes", "1", "--procs-per-node", "2"),
         *("--name", "hang", "--checkpoint-dir", "ckpt", *sets),
+        *(["--wait"] if verb == "submit" else []),
     ]
 
 
@@ -50,25 +52,40 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1", **extra}
 
 
-def run(cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+def run(cwd: Path, verb: str = "run", **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command(), cwd=cwd, env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+        command(verb),
+        cwd=cwd,
+        env=env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
     )
 
 
 def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp_path: Path) -> None:
     run_dir = tmp_path / "ckpt" / "hang"
     stall = {"DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"), "DJ_TEST_HANG_STEP": "7"}
-    first = run(tmp_path, **stall)
-    text = first.stdout
-    assert first.returncode == REQUEUE_EXIT_CODE, text[-5000:]
+    # Submitted (a detached `dist-jobs run`), so that `dist-jobs status` can tell how it ended.
+    first = run(tmp_path, "submit", **stall)
+    text = (run_dir / "local" / "output.log").read_text()
+    assert (run_dir / "local" / "exit_code").read_text().strip() == str(REQUEUE_EXIT_CODE), text[-5000:]
     assert "hang_support: rank 1 stops stepping at batch 7" in text
     for rank in (0, 1):
         assert re.search(rf"rank {rank}: hang watchdog: no optimizer step completed for \d+ s", text), text[-5000:]
     # faulthandler's dump: the stalled rank's main thread is in the injected sleep, rank 0's in
     # DDP's backward (the gradient all_reduce that waits for rank 1).
     assert "in stop_stepping" in text and text.count("Current thread 0x") == 2, text[-5000:]
-    assert (run_dir / PREEMPTED_MARKER).exists()
+    assert (run_dir / PREEMPTED_MARKER).exists()  # what makes the scheduler requeue it
+    # ... and why: a hang, not a preemption. The first rank to fire names it (both do).
+    hang = read_hang(run_dir)
+    assert hang is not None and hang.rank in (0, 1) and (hang.step, hang.attempt) == (6, 0), hang
+    status = subprocess.run(
+        [PYTHON, "-m", "dist_jobs", "status", first.stdout.splitlines()[0]], env=env(), capture_output=True, text=True
+    )
+    assert f"hang (rank {hang.rank}) (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
+    assert "preempted" not in status.stdout
     progress = read_progress(run_dir)
     assert progress is not None and progress["step"] == 6 and progress["checkpoint_step"] == 4, progress
     assert progress["state"] == "running" and progress["attempt"] == 0
@@ -87,3 +104,39 @@ def test_a_slow_but_steady_run_is_not_taken_for_a_hang(tmp_path: Path) -> None:
     proc = run(tmp_path, DJ_TEST_STEP_DELAY="0.6")
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert "hang watchdog" not in proc.stdout
+
+
+SLOW_SAVE_JOB = TESTS / "support" / "slow_save_job.py"
+SAVE_TAKES = "4"  # seconds: twice the watchdog's limit below
+
+
+@pytest.mark.parametrize(
+    ("slow", "mode"),
+    [
+        # rank 0's save: the user's state_dict() before the write; rank 1 waits for it meanwhile
+        ({"DJ_TEST_SLOW_STATE_S": SAVE_TAKES}, "--no-async-checkpoint"),
+        # the async writer: the next save waits for it, and so does the end of the training
+        ({"DJ_TEST_SLOW_WRITE_S": SAVE_TAKES}, "--async-checkpoint"),
+    ],
+    ids=["slow-state-dict", "slow-async-write"],
+)
+def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(
+    tmp_path: Path, slow: dict[str, str], mode: str
+) -> None:
+    from support.train_support import start_ranks, wait_all
+
+    run_dir = tmp_path / "ckpt" / "slow"
+    flags = [
+        *("--batch-size", "8", "--epochs", "1", "--log-every", "1", "--no-progress", mode),
+        *("--checkpoint-every-steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt"), "--run-name", "slow"),
+        # limit max(2 x median step, 2 s) = 2 s: the steps take milliseconds
+        *("--hang-min-seconds", "2", "--hang-factor", "2"),
+    ]
+    ranks = start_ranks(flags, tmp_path, command=[PYTHON, str(SLOW_SAVE_JOB)], **slow)
+    codes = wait_all(ranks, timeout=240)
+    logs = [rank.text() for rank in ranks]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert all("hang watchdog" not in text for text in logs), logs
+    assert "finished at step 6" in logs[0]  # 96 samples / (2 ranks x 8) = 6 steps, saved at 3 and 6
+    assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-3", "step-6"]
+    assert not (run_dir / PREEMPTED_MARKER).exists() and not (run_dir / "HANG").exists()
