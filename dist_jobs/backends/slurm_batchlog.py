@@ -31,6 +31,9 @@ _EXITED = re.compile(r"Exited with exit code (\d+)")
 _STEP_END = re.compile(r"^dist-jobs: step finished with exit code (\d+)", re.M)
 _USED_UP = re.compile(r"maximum of (\d+) requeues is reached")
 _CANCELLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (\S+)( DUE TO [^*]*)? \*\*\*")
+# The batch script's own words once the lock is another run's, and the heartbeat's naming the new holder.
+_LOCK_LOST = re.compile(r"^dist-jobs: this job lost the run directory lock", re.M)
+_HELD_BY = re.compile(r"^dist-jobs: lost the lock of run directory .* \(it is now held by (.+?)\): ", re.M)
 _NOT_ASSIGNED = "None assigned"  # sacct's node list of a job that never got nodes
 _SIGNALS = {"Terminated": "SIGTERM", "Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
 
@@ -42,6 +45,7 @@ class BatchOutcome(Record):
     exit_code: int | None = None  # the batch script's own, unmasked
     requeues_used_up: int | None = None  # the maximum, when a preempted run hit it
     cancelled_at: str | None = None  # when a cancel stopped the last attempt (slurmstepd's time)
+    lock_lost: str | None = None  # another run took the run directory over: who holds it ("" unknown)
 
     @property
     def summary(self) -> str:
@@ -49,6 +53,9 @@ class BatchOutcome(Record):
 
     def told(self, unit: str) -> str:
         """The outcome in a line; `unit`: what srun's task is (rank; in torchrun mode a node)."""
+        if self.lock_lost is not None:  # the ranks were killed for it: that is the whole story
+            holder = f" (now held by {self.lock_lost})" if self.lock_lost else ""
+            return f"lost the run directory lock to another run{holder}: stopped without writing more (exit 6)"
         parts = []
         if self.first_failed is not None:
             parts.append(f"{unit} {self.first_failed} failed first: {self.ranks[self.first_failed]}")
@@ -99,6 +106,7 @@ def parse_batch_log(text: str) -> BatchOutcome:
                 first = task
     ends = _STEP_END.findall(last)
     used_up = _USED_UP.findall(last)
+    holders = _HELD_BY.findall(last)
     return BatchOutcome(
         attempt=int(starts[-1].group(1)) if starts else None,
         first_failed=first,
@@ -106,6 +114,7 @@ def parse_batch_log(text: str) -> BatchOutcome:
         exit_code=int(ends[-1]) if ends else None,
         requeues_used_up=int(used_up[-1]) if used_up else None,
         cancelled_at=cancels[-1] if cancels else None,
+        lock_lost=(holders[-1] if holders else "") if _LOCK_LOST.search(last) else None,
     )
 
 

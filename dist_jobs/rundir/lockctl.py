@@ -99,7 +99,7 @@ def _heartbeat(args: argparse.Namespace) -> int:
         _stop_slurm_steps(args.stop_steps)
     if args.kill_tree:
         _kill_tree(args.kill_tree)
-    print(f"dist-jobs: {LockLost(args.run_dir, successor, 'go on')}", file=sys.stderr, flush=True)
+    print(f"dist-jobs: {LockLost(args.run_dir, successor, 'let this job go on')}", file=sys.stderr, flush=True)
     return LOCK_LOST_EXIT_CODE
 
 
@@ -131,7 +131,7 @@ def _kill_tree(pid: int) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    Fence(args.run_dir / LOCK_NAME, args.token).check("go on")
+    Fence(args.run_dir / LOCK_NAME, args.token).check("let this job go on")
     return 0
 
 

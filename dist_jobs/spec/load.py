@@ -118,11 +118,8 @@ def cross_checks(spec: JobSpec, backend: str | None = None) -> list[Problem]:
                 "use minutes (90), HH:MM:SS (04:00:00) or D-HH:MM:SS (1-00:00:00)",
             )
         )
-    problems += env_problems(spec.env)
-    problems += home_problems(spec)
-    problems += limit_problems(spec)
-    problems += hang_problems(spec.train)
-    problems += _k8s_checks(spec)
+    problems += env_problems(spec.env) + home_problems(spec) + limit_problems(spec)
+    problems += hang_problems(spec.train) + _k8s_checks(spec)
     if backend == "k8s":
         problems += k8s_rules.problems(spec)
     return problems

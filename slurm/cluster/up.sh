@@ -148,6 +148,9 @@ AuthInfo=cred_expire=$CRED_EXPIRE
 # Nothing triggers a scheduling pass when a requeued job's hold time ends; the periodic
 # passes (defaults 60 s and 30 s) would then add up to a minute. The queue here is tiny.
 SchedulerParameters=sched_interval=2,bf_interval=2
+# A node that stops answering is declared DOWN after this long (default 300 s), and its jobs
+# are cleaned up and requeued then: the node-failure tests wait for it.
+SlurmdTimeout=30
 EOF
   for i in $(seq 1 "$NODES"); do
     echo "NodeName=n$i NodeHostname=n$i NodeAddr=$NET.$((10 + i)) CPUs=$CPUS Boards=1" \

@@ -19,50 +19,40 @@ where slurm/cluster/up.sh runs before pytest and a silent cluster is a failure (
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm import SlurmBackend
-from dist_jobs.backends.slurm_output import SACCT_FIELDS, parse_sacct, sacct_job_state
 from dist_jobs.backends.slurm_sbatch import parse_sbatch_test_only, sbatch_error
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.paths import REPO, TESTS
+from support.slurm_jobs import (
+    SLOW_FIRST_ATTEMPT,
+    TOTAL_STEPS,
+    TRAIN,
+    backend,
+    batch_log,
+    cli,
+    committed_steps,
+    final_sacct_state,
+    logs,
+    resumed_step,
+    spec_data,
+    submit,
+    wait_finished,
+    wait_for,
+    write_spec,
+)
 from support.tiers import requires
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(360)]
 
-VENV_BIN = Path(sys.executable).parent
-TOTAL_STEPS = 24  # 128 samples / (4 ranks x batch 4) = 8 steps an epoch, 3 epochs
-TRAIN: dict[str, Any] = {
-    "model": "support.train_support:tiny_net",
-    "data": "fake",
-    "image_size": 16,
-    "fake_samples": 128,
-    "batch_size": 4,
-    "epochs": 3,
-    "lr": 0.05,
-    "deterministic": True,
-    "seed": 5,
-    "device": "cpu",
-    "log_every": 1,
-    "progress": False,
-    "checkpoint_every_steps": 4,
-}
-# tiny_net sleeps this long in every training forward: wall time only, never the numbers.
-# Only the first attempt is slowed, so it is still training when it is preempted and the
-# resumed attempt is over before a second warning could come.
-SLOW_FIRST_ATTEMPT = 'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=%s; fi'
 IDENT = """\
 import json, socket
 from dist_jobs.ranks import resolve
@@ -73,125 +63,7 @@ print(json.dumps({"rank": info.rank, "local_rank": info.local_rank, "node": info
 """
 
 
-# --- the cluster, specs, jobs -----------------------------------------------------------------
-
-
-def spec_data(root: Path, name: str, train: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    """A 2 x 2 job whose logs and checkpoints live under `root` (this machine's shared filesystem)."""
-    return {
-        "name": name,
-        "nodes": 2,
-        "procs_per_node": 2,
-        "cpus_per_task": 1,
-        "time": "5",
-        "log_dir": str(root / "logs"),
-        "checkpoint_dir": str(root / "checkpoints"),
-        "setup": [f'export PATH="{VENV_BIN}:$PATH"'],
-        "env": {
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-        },
-        "train": dict(train or TRAIN),
-        **fields,
-    }
-
-
-def write_spec(root: Path, data: dict[str, Any]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def cli(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`dist-jobs ARGS` run from `root`, job directories in root/runs."""
-    argv = [sys.executable, "-m", "dist_jobs", *args]
-    if args[0] in ("submit", "status", "logs", "cancel", "list"):
-        argv[3:4] = [args[0], "--jobs-dir", str(root / "runs")]
-    return subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout)
-
-
-def submit(root: Path, spec: Path, *command: str) -> str:
-    proc = cli(root, "submit", "--backend", "slurm", str(spec), *(["--", *command] if command else []))
-    assert proc.returncode == 0, f"dist-jobs submit failed:\n{proc.stderr}"
-    handle = proc.stdout.strip()  # slurm://<cluster>/<id>
-    assert handle.startswith("slurm://"), proc.stdout
-    job_id = handle.rsplit("/", 1)[1]
-    assert job_id.isdigit(), proc.stdout
-    return job_id
-
-
-def backend(root: Path) -> SlurmBackend:
-    return SlurmBackend(jobs_dir=root / "runs", cwd=root)
-
-
-def logs(root: Path, job_id: str, rank: int) -> str:
-    proc = cli(root, "logs", "--backend", "slurm", "--rank", str(rank), job_id)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def batch_log(root: Path, name: str, job_id: str) -> str:
-    path = root / "logs" / f"{name}-{job_id}.out"
-    return path.read_text(errors="replace") if path.exists() else "(no batch log)"
-
-
-def wait_for(what: str, ready: Any, timeout: float, job_id: str, root: Path, name: str) -> Any:
-    """Poll `ready()` until it is truthy; on timeout cancel the job and fail with its logs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = ready()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], capture_output=True)
-            files = sorted((root / "logs").glob(f"{name}-{job_id}-attempt*-rank0.out"))
-            rank0 = "\n".join(f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in files)
-            pytest.fail(
-                f"job {job_id}: no {what} within {timeout:.0f} s\n--- batch log:\n"
-                f"{batch_log(root, name, job_id)}\n--- rank 0:\n{rank0}"
-            )
-        time.sleep(1.0)
-
-
-def wait_finished(root: Path, name: str, job_id: str, timeout: float = 150) -> JobStatus:
-    """The job's final status. A requeued job is held PENDING (Reason=BeginTime) for the cluster's
-    credential lifetime (cred_expire=10 here): pushing it with `scontrol update StartTime=now`
-    sooner gets it killed ("Killing non-startable batch job: Job credential revoked"), so wait."""
-    slurm = backend(root)
-
-    def finished() -> JobStatus | None:
-        status = slurm.status(job_id)
-        return status if status.finished else None
-
-    return wait_for("end", finished, timeout, job_id, root, name)
-
-
-def final_sacct_state(job_id: str) -> tuple[str, int]:
-    """(state, attempts) from sacct --duplicates, polled until slurmdbd has the final record."""
-    deadline = time.monotonic() + 30
-    while True:
-        proc = subprocess.run(
-            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        state = sacct_job_state(parse_sacct(proc.stdout), job_id) if proc.returncode == 0 else None
-        if state is not None and (state.state not in ("RUNNING", "PENDING", "REQUEUED") or time.monotonic() > deadline):
-            return state.state, state.attempts
-        assert time.monotonic() < deadline, f"sacct knows no job {job_id}: {proc.stdout}{proc.stderr}"
-        time.sleep(1)
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[str]]:
-    """Job ids to scancel at the end of the test, whatever happened."""
-    ids: list[str] = []
-    yield ids
-    for job_id in ids:
-        subprocess.run(["scancel", job_id], capture_output=True)
+# --- results -------------------------------------------------------------------------------------
 
 
 def final_model(checkpoints: Path, run: str) -> dict[str, Any]:
@@ -341,18 +213,6 @@ def test_examples_pass_sbatch_test_only(example: Path, tmp_path: Path) -> None:
 
 
 # --- preemption ------------------------------------------------------------------------------------
-
-
-def committed_steps(checkpoints: Path) -> list[int]:
-    return sorted(int(p.name[5:]) for p in checkpoints.glob("step-*") if (p / "COMPLETE").exists())
-
-
-def resumed_step(root: Path, name: str, job_id: str) -> int:
-    text = (root / "logs" / f"{name}-{job_id}-attempt1-rank0.out").read_text(errors="replace")
-    match = re.search(rf"resumed from \S+/{name}/step-(\d+): .* step (\d+) overall", text)
-    assert match, f"attempt 1 logged no resume:\n{text[-3000:]}"
-    assert match.group(1) == match.group(2)
-    return int(match.group(1))
 
 
 def assert_second_attempt(root: Path, name: str, job_id: str, tasks: int) -> None:

@@ -150,7 +150,7 @@ def test_a_batch_job_that_lost_its_lock_stops_writes_nothing_and_is_not_requeued
     assert proc.returncode == 6, proc.stderr
     assert (tmp_path / "scancelled").read_text().split() == ["--signal=KILL", "4242.0"]  # the step, not the batch
     assert "lost the lock of run directory" in proc.stderr and "slurm job 4300" in proc.stderr
-    assert "this job lost the run directory lock: exit 6" in proc.stdout
+    assert "this job lost the run directory lock (its step ended with exit code 137): exit 6" in proc.stdout
     assert not [c for c in calls if c["prog"] == "scontrol" and "requeue" in c["argv"]]
     assert Holder.parse((run_dir / LOCK_NAME).read_bytes()) == thief  # the other run's lock stays
     assert (run_dir / "attempts" / "4242" / "batch").is_file()  # counted, never marked done

@@ -47,6 +47,17 @@ def test_requeues_used_up_reads_n_of_n_and_200_not_72() -> None:
     assert got.summary == "preempted with the requeues used up (1 of 1)"
 
 
+def test_a_job_that_lost_its_lock_says_so_not_killed_by_sigkill() -> None:
+    """Job 29 was suspended past the stale limit, job 30 took the run directory over; resumed,
+    29's heartbeat killed its step (srun: Killed) and the script exited 6."""
+    got = parse_batch_log(read("batchlog_lock_lost.txt"))
+    assert got.ranks == {0: "killed by SIGKILL on n1"} and got.lock_lost is not None
+    assert got.summary == (
+        "lost the run directory lock to another run (now held by slurm job 30, pid 18313 on host n2, "
+        "started 2026-11-26 13:03:56): stopped without writing more (exit 6)"
+    )
+
+
 def test_an_empty_or_foreign_log_says_nothing() -> None:
     got = parse_batch_log("hello\n")
     assert (got.first_failed, got.exit_code, got.ranks, got.summary) == (None, None, {}, "")

@@ -336,7 +336,7 @@ def _run(dog: Watchdog, clock: Clock, tmp_path: Path) -> Any:
     run = types.SimpleNamespace(
         watchdog=dog,
         config=types.SimpleNamespace(checkpoint_every_steps=None, checkpoint_every_minutes=None),
-        poll=types.SimpleNamespace(result=lambda: [True, False]),
+        poll=types.SimpleNamespace(result=lambda: [True, False, False]),
         ckpt=types.SimpleNamespace(save=slow, wait=slow, async_write=True, directory=tmp_path),
         dist=types.SimpleNamespace(is_main=False, rank=1, barrier=slow),
         pos=types.SimpleNamespace(step=8),

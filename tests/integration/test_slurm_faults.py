@@ -1,0 +1,301 @@
+"""Faults as they really happen, on the real 2-node SLURM cluster of slurm/cluster/up.sh.
+
+Each test causes the fault itself and checks that nothing was lost or written twice:
+- a job killed with SIGKILL (its lock left behind): the next job of the run is not refused, since
+  squeue says the holder's job has ended;
+- a job suspended past the lock's stale limit: another job takes the run directory over, and the
+  suspended one, once resumed, stops without writing anything more (exit 6);
+- a node killed mid-run (its slurmd and ranks): the job is requeued and resumes from the last
+  committed checkpoint, every checkpoint intact, and `dist-jobs status` says what happens;
+- a node's link dropped for 60 s: the ranks' watchdogs dump their stacks, the job is requeued
+  and resumes.
+
+The node tests change the cluster (a node dies, a link drops) and restore it in `finally`. Each
+test prints its timeline of status lines (pytest -s shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dist_jobs.rundir.progress import read_history, read_progress
+from dist_jobs.train.ckpt_read import SHARED, load_verified, read_marker
+from support.paths import REPO
+from support.slurm_jobs import (
+    TRAIN,
+    backend,
+    batch_log,
+    cleanup,
+    cli,
+    committed_steps,
+    final_sacct_state,
+    resumed_step,
+    spec_data,
+    submit,
+    wait_finished,
+    wait_for,
+    write_spec,
+)
+from support.tiers import requires
+
+pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(600)]
+__all__ = ["cleanup"]  # the fixture, used by name
+
+LOCK_ENV = {"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"}
+
+
+class Timeline:
+    """`dist-jobs status` of some jobs, one line each time what it says changes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.start = root, time.monotonic()
+        self.lines: list[str] = []
+        self._last: dict[str, str] = {}
+
+    def look(self, *job_ids: str) -> dict[str, str]:
+        shown = {}
+        for job_id in job_ids:
+            proc = cli(self.root, "status", "--backend", "slurm", job_id)
+            text = (proc.stdout + proc.stderr).strip()
+            shown[job_id] = text
+            if text != self._last.get(job_id):
+                self._last[job_id] = text
+                self.lines.append(
+                    f"+{time.monotonic() - self.start:5.0f}s job {job_id}:\n    " + text.replace("\n", "\n    ")
+                )
+        return shown
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+def assert_every_checkpoint_intact(run_dir: Path, world_size: int) -> list[int]:
+    """Every committed step-N verifies on every rank (sizes and CRC32 of each part)."""
+    steps = committed_steps(run_dir)
+    for step in steps:
+        folder = run_dir / f"step-{step}"
+        for rank in range(world_size):
+            marker = read_marker(folder / "COMPLETE", rank)
+            load_verified(folder / SHARED, marker.shared)
+            if marker.mine is not None:
+                load_verified(folder / f"rank-{rank}.pt", marker.mine)
+    return steps
+
+
+def until(what: str, ready: Callable[[], Any], timeout: float, timeline: Timeline, *job_ids: str) -> Any:
+    """Poll `ready()` (looking at the jobs' status each time) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        timeline.look(*job_ids)
+        value = ready()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s; timeline:\n{timeline}"
+        time.sleep(1.0)
+
+
+# --- the lock ---------------------------------------------------------------------------------------
+
+
+def kill_job_processes(job_id: str) -> int:
+    """SIGKILL every process of a job, its batch shell and lock heartbeat included: what an OOM
+    kill of the whole allocation or `kill -9` by an administrator does. Returns how many."""
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in environ and proc.name.isdigit():
+            subprocess.run(["kill", "-KILL", proc.name], capture_output=True)
+            killed += 1
+    return killed
+
+
+def test_a_job_behind_a_killed_one_takes_its_lock_once_squeue_says_it_ended(tmp_path: Path, cleanup: list[str]) -> None:
+    """The first job is killed with SIGKILL, its batch shell and heartbeat too: its lock stays
+    behind, fresh. The second job of the run, on the other node, asks squeue about the holder's
+    job instead of refusing at once (exit 2, before), finds it ended and runs."""
+    name = "behind"
+    one = {"nodes": 1, "procs_per_node": 1}
+    first_spec = write_spec(tmp_path / "a", spec_data(tmp_path, name, slurm={"nodelist": "n1"}, **one))
+    first = submit(tmp_path, first_spec, "sleep", "300")
+    cleanup.append(first)
+    run_dir = tmp_path / "checkpoints" / name
+    wait_for("the lock", lambda: (run_dir / "LOCK").exists(), 60, first, tmp_path, name)
+    assert kill_job_processes(first) >= 3  # batch shell, heartbeat, the step's task
+    wait_finished(tmp_path, name, first, timeout=60)
+    assert (run_dir / "LOCK").exists()  # nobody released it
+    second_spec = write_spec(tmp_path / "b", spec_data(tmp_path, name, slurm={"nodelist": "n2"}, **one))
+    second = submit(tmp_path, second_spec, "true")
+    cleanup.append(second)
+    status = wait_finished(tmp_path, name, second, timeout=120)
+    batch = batch_log(tmp_path, name, second)
+    assert status.state == "COMPLETED", batch
+    assert f"took over the lock of {run_dir}: its holder's SLURM job {first} is" in batch, batch
+    assert "(squeue)" in batch
+
+
+def test_a_suspended_job_whose_lock_was_taken_over_stops_without_writing_once_resumed(
+    tmp_path: Path, cleanup: list[str]
+) -> None:
+    """Job A trains; `scontrol suspend` stops it for longer than the stale limit (10 s here,
+    heartbeat 1 s). Job B of the same run waits for A's lock (A's job is SUSPENDED, so not
+    gone), takes it over once stale and resumes from A's last checkpoint. `scontrol resume A`:
+    A's heartbeat finds the lock gone and kills A's step; A exits 6 and writes nothing more
+    (no metrics row, no checkpoint, no progress), B completes, and every checkpoint is intact."""
+    name = "paused"
+    train = {**TRAIN, "epochs": 1, "checkpoint_every_steps": 2}  # 1 rank: 32 steps
+    base = {"nodes": 1, "procs_per_node": 1, "train": train}
+    data_a = spec_data(tmp_path, name, slurm={"nodelist": "n1"}, **base)
+    data_a["env"].update(LOCK_ENV)
+    data_a["setup"].append("export DJ_TEST_STEP_DELAY=0.4")
+    data_b = spec_data(tmp_path, name, slurm={"nodelist": "n2"}, **base)
+    data_b["env"].update(LOCK_ENV)
+    run_dir = tmp_path / "checkpoints" / name
+    timeline = Timeline(tmp_path)
+    a = submit(tmp_path, write_spec(tmp_path / "a", data_a))
+    cleanup.append(a)
+    until("A's checkpoint step-4", lambda: (run_dir / "step-4" / "COMPLETE").exists(), 120, timeline, a)
+    subprocess.run(["scontrol", "suspend", a], check=True)
+    # slurmd stops A's processes a moment after scontrol returns: until then its heartbeat beats.
+    stopped = lambda: time.time() - (run_dir / "LOCK").stat().st_mtime > 3
+    assert until("A's heartbeat to stop", stopped, 30, timeline, a)
+    b = submit(tmp_path, write_spec(tmp_path / "b", data_b))
+    cleanup.append(b)
+    log_b = tmp_path / "logs" / f"{name}-{b}.out"
+    took = until(
+        "B's takeover", lambda: log_b.exists() and "took over the lock" in log_b.read_text(), 120, timeline, a, b
+    )
+    assert took
+    rows_before = len(read_history(run_dir))
+    subprocess.run(["scontrol", "resume", a], check=True)
+    status_a = wait_finished(tmp_path, name, a, timeout=120)
+    status_b = wait_finished(tmp_path, name, b, timeout=180)
+    timeline.look(a, b)
+    print(f"\n--- timeline (A = job {a}, B = job {b}):\n{timeline}")
+    print("--- run directory:", sorted(p.name for p in run_dir.iterdir()))
+
+    batch_a, batch_b = batch_log(tmp_path, name, a), batch_log(tmp_path, name, b)
+    assert status_a.state == "FAILED" and final_sacct_state(a)[0] == "FAILED", batch_a
+    assert status_a.detail.startswith(f"lost the run directory lock to another run (now held by slurm job {b}, pid")
+    assert "this job lost the run directory lock (its step ended with exit code " in batch_a, batch_a
+    assert f"(it is now held by slurm job {b}, pid " in batch_a, batch_a
+    assert f"waiting for the lock of {run_dir}: its holder (slurm job {a}" in batch_b, batch_b
+    assert "heartbeat was" in batch_b and status_b.state == "COMPLETED", batch_b
+    # From B's takeover on, only B appended: its steps rise, one row each, without a step back
+    # (the last step has two rows: its train row and the epoch's end).
+    after = [int(row["step"]) for row in read_history(run_dir)[rows_before:]]  # type: ignore[call-overload]
+    assert after == sorted(after) and after[-2:] == [32, 32] and len(set(after)) == len(after) - 1, after
+    assert (read_progress(run_dir) or {}).get("owner") == f"slurm:{b}"
+    assert not (run_dir / "LOCK").exists()  # B released it; A never touched it again
+    steps = assert_every_checkpoint_intact(run_dir, world_size=1)
+    assert steps[-1] == 32 and json.loads((run_dir / "result.json").read_text())
+
+
+# --- nodes ------------------------------------------------------------------------------------------
+
+
+def node_processes(node: str) -> list[int]:
+    proc = subprocess.run(["ip", "netns", "pids", f"slurm-{node}"], capture_output=True, text=True, check=True)
+    return [int(pid) for pid in proc.stdout.split()]
+
+
+def kill_node(node: str) -> None:
+    """What a node failure does to the cluster: its slurmd and every process on it are gone."""
+    for pid in node_processes(node):
+        subprocess.run(["kill", "-KILL", str(pid)], capture_output=True)
+
+
+def restore_cluster() -> None:
+    """slurmd back on every node (up.sh restarts what is missing) and every node in service."""
+    subprocess.run(["bash", str(REPO / "slurm" / "cluster" / "up.sh")], capture_output=True, text=True, timeout=180)
+    for node in ("n1", "n2"):
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+
+
+@pytest.fixture
+def node_fault() -> Iterator[None]:
+    yield
+    restore_cluster()
+
+
+def test_a_node_killed_mid_run_requeues_and_resumes_from_the_last_checkpoint(
+    tmp_path: Path, cleanup: list[str], node_fault: None
+) -> None:
+    """n2's slurmd and ranks are SIGKILLed at step 8+ of a 2 x 2 job: the ranks on n1 lose their
+    peers and exit with the retryable code, SLURM waits for n2 (status says so, without an ETA),
+    declares it down, requeues the job; once n2 is back the job resumes from the newest committed
+    checkpoint and completes. Every checkpoint is intact and status counts 2 attempts."""
+    name = "nodefail"
+    data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4})
+    data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.5; fi')
+    job = submit(tmp_path, write_spec(tmp_path, data))
+    cleanup.append(job)
+    run_dir = tmp_path / "checkpoints" / name
+    timeline = Timeline(tmp_path)
+    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
+    kill_node("n2")
+    killed_at = committed_steps(run_dir)[-1]
+    slurm = backend(tmp_path)
+
+    def cleaning_up() -> str:
+        status = slurm.status(job)
+        return status.detail if status.state == "COMPLETING" or "clean up n2" in status.detail else ""
+
+    detail = until("status naming n2's clean-up", cleaning_up, 120, timeline, job)
+    shown = timeline.look(job)[job]
+    assert "n2" in detail and "eta" not in shown, shown
+    until("the requeue", lambda: slurm.status(job).state in ("PENDING", "REQUEUED"), 180, timeline, job)
+    restore_cluster()
+    status = wait_finished(tmp_path, name, job, timeout=240)
+    timeline.look(job)
+    print(f"\n--- timeline (job {job}, n2 killed after checkpoint step-{killed_at}):\n{timeline}")
+    print("--- run directory:", sorted(p.name for p in run_dir.iterdir()))
+    assert status.state == "COMPLETED", batch_log(tmp_path, name, job)
+    assert resumed_step(tmp_path, name, job) >= killed_at
+    assert status.extra.get("attempts") == "2", status
+    steps = assert_every_checkpoint_intact(run_dir, world_size=4)
+    assert steps[-1] == 24, steps
+
+
+def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
+    tmp_path: Path, cleanup: list[str], node_fault: None
+) -> None:
+    """n2's link goes down for 60 s mid-run: the ranks stall in a collective, their hang
+    watchdogs (10 s here) dump every thread's stack and exit with the retryable code, the job is
+    requeued and, with the link back, resumes from the newest committed checkpoint."""
+    name = "linkdrop"
+    train = {**TRAIN, "checkpoint_every_steps": 4, "hang_min_seconds": 10, "hang_factor": 5}
+    data = spec_data(tmp_path, name, train=train)
+    data["env"]["DIST_JOBS_COLLECTIVE_TIMEOUT"] = "120"
+    data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.5; fi')
+    job = submit(tmp_path, write_spec(tmp_path, data))
+    cleanup.append(job)
+    run_dir = tmp_path / "checkpoints" / name
+    timeline = Timeline(tmp_path)
+    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
+    subprocess.run(["ip", "link", "set", "slrm-n2", "down"], check=True)
+    try:
+        dropped = time.monotonic()
+        rank0 = tmp_path / "logs" / f"{name}-{job}-attempt0-rank0.out"
+        until("rank 0's stack dump", lambda: "end of the stacks" in rank0.read_text(), 60, timeline, job)
+        until("the end of the 60 s outage", lambda: time.monotonic() - dropped >= 60, 90, timeline, job)
+    finally:
+        subprocess.run(["ip", "link", "set", "slrm-n2", "up"], check=True)
+    saved = committed_steps(run_dir)[-1]
+    status = wait_finished(tmp_path, name, job, timeout=300)
+    timeline.look(job)
+    print(f"\n--- timeline (job {job}, link of n2 down for 60 s):\n{timeline}")
+    assert status.state == "COMPLETED", batch_log(tmp_path, name, job)
+    text = rank0.read_text()
+    assert "hang watchdog: no optimizer step completed" in text and "end of the stacks" in text, text[-3000:]
+    assert resumed_step(tmp_path, name, job) >= saved
+    assert assert_every_checkpoint_intact(run_dir, world_size=4)[-1] == 24
