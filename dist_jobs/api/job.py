@@ -83,10 +83,14 @@ class Job:
 
     def status(self) -> JobInfo:
         """The scheduler's state, with the run's live progress where its run directory is readable."""
+        from dist_jobs.rundir.progress import quiet_for
+
         info = info_of(self.handle, self._backend.status(self.id))
         progress = self.progress()
         if progress is not None and info.state is not JobState.RUNNING:
             progress["eta_s"] = None  # no rank runs: an ETA from the last log interval would be a guess
+        elif progress is not None and (quiet := quiet_for(progress, time.time())) is not None:
+            progress.update(eta_s=None, quiet_s=quiet)  # running to the scheduler, but no rank steps
         return info.replace(progress=progress)
 
     def progress(self) -> dict[str, Any] | None:

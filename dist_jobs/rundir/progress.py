@@ -110,4 +110,19 @@ def describe(progress: Mapping[str, object]) -> str:
     parts.append(f"attempt {progress.get('attempt', 0)}")
     if progress.get("state") == "finished":
         parts.append("finished")
+    quiet = progress.get("quiet_s")
+    if isinstance(quiet, (int, float)):
+        parts.append(f"no progress for {_duration(float(quiet))}")
     return "  ".join(parts)
+
+
+def quiet_for(progress: Mapping[str, object], now: float) -> float | None:
+    """Seconds since a running record was written, when that is over 3 of its own intervals
+    (`every_s`, the time between its last two writes) and over 30 s: no rank is
+    stepping (a dead node, a hang, a long save). None while it keeps its pace."""
+    written, every = progress.get("time"), progress.get("every_s")
+    if progress.get("state") != "running" or not isinstance(written, (int, float)):
+        return None
+    age = now - float(written)
+    pace = float(every) if isinstance(every, (int, float)) else 0.0
+    return age if age > max(30.0, 3 * pace) else None

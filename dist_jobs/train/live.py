@@ -68,6 +68,7 @@ class Live:
         self._mark: tuple[float, int] | None = None  # (time, step) of the previous update: the ETA's pace
         self._failed = False
         self._rate: float | None = None
+        self._written: float | None = None  # when the previous record was written (unix time)
 
     def start(self, step: int) -> None:
         self._mark = (time.monotonic(), step)
@@ -92,12 +93,14 @@ class Live:
             "attempt": self.attempt,
             "owner": self.owner,
             "time": wall,
+            "every_s": None if self._written is None else wall - self._written,
             "state": "finished" if finished else "running",
         }
         try:
             if fresh:
                 append_history(self.folder, {"step": step, "epoch": epoch, "time": wall, "metrics": fresh})
             write_progress(self.folder, record)
+            self._written = wall
         except (OSError, ValueError) as exc:  # progress is for people: training goes on without it
             if not self._failed:
                 log.warning("progress: cannot write %s: %s (training goes on)", self.folder, exc)

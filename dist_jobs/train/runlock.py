@@ -29,7 +29,9 @@ from dist_jobs.rundir.lock import LOCK_NAME, Fence, Heartbeat, Lock, LockLost, a
 from dist_jobs.train.distributed import Dist, max_over_ranks
 
 log = logging.getLogger("dist_jobs.train")
-_TOKEN_BYTES = 32  # new_token(): uuid4().hex
+# Room for any token a launcher makes (uuid4().hex here, a uuid with dashes in the pod entrypoint):
+# every rank must all-reduce the same number of values.
+_TOKEN_BYTES = 128
 
 
 @dataclass
@@ -69,15 +71,21 @@ def _take(folder: Path) -> Lock:
     lock = acquire(folder, me, inherited=env.get("DIST_JOBS_LOCK_TOKEN", "").strip(), on_wait=log.warning)
     if lock.took_over:
         log.warning("took over the lock of %s: %s", folder, lock.took_over)
+    if len(lock.token.encode()) > _TOKEN_BYTES or not lock.token.isascii():
+        lock.release()
+        raise UsageError(
+            f"the run directory lock's token {lock.token[:40]!r}... is not {_TOKEN_BYTES} ASCII bytes or fewer",
+            hint="DIST_JOBS_LOCK_TOKEN is set by dist-jobs' launchers: do not set it yourself",
+        )
     return lock
 
 
 def _share(lock: Lock | None, refused: bool, dist: Dist) -> tuple[bool, str]:
-    """Rank 0's answer on every rank: (refused, the lock's token)."""
-    mine = [int(refused), *(lock.token.encode("ascii") if lock else b"")]
+    """Rank 0's answer on every rank: (refused, the lock's token). Every rank all-reduces the
+    same number of values, whatever the token's length."""
+    mine = [int(refused), *(lock.token.encode() if lock else b"")]
     values = max_over_ranks(mine + [0] * (1 + _TOKEN_BYTES - len(mine)), group=dist.control)
-    token = bytes(values[1:]).decode("ascii") if any(values[1:]) else ""
-    return bool(values[0]), token
+    return bool(values[0]), bytes(v for v in values[1:] if v).decode()
 
 
 @contextmanager

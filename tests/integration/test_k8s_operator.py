@@ -21,8 +21,10 @@ from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import SpecError
 from dist_jobs.render import render
+from dist_jobs.rundir.holder import Holder
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.crds import crd_path
+from support.lock_support import foreign
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO
 from support.tiers import requires
@@ -298,3 +300,36 @@ def test_elastic_pet_nnodes_is_min_max_after_defaulting(tmp_path: Path) -> None:
     for given, nnodes in (({}, "2:2"), ({"minReplicas": 1}, "1:1"), ({"maxReplicas": 4}, "4:4")):
         elastic["spec"]["elasticPolicy"] = {**{k: v for k, v in policy.items() if "Replicas" not in k}, **given}
         assert dict(operator_env(defaulted(elastic), "Worker", 0))["PET_NNODES"] == nnodes
+
+
+@needs_pods
+@pytest.mark.timeout(400)
+def test_a_job_whose_lock_is_taken_over_stops_its_pods_and_fails_without_writing(
+    submitted: Any, tmp_path: Path
+) -> None:
+    """Another job takes the run directory over mid-run (this one looked dead past the stale
+    limit: a paused node, a partitioned volume). Pod rank 0's heartbeat kills its program and the
+    pod exits 6, which restartPolicy ExitCode does not retry: the job fails, nothing more is
+    written into the run directory, and the other job's lock stays."""
+    data = spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False)
+    data["env"]["DIST_JOBS_LOCK_HEARTBEAT_SECONDS"] = "0.2"
+    job = submitted(data)
+    run_dir = tmp_path / "shared" / "ckpt" / JOB
+    (tmp_path / "logs").mkdir()
+    thief = foreign("k8s:pytorchjob/other/op-harness", "k8s", "pytorchjob/other/op-harness")
+    with Operator(job, tmp_path / "logs") as operator:
+        deadline = time.monotonic() + 240
+        while not committed(run_dir) and time.monotonic() < deadline:
+            assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
+            time.sleep(0.05)
+        (run_dir / "LOCK").write_bytes(thief.to_bytes())
+        taken = time.time()
+        phase = operator.run(timeout=300)
+        operator.settle(timeout=60)
+    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+    master = operator.attempts[0].text()
+    assert phase == "Failed" and codes[(f"{JOB}-master-0", 0)] == 6, (codes, master[-3000:])
+    assert "this job lost the run directory lock: exit 6" in master, master[-3000:]
+    assert Holder.parse((run_dir / "LOCK").read_bytes()) == thief
+    late = [p.name for p in run_dir.iterdir() if p.stat().st_mtime > taken + 0.5]
+    assert late == [], late  # a write that passed its check just before the takeover aside

@@ -39,7 +39,7 @@ RECORD: dict[str, Any] = {
     "eta_s": 125.0,
     "checkpoint_step": 30,
     "attempt": 1,
-    "time": 1.0,
+    "time": time.time() + 86400.0,  # as good as written now, however long the tests take
     "state": "running",
 }
 
@@ -131,6 +131,20 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+def test_a_running_job_whose_progress_went_quiet_shows_no_eta(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    """The scheduler still says RUNNING (a node died, srun waits for it; a rank hangs), but the
+    record is older than 3 of its own intervals and 30 s: no ETA, and how long it is quiet."""
+    run = _local_job(tmp_path, sleeper.pid)
+    job = Job(Handle("local", str(run)), LocalJobs())
+    write_progress(run, {**RECORD, "time": time.time() - 200.0, "every_s": 5.0})
+    info = job.status()
+    assert info.state is JobState.RUNNING and info.progress is not None
+    assert info.progress["eta_s"] is None and 199 < info.progress["quiet_s"] < 260
+    assert "eta" not in describe(info.progress) and "no progress for 3m2" in describe(info.progress)
+    write_progress(run, {**RECORD, "time": time.time() - 200.0, "every_s": 100.0})  # its own pace
+    assert job.status().progress["eta_s"] == 125.0  # type: ignore[index]
 
 
 def test_local_status_carries_the_progress(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
