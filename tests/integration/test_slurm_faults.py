@@ -27,7 +27,7 @@ import pytest
 
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.train.ckpt_read import SHARED, load_verified, read_marker
-from support.paths import REPO
+from support.paths import REPO, TESTS
 from support.slurm_jobs import (
     TRAIN,
     backend,
@@ -201,6 +201,27 @@ def test_a_suspended_job_whose_lock_was_taken_over_stops_without_writing_once_re
     assert not (run_dir / "LOCK").exists()  # B released it; A never touched it again
     steps = assert_every_checkpoint_intact(run_dir, world_size=1)
     assert steps[-1] == 32 and json.loads((run_dir / "result.json").read_text())
+
+
+# --- the watchdog -----------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(tmp_path: Path, cleanup: list[str]) -> None:
+    """A user's fit() on 2 nodes x 2 ranks whose every checkpoint takes 6 s (its state_dict() is
+    slow, as a state gathered from elsewhere is) against a watchdog limit of 3 s: the watchdog is
+    paused through saves, so the job completes in one attempt with no stack dump."""
+    name = "slowsave"
+    data = spec_data(tmp_path, name)
+    data["env"]["DJ_TEST_SLOW_STATE_S"] = "6"
+    flags = ["--batch-size", "8", "--epochs", "1", "--log-every", "1", "--no-progress"]
+    flags += ["--checkpoint-every-steps", "2", "--hang-min-seconds", "3", "--hang-factor", "2"]
+    job = submit(tmp_path, write_spec(tmp_path, data), "python3", str(TESTS / "support" / "slow_save_job.py"), *flags)
+    cleanup.append(job)
+    status = wait_finished(tmp_path, name, job, timeout=300)
+    ranks = [(tmp_path / "logs" / f"{name}-{job}-attempt0-rank{r}.out").read_text() for r in range(4)]
+    assert status.state == "COMPLETED" and final_sacct_state(job) == ("COMPLETED", 1), batch_log(tmp_path, name, job)
+    assert all("hang watchdog" not in text for text in ranks), ranks[0][-3000:]
+    assert len(committed_steps(tmp_path / "checkpoints" / name)) >= 2
 
 
 # --- nodes ------------------------------------------------------------------------------------------
