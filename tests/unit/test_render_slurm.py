@@ -133,6 +133,22 @@ def test_requeue_on_requeue_exit_code(tmp_path) -> None:
     assert "dist-jobs: requeueing job 4242: requeue 3 of at most 5\n" in proc.stdout, proc.stdout
 
 
+def test_a_step_killed_by_a_signal_is_requeued_unless_slurm_ended_the_job(tmp_path) -> None:
+    """Ranks killed by a signal the batch shell was not told of (a node that returned and cleaned
+    up an earlier attempt, the OOM killer) are retried as Kubernetes' ExitCode policy does; a
+    scancel or an external requeue (TERM to the batch shell) is SLURM's decision, not retried."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    for code in (137, 143):
+        proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, rc=code)
+        assert proc.returncode == code and [c["argv"] for c in calls if c["prog"] == "scontrol"] == [
+            ["requeue", "4242"]
+        ], proc.stdout
+    (stubs / "srun").write_text("#!/bin/sh\nkill -TERM $PPID\nexit 143\n")  # scancel: TERM to the shell too
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs)
+    assert proc.returncode == 143 and not [c for c in calls if c["prog"] == "scontrol"], proc.stdout
+    assert "terminated by SLURM (scancel or external requeue); not requeueing from here" in proc.stdout
+
+
 def test_no_requeue_past_max_or_on_failure(tmp_path) -> None:
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     spec = load_spec(data={**SEED, "preemption": {"max_requeues": 2}})
