@@ -301,6 +301,10 @@ class Checkpointer:
         )
 
     # -- reading --------------------------------------------------------------------------
+    def load(self, step: int) -> Loaded:
+        """Committed checkpoint `step` as this rank sees it (verified), outside a job: no agreeing."""
+        return self._load(step)
+
     def _load(self, step: int) -> Loaded:
         """This rank's part only: the marker's header and own record, shared.pt, rank-<r>.pt."""
         folder = self._folder(step)

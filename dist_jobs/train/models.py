@@ -72,7 +72,7 @@ def build_model(name: str, num_classes: int, config: TrainConfig | None = None) 
         return build_gpt(config or TrainConfig())
     if is_factory(name):
         factory = load_factory(name, "model")
-        model = factory(num_classes=num_classes) if _takes(factory, "num_classes") else factory()
+        model = factory(num_classes=num_classes) if takes(factory, "num_classes") else factory()
         if not isinstance(model, nn.Module):
             raise UsageError(
                 f"model: {name!r} returned a {type(model).__name__}, not an nn.Module",
@@ -92,7 +92,7 @@ def build_model(name: str, num_classes: int, config: TrainConfig | None = None) 
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
 
 
-def _takes(factory: Callable[..., Any], parameter: str) -> bool:
+def takes(factory: Callable[..., Any], parameter: str) -> bool:
     try:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature: try the common convention
