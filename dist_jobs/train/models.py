@@ -135,6 +135,8 @@ def build_optimizer(config: TrainConfig, model: nn.Module, world_size: int) -> t
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adamw":
         return _fused_if_possible(torch.optim.AdamW, params, lr=lr, weight_decay=config.weight_decay)
+    if config.strategy == "fsdp":  # DTensor has no sharding rule for fused SGD: the foreach one
+        return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
     return _fused_if_possible(
         torch.optim.SGD, params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay
     )

@@ -194,3 +194,65 @@ def test_export_gives_a_plain_model_the_trained_outputs(reference: dict[str, Any
     assert older.returncode == 0 and not torch.equal(
         torch.load(tmp_path / "old.pt")["head.weight"], exported["head.weight"]
     )
+
+
+@pytest.fixture
+def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "DIST_JOBS_CHECKPOINT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DIST_JOBS_ENV", "single")
+
+
+def test_fit_shards_a_users_materialised_model_and_clips_its_sharded_gradients(one_process: None) -> None:
+    from torch.distributed.tensor import DTensor
+
+    from dist_jobs.spec.train import TrainConfig
+    from dist_jobs.train.loop import fit
+    from support.regression_job import Points, Regressor, mse
+
+    torch.manual_seed(0)
+    model = Regressor()
+    before = [p.detach().clone() for p in model.parameters()]
+    config = TrainConfig(
+        strategy="fsdp",
+        optimizer="sgd",
+        momentum=0.0,
+        weight_decay=0.0,
+        lr=1.0,
+        grad_clip=1e-3,
+        max_steps=1,
+        batch_size=8,
+        scheduler="constant",
+        progress=False,
+        eval_every_epoch=False,
+        device="cpu",
+    )
+    fit(config, model, Points(8), loss=mse)
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # sharded in place
+    after = [p.full_tensor() for p in model.parameters()]  # type: ignore[attr-defined]
+    moved = torch.cat([(a - b).flatten() for a, b in zip(after, before)]).norm()
+    assert 0 < moved <= 1e-3 * (1 + 1e-5)  # SGD: step = lr x the clipped norm of the whole gradient
+
+
+def test_fit_under_fsdp_bf16_computes_in_bf16_and_hands_the_loss_fp32(one_process: None) -> None:
+    from dist_jobs.spec.train import TrainConfig
+    from dist_jobs.train.loop import fit
+    from support.regression_job import Points, Regressor
+
+    compute: list[torch.dtype] = []
+    outputs: list[torch.dtype] = []
+
+    def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = model(batch["x"])
+        outputs.append(out.dtype)
+        return ((out - batch["y"]) ** 2).mean()
+
+    model = Regressor()
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    first.register_forward_pre_hook(lambda module, _: compute.append(module.weight.dtype))
+    config = TrainConfig(
+        strategy="fsdp", amp="bf16", max_steps=2, batch_size=8, progress=False, eval_every_epoch=False, device="cpu"
+    )
+    fit(config, model, Points(32), loss=loss)
+    assert set(compute) == {torch.bfloat16} and set(outputs) == {torch.float32}
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the sharded master weights stay fp32
