@@ -71,7 +71,9 @@ class ShardedCheckpointer(Checkpointer):
             self._shards = (step, state)
         super().save(step, shared, rank_state)
 
-    def _write(self, step: int, shared: Any, rank_state: Any, needed: int) -> None:
+    def _before_commit(self, step: int) -> None:
+        """The shards, after this rank's own files: once DCP's collective finish returns on rank
+        0, every rank's files are in, so its commit finds them without polling."""
         pending, self._shards = self._shards, None
         if pending is None or pending[0] != step:
             raise CheckpointError(f"step {step}: its shards were not staged", hint="call save() with sharded state")
@@ -88,7 +90,6 @@ class ShardedCheckpointer(Checkpointer):
                 f"writing the shards of checkpoint {self._folder(step)} failed: {exc}",
                 hint="check the volume and every rank's log; the previous checkpoint is intact",
             ) from exc
-        super()._write(step, shared, rank_state, needed)
 
     def close(self) -> None:
         super().close()
