@@ -17,8 +17,8 @@ AdamW (fused where torch has it, as fit() builds it), fp32 on both sides.
   FSDP (as fit() shards) against DDP (as fit() places), and the process's peak RSS.
 - checkpoints: ShardedCheckpointer.save (DCP + shared.pt + each rank's file + COMPLETE, fsyncs,
   rename, latest) against dcp.save of the same state; loading (latest() + load_sharded) against
-  get_state_dict + dcp.load + set_state_dict; the time an async save blocks training against a
-  synchronous one. Medians of `--rounds` alternating rounds.
+  get_state_dict + dcp.load + set_state_dict (each pair in turn first); the time an async save
+  blocks training against a synchronous one. Medians of `--rounds` rounds.
 """
 
 from __future__ import annotations
@@ -198,10 +198,11 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
     for step in range(rounds):
         state = sharded_state(model, optimizer)
         mine = {"rank": rank}
-        times["save"].append(timed(partial(ours.save, step, shared, mine, state)))
-        times["dcp_save"].append(timed(partial(dcp.save, state, checkpoint_id=folder / f"direct-{step}")))
-        times["load"].append(timed(our_load))
-        times["dcp_load"].append(timed(partial(direct_load, step)))
+        saves = [("save", partial(ours.save, step, shared, mine, state))]
+        saves.append(("dcp_save", partial(dcp.save, state, checkpoint_id=folder / f"direct-{step}")))
+        loads = [("load", our_load), ("dcp_load", partial(direct_load, step))]
+        for name, run in saves[:: 1 if step % 2 else -1] + loads[:: 1 if step % 2 else -1]:
+            times[name].append(timed(run))  # in turn first: the page cache's write-back hits both
         times["async_blocked"].append(timed(partial(later.save, step, shared, mine, state)))
         later.wait()
     ours.close()
