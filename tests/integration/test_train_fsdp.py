@@ -256,3 +256,40 @@ def test_fit_under_fsdp_bf16_computes_in_bf16_and_hands_the_loss_fp32(one_proces
     fit(config, model, Points(32), loss=loss)
     assert set(compute) == {torch.bfloat16} and set(outputs) == {torch.float32}
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the sharded master weights stay fp32
+
+
+@pytest.mark.parametrize("async_write", [False, True])
+def test_a_sharded_save_is_fenced_by_the_run_directory_lock(tmp_path: Path, async_write: bool) -> None:
+    """Once the lock is lost, no shard, file or commit of a later step reaches the run directory."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from dist_jobs.rundir.lock import LockLost
+    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, sharded_state
+
+    run_dir = tmp_path / "run"
+    fenced: list[str] = []
+
+    def fence(doing: str) -> None:
+        fenced.append(doing)
+        if lost:
+            raise LockLost(run_dir, None, doing)
+
+    lost = False
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = fully_shard(nn.Linear(4, 4))
+        optimizer = torch.optim.AdamW(model.parameters())
+        ckpt = ShardedCheckpointer(run_dir, rank=0, world_size=1, fence=fence, async_write=async_write)
+        ckpt.save(1, {"step": 1}, {"rank": 0}, sharded_state(model, optimizer))
+        ckpt.wait()
+        assert (run_dir / "step-1" / "COMPLETE").is_file() and (run_dir / "step-1" / ".metadata").is_file()
+        assert any("shards" in doing for doing in fenced)
+        lost = True
+        with pytest.raises(LockLost):
+            ckpt.save(2, {"step": 2}, {"rank": 0}, sharded_state(model, optimizer))
+            ckpt.wait()
+        assert sorted(p.name for p in run_dir.iterdir()) == ["latest", "step-1"]
+    finally:
+        dist.destroy_process_group()
