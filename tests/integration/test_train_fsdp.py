@@ -293,3 +293,53 @@ def test_a_sharded_save_is_fenced_by_the_run_directory_lock(tmp_path: Path, asyn
         assert sorted(p.name for p in run_dir.iterdir()) == ["latest", "step-1"]
     finally:
         dist.destroy_process_group()
+
+
+class CountingBlock(torch.nn.Module):
+    calls = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CountingBlock.calls += 1
+        return torch.tanh(self.linear(x)) + x
+
+
+class BlockNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(CountingBlock() for _ in range(3))
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).squeeze(-1)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fit_materialises_a_users_meta_model_and_recomputes_blocks_with_activation_checkpointing(
+    one_process: None, checkpointing: bool
+) -> None:
+    from dist_jobs.spec.train import TrainConfig
+    from dist_jobs.train.loop import fit
+    from support.regression_job import Points, mse
+
+    with torch.device("meta"):
+        model = BlockNet()
+    config = TrainConfig(
+        strategy="fsdp",
+        activation_checkpointing=checkpointing,
+        max_steps=2,
+        batch_size=8,
+        progress=False,
+        eval_every_epoch=False,
+        device="cpu",
+    )
+    CountingBlock.calls = 0
+    fit(config, model, Points(16), loss=mse)
+    assert not any(p.is_meta for p in model.parameters())
+    assert all(torch.isfinite(p.full_tensor()).all() for p in model.parameters())  # type: ignore[attr-defined]
+    assert CountingBlock.calls == 3 * 2 * (2 if checkpointing else 1)  # 3 blocks, 2 steps, + the recomputation
