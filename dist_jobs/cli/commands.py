@@ -202,6 +202,15 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
     return sweep(args, command, _options(args, args.backend or ""))
 
 
+def cmd_export(args: argparse.Namespace, _: Any) -> int:
+    """In a child process: reading a checkpoint needs torch, which the CLI never imports."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "dist_jobs.train.export", args.run_dir, "-o", args.output]
+    argv += ["--step", str(args.step)] if args.step is not None else []
+    return subprocess.run(argv, check=False).returncode
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "render": cmd_render,
     "submit": cmd_submit,
@@ -214,4 +223,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "env": cmd_env,
     "schema": cmd_schema,
     "sweep": cmd_sweep,
+    "export": cmd_export,
 }

@@ -28,6 +28,7 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
     "env": "print the ranks this process resolves (run it under srun/torchrun)",
     "schema": "print the job spec's JSON Schema (for editor completion of job.yaml)",
     "completion": 'print a shell completion script: eval "$(dist-jobs completion bash)"',
+    "export": "write a run's checkpoint (sharded or not) as one model state dict for inference: -o model.pt",
     "sweep": "submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)",
 }
 
@@ -123,6 +124,12 @@ def _env(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
 
 
+def _export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory: <checkpoint_dir>/<run name>")
+    p.add_argument("--step", type=int, help="the checkpoint step-N to export (default: the newest committed)")
+    p.add_argument("-o", "--output", required=True, help="model.pt (or model.safetensors, with that package)")
+
+
 def _completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
 
@@ -138,6 +145,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "list": _list,
     "env": _env,
     "completion": _completion,
+    "export": _export,
 }
 
 

@@ -18,7 +18,7 @@ from dist_jobs.spec.model import JobSpec, run_id
 from dist_jobs.spec.paths import home_problems
 from dist_jobs.spec.reserved import env_problems
 from dist_jobs.spec.slurm_time import parse_time
-from dist_jobs.spec.train import hang_problems
+from dist_jobs.spec.train import hang_problems, strategy_problems
 from dist_jobs.spec.validate import convert
 from dist_jobs.spec.yaml_input import load_yaml, read_spec_file
 
@@ -119,7 +119,7 @@ def cross_checks(spec: JobSpec, backend: str | None = None) -> list[Problem]:
             )
         )
     problems += env_problems(spec.env) + home_problems(spec) + limit_problems(spec)
-    problems += hang_problems(spec.train) + _k8s_checks(spec)
+    problems += hang_problems(spec.train) + strategy_problems(spec.train) + _k8s_checks(spec)
     if backend == "k8s":
         problems += k8s_rules.problems(spec)
     return problems

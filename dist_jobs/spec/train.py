@@ -107,6 +107,25 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
         float, Meta(ge=1, description="hang: no step for max(this x median step time, hang_min_seconds)")
     ] = 20.0
     hang_min_seconds: Annotated[float, Meta(gt=0, description="hang: never sooner than this")] = 300.0
+    strategy: Annotated[
+        Literal["ddp", "fsdp"],
+        Meta(
+            description="ddp: every rank holds the whole model; fsdp: parameters, gradients and optimizer state sharded"
+        ),
+    ] = "ddp"
+    fsdp_policy: Annotated[
+        tuple[Importable, ...],
+        Meta(
+            description="fsdp: what to shard as one unit: module classes (module:Class, comma-separated) "
+            "or one module:function(model) returning the submodules (default: gpt blocks, ResNet stages)"
+        ),
+    ] = ()
+    fsdp_cpu_offload: Annotated[
+        bool, Meta(description="fsdp: keep parameters, gradients and optimizer state in CPU memory (CUDA runs)")
+    ] = False
+    activation_checkpointing: Annotated[
+        bool, Meta(description="fsdp: recompute each block's activations in the backward pass")
+    ] = False
     collective_timeout: Annotated[
         Annotated[float, Meta(gt=0)] | None,
         Meta(
@@ -158,10 +177,11 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
                 rest.append(arg)
         parsed = {k: v for k, v in vars(parser.parse_args(rest)).items() if v is not None}
         parsed.update(explicit)
-        if "preempt_signals" in parsed:
-            parsed["preempt_signals"] = tuple(s for s in parsed["preempt_signals"].split(",") if s)
+        for listed in ("preempt_signals", "fsdp_policy"):
+            if listed in parsed:
+                parsed[listed] = tuple(s for s in parsed[listed].split(",") if s)
         config = convert(cls, parsed, "training flags")
-        problems = hang_problems(config, flags=True)
+        problems = hang_problems(config, flags=True) + strategy_problems(config, flags=True)
         if problems:
             raise SpecError(problems, "training flags")
         return config
@@ -189,4 +209,26 @@ def hang_problems(train: TrainConfig, flags: bool = False) -> list[Problem]:
             f"lower {floor}, or raise {other} to at least {2 * train.hang_min_seconds:g} "
             "(unset, it is twice the hang floor)",
         )
+    ]
+
+
+def strategy_problems(train: TrainConfig, flags: bool = False) -> list[Problem]:
+    """The combinations of train.strategy the trainer refuses, each with its fix."""
+    name = (lambda f: f) if flags else (lambda f: "train." + f)  # the entrypoint turns a field into its flag
+    strategy = "--strategy" if flags else "train.strategy"
+    if train.strategy == "ddp":
+        only_fsdp = [f for f in ("fsdp_policy", "fsdp_cpu_offload", "activation_checkpointing") if getattr(train, f)]
+        return [
+            Problem(name(f), getattr(train, f), "only applies with strategy fsdp", f"set {strategy} fsdp, or drop it")
+            for f in only_fsdp
+        ]
+    refused = {
+        "compile": (True, "is not supported with strategy fsdp here", f"drop it, or use {strategy} ddp"),
+        "amp": ("fp16", "fp16 needs a GradScaler across shards, which fsdp does not do here", "use bf16"),
+        "sync_bn": (True, "SyncBatchNorm is not supported with strategy fsdp", f"drop it, or use {strategy} ddp"),
+    }
+    return [
+        Problem(name(field), value, message, fix)
+        for field, (value, message, fix) in refused.items()
+        if getattr(train, field) == value
     ]

@@ -227,6 +227,7 @@ class Checkpointer:
                 name = f"rank-{self.rank}.pt"
                 files[name] = disk.write_atomic(partial / name, lambda f: torch.save(rank_state, f))
                 os.fsync(handle)
+            self._before_commit(step)
             if self.rank == 0:
                 self._commit(step, files)
         except (CheckpointError, LockLost):
@@ -240,6 +241,10 @@ class Checkpointer:
                 f"writing checkpoint {self._folder(step)} failed: {exc}",
                 hint="check the volume; the previous checkpoint is intact",
             ) from exc
+
+    def _before_commit(self, step: int) -> None:
+        """What must be in the folder besides the files above before rank 0 commits it (a
+        subclass's sharded state); this rank's files are in already."""
 
     def _commit(self, step: int, files: dict[str, dict[str, Any]]) -> None:
         partial = self._partial(step)
@@ -301,6 +306,10 @@ class Checkpointer:
         )
 
     # -- reading --------------------------------------------------------------------------
+    def load(self, step: int) -> Loaded:
+        """Committed checkpoint `step` as this rank sees it (verified), outside a job: no agreeing."""
+        return self._load(step)
+
     def _load(self, step: int) -> Loaded:
         """This rank's part only: the marker's header and own record, shared.pt, rank-<r>.pt."""
         folder = self._folder(step)

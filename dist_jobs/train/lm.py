@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,8 @@ from torch.utils.data import Dataset
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
 
+# fill(param, init): how a parameter gets its initial values (init(tensor) fills a tensor)
+Fill = Callable[[torch.Tensor, Callable[[torch.Tensor], Any]], None]
 VOCAB = 96  # "\n" and the printable ASCII characters 32..126
 _UNKNOWN = ord("?") - 31
 
@@ -116,10 +121,20 @@ class GPT(nn.Module):
         self.ln = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tokens.weight  # weight tying, as in GPT-2
+        self._init_matrices()
+
+    def init_weights(self, fill: Fill | None = None) -> None:
+        """The matrices' GPT-2 initialisation, each parameter through `fill(param, init)`: the
+        default runs init(param); strategy fsdp passes one that initialises whole-size and keeps
+        this rank's shard (the layers' own reset_parameters() ran before)."""
+        self._init_matrices(fill or (lambda param, init: init(param)))
+
+    def _init_matrices(self, fill: Fill = lambda param, init: init(param)) -> None:
+        layers = len(self.blocks)
         for name, param in self.named_parameters():
             if param.dim() >= 2:
                 std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
-                nn.init.normal_(param, mean=0.0, std=std)
+                fill(param, partial(nn.init.normal_, mean=0.0, std=std))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)

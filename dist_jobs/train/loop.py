@@ -32,9 +32,10 @@ from dist_jobs.rundir.hang import HANG_RECORD
 from dist_jobs.rundir.lock import LOCK_NAME, LockLost, current
 from dist_jobs.rundir.result import write_result
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train import data, live, models, shm_reduce, signals
+from dist_jobs.train import data, fsdp, live, models, shm_reduce, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
 from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, sharded_state
 from dist_jobs.train.distributed import Dist, FlagPoll, session
 from dist_jobs.train.metrics import Meter, Reporter, evaluate
 from dist_jobs.train.resume import checkpoint_folder, resume, run_name, seed_all, shared_state
@@ -87,7 +88,8 @@ def fit(
             train_data, built_eval = data.build_datasets(config)
             eval_data = built_eval if eval_data is None else eval_data
         if model is None:
-            model = models.build_model(config.model, config.num_classes, config)
+            sharding = config.strategy == "fsdp"  # on the meta device: no rank holds the whole model
+            model = fsdp.build(config) if sharding else models.build_model(config.model, config.num_classes, config)
         loss_fn = loss or models.default_loss(config)
         run = _build(config, dist, flag, guard, model, train_data, eval_data, loss_fn, dict(state or {}))
         try:
@@ -112,10 +114,7 @@ def _build(
     user_state: dict[str, Any],
 ) -> Run:
     on_gpu = _check_amp(c, dist)
-    model, ddp = models.place(model, c, dist.device, dist.world_size, warn=dist.is_main)
-    no_sync = ddp.no_sync if isinstance(ddp, DistributedDataParallel) else nullcontext
-    if isinstance(ddp, DistributedDataParallel) and c.shm_allreduce and dist.backend == "gloo" and not on_gpu:
-        shm_reduce.attach(ddp, dist.rank, dist.world_size, dist.timeout)
+    model, ddp, no_sync = _place(c, dist, model, on_gpu)
     if c.compile:
         ddp = cast(nn.Module, torch.compile(ddp))
     loader, held_out = _loaders(c, dist, train_data, eval_data, on_gpu)
@@ -123,7 +122,8 @@ def _build(
     total = steps * c.epochs if c.max_steps is None else min(steps * c.epochs, c.max_steps)
     optimizer = models.build_optimizer(c, model, dist.world_size)
     folder, ckpt = _checkpointer(c, dist, guard)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp)
+    # fsdp: its MixedPrecisionPolicy casts the parameters (fsdp.precision), no autocast
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp) if c.strategy == "ddp" else None
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
     return Run(
         config=c,
@@ -151,6 +151,17 @@ def _build(
     )
 
 
+def _place(c: TrainConfig, dist: Dist, model: nn.Module, on_gpu: bool) -> tuple[nn.Module, nn.Module, Any]:
+    """(the model, what the loop calls, what skips the gradient sync): sharded, or DDP around it."""
+    if c.strategy == "fsdp":
+        model = fsdp.shard(model, c, dist.device, warn=dist.is_main)
+        return model, model, fsdp.no_sync(model)
+    model, ddp = models.place(model, c, dist.device, dist.world_size, warn=dist.is_main)
+    if isinstance(ddp, DistributedDataParallel) and c.shm_allreduce and dist.backend == "gloo" and not on_gpu:
+        shm_reduce.attach(ddp, dist.rank, dist.world_size, dist.timeout)
+    return model, ddp, ddp.no_sync if isinstance(ddp, DistributedDataParallel) else nullcontext
+
+
 def _loaders(c: TrainConfig, dist: Dist, train_data: Any, eval_data: Any, on_gpu: bool) -> tuple[Any, Any]:
     """This rank's training loader and held-out loader (None without eval data or evaluation)."""
     where: dict[str, Any] = {"rank": dist.rank, "world_size": dist.world_size, "pin_memory": on_gpu}
@@ -174,7 +185,8 @@ def _checkpointer(c: TrainConfig, dist: Dist, guard: Guard) -> tuple[Path | None
         return None, None
     keep, async_write = c.keep_checkpoints, c.async_checkpoint
     # First: it creates the folder, or says why it cannot.
-    ckpt = Checkpointer(
+    kind = ShardedCheckpointer if c.strategy == "fsdp" else Checkpointer
+    ckpt = kind(
         folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write, fence=guard.check
     )
     if dist.is_main:  # this run is the requeued one
@@ -297,7 +309,11 @@ def _checkpoint(run: Run) -> None:
     assert run.ckpt is not None
     shared = shared_state(run) if run.dist.is_main else None
     previous = run.saved_step
-    run.ckpt.save(run.pos.step, shared, {"rng": rng_state(), "rank": run.dist.rank})
+    mine = {"rng": rng_state(), "rank": run.dist.rank}
+    if isinstance(run.ckpt, ShardedCheckpointer):
+        run.ckpt.save(run.pos.step, shared, mine, sharded_state(run.model, run.optimizer))
+    else:
+        run.ckpt.save(run.pos.step, shared, mine)
     # save() returns once this write is committed, or (async) the previous one is.
     committed = previous if run.ckpt.async_write else run.pos.step
     run.live.checkpoint_step = committed if committed >= 0 else run.live.checkpoint_step

@@ -72,7 +72,7 @@ def build_model(name: str, num_classes: int, config: TrainConfig | None = None) 
         return build_gpt(config or TrainConfig())
     if is_factory(name):
         factory = load_factory(name, "model")
-        model = factory(num_classes=num_classes) if _takes(factory, "num_classes") else factory()
+        model = factory(num_classes=num_classes) if takes(factory, "num_classes") else factory()
         if not isinstance(model, nn.Module):
             raise UsageError(
                 f"model: {name!r} returned a {type(model).__name__}, not an nn.Module",
@@ -92,7 +92,7 @@ def build_model(name: str, num_classes: int, config: TrainConfig | None = None) 
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
 
 
-def _takes(factory: Callable[..., Any], parameter: str) -> bool:
+def takes(factory: Callable[..., Any], parameter: str) -> bool:
     try:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature: try the common convention
@@ -135,6 +135,8 @@ def build_optimizer(config: TrainConfig, model: nn.Module, world_size: int) -> t
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adamw":
         return _fused_if_possible(torch.optim.AdamW, params, lr=lr, weight_decay=config.weight_decay)
+    if config.strategy == "fsdp":  # DTensor has no sharding rule for fused SGD: the foreach one
+        return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
     return _fused_if_possible(
         torch.optim.SGD, params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay
     )

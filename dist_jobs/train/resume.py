@@ -26,7 +26,7 @@ from dist_jobs.constants import VERSION
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.paths import expand_home
 from dist_jobs.spec.train import RUN_NAME, RUN_NAME_FIX, RUN_NAME_RULE, TrainConfig
-from dist_jobs.train import data, models
+from dist_jobs.train import ckpt_sharded, data, models
 from dist_jobs.train.checkpoint import CheckpointError, Loaded
 from dist_jobs.train.distributed import max_over_ranks
 from dist_jobs.train.rng import set_rng_state
@@ -56,9 +56,11 @@ def resume(run: Run) -> None:
 def shared_state(run: Run) -> dict[str, Any]:
     """What every rank shares (rank 0 writes it). Plain types only: loaded with weights_only."""
     c, pos, world = run.config, run.pos, run.dist.world_size
+    sharded = c.strategy == "fsdp"  # the model and optimizer go through DCP, each rank its shards
     return {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
+        "model": {} if sharded else run.model.state_dict(),
+        "optimizer": {} if sharded else run.optimizer.state_dict(),
+        "format": ckpt_sharded.FORMAT if sharded else "whole",
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
         "epoch": pos.epoch,
@@ -102,6 +104,8 @@ def check_content(loaded: Loaded) -> None:
         bad.append("scheduler.last_epoch")
     if mine is not None and (not isinstance(mine, dict) or "rng" not in mine):
         bad.append("rng (in this rank's file)")
+    if not bad and ckpt_sharded.is_sharded(s) and not (loaded.path / ckpt_sharded.METADATA).is_file():
+        bad.append(f"the shards' {ckpt_sharded.METADATA}")
     if bad:
         raise CheckpointError(
             f"checkpoint {loaded.path} lacks {', '.join(bad)} (or holds the wrong type there)",
@@ -122,16 +126,7 @@ def _keeping_implementation(optimizer: torch.optim.Optimizer, saved: dict[str, A
 
 def _restore(run: Run, loaded: Loaded) -> None:
     s, c, world = loaded.shared, run.config, run.dist.world_size
-    try:
-        run.model.load_state_dict(s["model"])
-        run.optimizer.load_state_dict(_keeping_implementation(run.optimizer, s["optimizer"]))
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise CheckpointError(
-            f"checkpoint {loaded.path} does not fit this model and optimizer: {exc}",
-            hint="it belongs to another model or optimizer: use another "
-            f"--run-name, or delete {loaded.path.parent} to start over",
-        ) from exc
-    _own_memory(run.optimizer, s["optimizer"])
+    _load_model(run, loaded)
     if s["scaler"] and run.scaler.is_enabled():
         run.scaler.load_state_dict(s["scaler"])
     _restore_user_state(run, s.get("user", {}), loaded)
@@ -165,6 +160,27 @@ def _restore(run: Run, loaded: Loaded) -> None:
                 c.batch_size,
                 resumed_at,
             )
+
+
+def _load_model(run: Run, loaded: Loaded) -> None:
+    """The model and optimizer state: whole (DDP's) or sharded (DCP's), into either strategy."""
+    s, model, optimizer = loaded.shared, run.model, run.optimizer
+    try:
+        if ckpt_sharded.is_sharded(s):
+            ckpt_sharded.load_sharded(model, optimizer, loaded.path, keep=_keeping_implementation)
+        elif run.config.strategy == "fsdp":
+            saved = _keeping_implementation(optimizer, s["optimizer"])
+            ckpt_sharded.load_whole(model, optimizer, s["model"], saved)
+        else:
+            model.load_state_dict(s["model"])
+            optimizer.load_state_dict(_keeping_implementation(optimizer, s["optimizer"]))
+            _own_memory(optimizer, s["optimizer"])
+    except (RuntimeError, ValueError, KeyError, IndexError) as exc:
+        raise CheckpointError(
+            f"checkpoint {loaded.path} does not fit this model and optimizer: {exc}",
+            hint="it belongs to another model or optimizer: use another "
+            f"--run-name, or delete {loaded.path.parent} to start over",
+        ) from exc
 
 
 def _restore_user_state(run: Run, saved: dict[str, Any], loaded: Loaded) -> None:

@@ -82,6 +82,21 @@ def plain_net(num_classes: int = 10) -> Any:
     )
 
 
+def slow_gpt() -> Any:
+    """The built-in GPT (2 blocks, width 32, 2 heads; run it with --seq-len 16), each training
+    forward slowed by $DJ_TEST_STEP_DELAY so a test can signal at a chosen step."""
+    from dist_jobs.train.lm import GPT
+
+    class Slow(GPT):
+        def forward(self, tokens: Any) -> Any:
+            delay = float(os.environ.get("DJ_TEST_STEP_DELAY", "0"))
+            if delay and self.training:
+                time.sleep(delay)
+            return super().forward(tokens)
+
+    return Slow(layers=2, heads=2, width=32, context=16)
+
+
 def tiny_data(train: bool, config: Any) -> Any:
     """Seeded random images; the training split flips half of them at random (global RNG)."""
     import torch
@@ -279,6 +294,32 @@ def final_state(run_dir: Path) -> dict[str, Any]:
     loaded = Checkpointer(run_dir, rank=1, world_size=2).latest()  # rank 1: removes nothing
     assert loaded is not None, f"no complete checkpoint in {run_dir}"
     return loaded.shared
+
+
+def newest_state(run_dir: Path) -> dict[str, Any]:
+    """{"model": ..., "optimizer": ..., "shared": ...} of the newest checkpoint, sharded (read
+    whole with torch's own DCP consolidation) or not. A sharded optimizer is keyed by name."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from dist_jobs.train.checkpoint import Checkpointer
+
+    loaded = Checkpointer(run_dir, rank=1, world_size=2).latest()
+    assert loaded is not None, f"no complete checkpoint in {run_dir}"
+    if loaded.shared.get("format") != "dcp":
+        return {"model": loaded.shared["model"], "optimizer": loaded.shared["optimizer"], "shared": loaded.shared}
+    import torch
+
+    whole = run_dir / f".whole-{loaded.step}.pt"
+    dcp_to_torch_save(loaded.path, whole)
+    state = torch.load(whole, weights_only=True)
+    whole.unlink()
+    return {"model": state["model"], "optimizer": state["optimizer"], "shared": loaded.shared}
+
+
+def max_difference(got: dict[str, Any], want: dict[str, Any]) -> float:
+    """The largest |difference| over the tensors of two state dicts with the same keys."""
+    assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
+    return max(float((got[k].float() - want[k].float()).abs().max()) for k in want)
 
 
 def assert_bit_identical(got: Any, want: Any, where: str = "state") -> None:

@@ -1,0 +1,135 @@
+"""Sharded checkpoints (train.strategy fsdp): each rank writes its own shards through DCP.
+
+Same run-directory format and protocol as checkpoint.py: `.step-<N>.partial/` gets the DCP files
+(`__<rank>_0.distcp` per rank, `.metadata` from rank 0) next to `shared.pt` (position, schedule,
+scaler, config: no tensors of the model) and each rank's `rank-<r>.pt` (its RNG); rank 0 writes
+COMPLETE and renames the folder once every rank's part is in, fenced by the run-directory lock
+before each write. `shared.pt` says `"format": "dcp"`.
+
+Saving is collective (DCP gathers the ranks' write plans), over a gloo group of its own: an
+asynchronous save (train.async_checkpoint, `dcp.async_save`) finishes on a thread while the
+training thread runs collectives on the default group. With it, training is blocked only for
+the copy of this rank's shards to CPU memory.
+
+Loading goes through DCP too: each rank reads the byte ranges of its own shards, whatever world
+size wrote them (resharding), and a DDP run loads one into its whole model. A DDP checkpoint
+(whole state in shared.pt) loads into an FSDP model by slicing each rank's part out of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from dist_jobs.rundir.checkpoints import COMPLETE
+from dist_jobs.rundir.lock import LockLost
+from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
+
+FORMAT = "dcp"
+METADATA = ".metadata"
+
+
+class ShardedCheckpointer(Checkpointer):
+    """A Checkpointer whose save() also takes this rank's shards (`sharded`), written by DCP.
+
+    Construct it on every rank (it creates its process group, a collective)."""
+
+    def __init__(self, directory: Path, **kw: Any) -> None:
+        super().__init__(directory, **kw)
+        self.group: Any = dist.new_group(backend="gloo")
+        self._shards: tuple[int, Future[Any] | dict[str, Any]] | None = None
+
+    def save(
+        self,
+        step: int,
+        shared: Mapping[str, Any] | None,
+        rank_state: Mapping[str, Any],
+        sharded: Mapping[str, Any] | None = None,
+    ) -> None:
+        if sharded is None:
+            raise CheckpointError(f"step {step}: no sharded state given", hint="pass sharded_state(model, optimizer)")
+        self.wait()
+        if (self._folder(step) / COMPLETE).is_file() and step not in self._bad:
+            return  # every rank sees the same committed folder: all skip this collective together
+        partial = self._partial(step)
+        self.fence(f"write rank {self.rank}'s shards of checkpoint step-{step}")
+        partial.mkdir(parents=True, exist_ok=True)
+        state = dict(sharded)
+        if self.async_write:  # copies the shards to CPU now; the writing and DCP's gather run on a thread
+            future = dcp.async_save(state, storage_writer=FileSystemWriter(partial), process_group=self.group)
+            self._shards = (step, future if isinstance(future, Future) else future.upload_completion)
+        else:
+            self._shards = (step, state)
+        super().save(step, shared, rank_state)
+
+    def _before_commit(self, step: int) -> None:
+        """The shards, after this rank's own files: once DCP's collective finish returns on rank
+        0, every rank's files are in, so its commit finds them without polling."""
+        pending, self._shards = self._shards, None
+        if pending is None or pending[0] != step:
+            raise CheckpointError(f"step {step}: its shards were not staged", hint="call save() with sharded state")
+        try:
+            shards = pending[1]
+            if isinstance(shards, Future):
+                shards.result()
+            else:
+                dcp.save(shards, storage_writer=FileSystemWriter(self._partial(step)), process_group=self.group)
+        except (CheckpointError, LockLost):
+            raise
+        except Exception as exc:
+            raise CheckpointError(
+                f"writing the shards of checkpoint {self._folder(step)} failed: {exc}",
+                hint="check the volume and every rank's log; the previous checkpoint is intact",
+            ) from exc
+
+    def close(self) -> None:
+        super().close()
+        if self._shards is not None and isinstance(self._shards[1], Future):
+            self._shards[1].result()  # a save that never reached the writer: do not leave its thread behind
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's shards of the model and optimizer state, keyed by parameter name (DTensors)."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, keep: Any = None) -> None:
+    """Load a DCP checkpoint into a sharded (FSDP) or whole (DDP) model and its optimizer, in place.
+
+    `keep(optimizer, saved_state)` rewrites the loaded optimizer state before it is set (to keep
+    this run's fused/foreach choice). Collective: every rank calls it."""
+    state = sharded_state(model, optimizer)
+    dcp.load(state, checkpoint_id=folder)
+    optim_state = keep(optimizer, state["optimizer"]) if keep else state["optimizer"]
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state)
+
+
+def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict) -> None:
+    """A DDP checkpoint's whole state (every rank has read it) into a sharded model: each rank
+    keeps its slices. The optimizer state is keyed by parameter index there, by name here."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    by_name: dict[str, Any] = {
+        "state": {names[i]: v for i, v in optim_state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim_state["param_groups"]],
+    }
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=by_name,
+        options=StateDictOptions(full_state_dict=True),
+    )
+
+
+def is_sharded(shared: Mapping[str, Any]) -> bool:
+    return shared.get("format") == FORMAT
