@@ -33,7 +33,6 @@ from support.slurm_jobs import (
     TRAIN,
     backend,
     batch_log,
-    cleanup,
     cli,
     committed_steps,
     final_sacct_state,
@@ -47,7 +46,6 @@ from support.slurm_jobs import (
 from support.tiers import requires
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(600)]
-__all__ = ["cleanup"]  # the fixture, used by name
 
 LOCK_ENV = {"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"}
 

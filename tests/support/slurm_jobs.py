@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,15 +153,6 @@ def final_sacct_state(job_id: str) -> tuple[str, int]:
             return state.state, state.attempts
         assert time.monotonic() < deadline, f"sacct knows no job {job_id}: {proc.stdout}{proc.stderr}"
         time.sleep(1)
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[str]]:
-    """Job ids to scancel at the end of the test, whatever happened."""
-    ids: list[str] = []
-    yield ids
-    for job_id in ids:
-        subprocess.run(["scancel", job_id], capture_output=True)
 
 
 def committed_steps(checkpoints: Path) -> list[int]:
