@@ -136,25 +136,25 @@ class Sweep:
                 continue  # not started (a local trial the driver never started) or gone
         return cancelled
 
-    def wait(self, timeout: float | None = None, poll: float = 5.0, **status: Any) -> list[TrialRow]:
+    def wait(self, timeout: float | None = None, poll: float | None = None, **status: Any) -> list[TrialRow]:
         """Until every trial has ended (succeeded, failed or cancelled); its status rows then.
-        WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode)."""
-        import time
-
+        WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode). The same
+        loop as Job.wait: one scheduler query per poll, pauses backing off from `poll` seconds."""
         from dist_jobs.api.job import WaitTimeout
+        from dist_jobs.api.polling import poll_until
 
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        def check() -> tuple[bool, list[TrialRow]]:
             rows = self.status(**status)
-            if all(r.state in ENDED for r in rows):
-                return rows
-            if deadline is not None and time.monotonic() >= deadline:
-                left = sum(r.state not in ENDED for r in rows)
-                raise WaitTimeout(
-                    f"sweep {self.name}: {left} of {len(rows)} trials still not ended after {timeout:g} s",
-                    f"wait longer, or look at them: dist-jobs sweep status {self.name}",
-                )
-            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+            return all(r.state in ENDED for r in rows), rows
+
+        def expired(rows: list[TrialRow]) -> DistJobsError:
+            left = sum(r.state not in ENDED for r in rows)
+            return WaitTimeout(
+                f"sweep {self.name}: {left} of {len(rows)} trials still not ended after {timeout:g} s",
+                f"wait longer, or look at them: dist-jobs sweep status {self.name}",
+            )
+
+        return poll_until(check, timeout, expired, poll)
 
     def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:
         """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""
