@@ -22,6 +22,7 @@ from dist_jobs.backends.slurm_output import (
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
     SacctJobState,
+    SacctRow,
     SlurmJob,
     cluster_name_in,
     conf_cluster_name,
@@ -52,6 +53,26 @@ def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedP
             f"`{' '.join(argv)}` did not answer within {timeout:.0f} s",
             "is slurmctld up? try `sinfo` or `scontrol ping`",
         ) from None
+
+
+def _queued(job: SlurmJob) -> JobStatus:
+    """A job squeue lists (pending, running)."""
+    return JobStatus(
+        job.job_id,
+        job.name,
+        job.state,
+        "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
+        {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
+    )
+
+
+def _check_controller(stderr: str) -> None:
+    """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
+    from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
+
+    if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
+        said = stderr.strip()
+        raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
 
 
 class SlurmBackend:
@@ -102,36 +123,82 @@ class SlurmBackend:
         if job is not None and job.state == "COMPLETING":
             return self._completing(job_id, job)
         if job is not None:
-            return JobStatus(
-                job.job_id,
-                job.name,
-                job.state,
-                "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
-                {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
-            )
+            return _queued(job)
+        return self._ended(job_id, self._sacct_state(job_id))
+
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """The status of each job in `job_ids`, from one `squeue` and one `sacct` for all of them
+        (array tasks asked for by their array's id), however many there are. A job squeue has
+        dropped that sacct does not list yet (an array task that just ended, before slurmdbd
+        has its record) reads UNKNOWN: the next poll finds it."""
+        from dist_jobs.backends.slurm_meta import array_member
+
+        listed = self._squeue_many(job_ids)
+        queued = {j: listed[k] for j in job_ids if (k := array_member(listed, j)) in listed}
+        rest = [j for j in job_ids if j not in queued or queued[j].state == "COMPLETING"]
+        rows = self._sacct_rows(rest) if rest else []
+        out: dict[str, JobStatus] = {}
+        for job_id in job_ids:
+            job = queued.get(job_id)
+            acct = sacct_job_state(rows, array_task_key(rows, job_id) if "_" in job_id else job_id)
+            if job is not None and job.state != "COMPLETING":
+                out[job_id] = _queued(job)
+            elif job is not None:
+                out[job_id] = self._completing(job_id, job, acct)
+            elif acct is not None:
+                out[job_id] = self._ended(job_id, acct)
+            else:
+                said = "squeue no longer lists it and sacct has no record of it yet"
+                out[job_id] = JobStatus(job_id, "", "UNKNOWN", said)
+        return out
+
+    def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
+        """A job squeue has forgotten: sacct's `state`, told with its batch log and run directory."""
         from dist_jobs.backends.slurm_batchlog import finished_status  # an ended job's alone
         from dist_jobs.rundir.attempts import starts
+        from dist_jobs.rundir.hang import read_hang
 
-        state = self._sacct_state(job_id)
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
-        from dist_jobs.rundir.hang import read_hang
-
         # the batch script counts its starts under SLURM_JOB_ID: an array task's own (raw) id
         started = starts(Path(meta["run_dir"]), state.job_id_raw or job_id) if meta.get("run_dir") else 0
         hang = read_hang(Path(meta["run_dir"])) if meta.get("run_dir") else None
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started, hang)
 
-    def _completing(self, job_id: str, job: SlurmJob) -> JobStatus:
-        """A job whose nodes are being cleaned up: requeued or ended (sacct), and which node
-        holds it up (sinfo). Either answer may be missing: the status is still told."""
+    def _squeue_many(self, job_ids: list[str]) -> dict[str, SlurmJob]:
+        """One squeue for every job (an array task by its array's id): the jobs it lists, by id."""
+        query = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
+        proc = self.run(["squeue", "--noheader", "--jobs", query, "--Format", SQUEUE_FORMAT_LONG])
+        if proc.returncode != 0:
+            _check_controller(proc.stderr)
+            return {}  # one id that squeue no longer knows: it says "Invalid job id"
+        return {j.job_id: j for j in parse_squeue(proc.stdout, SQUEUE_FORMAT_LONG)}
+
+    def _sacct_rows(self, job_ids: list[str]) -> list[SacctRow]:
+        """One sacct for every job (an array task by its array's id), each attempt's rows."""
+        query = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
+        acct = self.run(
+            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", query, "--format", SACCT_FIELDS]
+        )
+        if acct.returncode != 0:
+            raise BackendError(
+                f"squeue does not list jobs {query} and sacct failed: {acct.stderr.strip() or 'no message'}",
+                "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
+            )
+        return parse_sacct(acct.stdout)
+
+    def _completing(self, job_id: str, job: SlurmJob, acct: SacctJobState | None = None) -> JobStatus:
+        """A job whose nodes are being cleaned up: requeued or ended (sacct, unless `acct` is
+        given), and which node holds it up (sinfo). Either answer may be missing: the status is
+        still told."""
         from dist_jobs.backends.slurm_faults import SINFO_NODE_STATES, completing_status, parse_node_states
 
-        try:
-            acct: SacctJobState | None = self._sacct_state(job_id)
-        except BackendError:
-            acct = None
+        if acct is None:
+            try:
+                acct = self._sacct_state(job_id)
+            except BackendError:
+                acct = None
         nodes = {}
         if job.nodelist:
             proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", job.nodelist, "--format", SINFO_NODE_STATES])
@@ -168,11 +235,7 @@ class SlurmBackend:
         # --Format (long): only it has the restart count, which says a requeued job came back.
         proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])
         if proc.returncode != 0:
-            from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
-
-            if re.search(CONTROLLER_UNREACHABLE, proc.stderr, re.IGNORECASE):
-                said = proc.stderr.strip()
-                raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
+            _check_controller(proc.stderr)
             return None
         # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
         jobs = [

@@ -458,3 +458,52 @@ def test_logs_of_an_unknown_job(tmp_path: Path) -> None:
 def test_default_runner_runs_the_program_and_captures_both_streams() -> None:
     proc = run_command(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
+
+
+def _array_queue(array: int, running: range, pending: range) -> str:
+    """squeue --Format SQUEUE_FORMAT_LONG lines of an array job, as Slurm 22.05 prints them
+    (tests/fixtures/slurm/squeue_format_long.txt): running tasks one a line, pending ones folded."""
+    lines = [
+        f"{array}_{i}|RUNNING|None|1|n1|0:05|UNLIMITED|2026-11-22T05:22:33|2026-11-22T05:22:34|debug|0|sw"
+        for i in running
+    ]
+    lines.append(
+        f"{array}_[{pending.start}-{pending.stop - 1}%10]|PENDING|JobArrayTaskLimit|1||0:00|UNLIMITED|"
+        "2026-11-22T05:22:33|N/A|debug|0|sw"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _array_acct(array: int, ended: range) -> str:
+    """sacct rows (tests/fixtures/slurm/sacct_completed.txt's shape) of ended array tasks; task 3 failed."""
+    rows = []
+    for i in ended:
+        state, code = ("FAILED", "3:0") if i == 3 else ("COMPLETED", "0:0")
+        stamp = "2026-11-22T05:22:22"
+        rows.append(f"{array}_{i}|{array + 1 + i}|{state}|{code}|{stamp}|{stamp}|{stamp}|00:00:09|1|n1|debug|sw")
+        rows.append(
+            f"{array}_{i}.batch|{array + 1 + i}.batch|{state}|{code}|{stamp}|{stamp}|{stamp}|00:00:09|1|n1||batch"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def test_one_squeue_and_one_sacct_answer_for_a_hundred_array_tasks(tmp_path: Path) -> None:
+    from dist_jobs.api.handle import Handle
+    from dist_jobs.api.job import Job, statuses
+
+    calls: list[list[str]] = []
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = _array_queue(500, range(5, 10), range(10, 100)) if argv[0] == "squeue" else _array_acct(500, range(5))
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    backend = SlurmBackend(runner=runner, jobs_dir=tmp_path)
+    jobs = [Job(Handle("slurm", f"500_{i}", cluster="c"), backend) for i in range(100)]  # type: ignore[arg-type]
+    infos = statuses(jobs)
+    assert [c[0] for c in calls] == ["squeue", "sacct"]
+    assert calls[0][calls[0].index("--jobs") + 1] == "500" and calls[1][calls[1].index("--jobs") + 1] == "500"
+    states = [i.state.value for i in infos]  # type: ignore[union-attr]
+    assert states[:5] == ["succeeded", "succeeded", "succeeded", "failed", "succeeded"]
+    assert states[5:10] == ["running"] * 5 and states[10:] == ["pending"] * 90
+    assert infos[3].detail == "exit 3"  # type: ignore[union-attr]
