@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.slurm_logs import attempt_files, stitch
+from dist_jobs.backends.slurm_logs import attempt_files, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm_meta import array_task_key, job_meta
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
@@ -274,9 +274,14 @@ class SlurmBackend:
             )
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
-        """Rank `rank`'s output, attempt after attempt. In torchrun mode SLURM runs one task per
-        node and its file holds all that node's ranks: rank R is in node R // procs_per_node's."""
+        """Rank `rank`'s output, attempt after attempt; every rank's when None, each line
+        `[rank N] ...` as on the local backend. In torchrun mode SLURM runs one task per node and
+        its file holds all that node's ranks: rank R is in node R // procs_per_node's, and every
+        rank's output is told node by node (`[node N] ...`)."""
         log_dir, run, procs = self._log_location(job_id)
+        if rank is None:
+            yield from self._all_logs(job_id, log_dir, run, "node" if procs else "rank", follow)
+            return
         task = (rank or 0) // procs if procs else (rank or 0)
         files = attempt_files(log_dir, run, job_id, task)
         if not files and not follow:
@@ -289,6 +294,17 @@ class SlurmBackend:
             lambda: attempt_files(log_dir, run, job_id, task),
             (lambda: not self.status(job_id).finished) if follow else (lambda: False),
         )
+
+    def _all_logs(self, job_id: str, log_dir: Path, run: str, label: str, follow: bool) -> Iterator[str]:
+        def files() -> dict[int, list[Path]]:
+            return {r: attempt_files(log_dir, run, job_id, r) for r in ranks_logged(log_dir, run, job_id)}
+
+        if not files() and not follow:
+            raise BackendError(
+                f"no logs for job {job_id} in {log_dir}",
+                "the job may not have started yet (`dist-jobs status`), or use --follow",
+            )
+        yield from stitch_all(files, (lambda: not self.status(job_id).finished) if follow else (lambda: False), label)
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""

@@ -507,3 +507,17 @@ def test_one_squeue_and_one_sacct_answer_for_a_hundred_array_tasks(tmp_path: Pat
     assert states[:5] == ["succeeded", "succeeded", "succeeded", "failed", "succeeded"]
     assert states[5:10] == ["running"] * 5 and states[10:] == ["pending"] * 90
     assert infos[3].detail == "exit 3"  # type: ignore[union-attr]
+
+
+def test_logs_show_every_rank_by_default_each_line_with_its_rank(tmp_path: Path) -> None:
+    logs, jobs = tmp_path / "logs", tmp_path / "jobs"
+    (jobs / "r-71").mkdir(parents=True)
+    logs.mkdir()
+    meta = {"job_id": "71", "run": "r", "log_dir": str(logs), "launcher": "srun"}
+    (jobs / "r-71" / "job.json").write_text(json.dumps(meta))
+    for attempt, rank, text in [(0, 0, "a0 r0\n"), (0, 1, "a0 r1\n"), (1, 0, "a1 r0\n"), (1, 1, "a1 r1\n")]:
+        (logs / f"r-71-attempt{attempt}-rank{rank}.out").write_text(text)
+    backend = SlurmBackend(runner=lambda argv: subprocess.CompletedProcess(argv, 1, "", ""), jobs_dir=jobs)
+    lines = [line for line in backend.logs("71") if "==>" not in line]
+    assert lines == ["[rank 0] a0 r0", "[rank 0] a1 r0", "[rank 1] a0 r1", "[rank 1] a1 r1"]
+    assert [line for line in backend.logs("71", rank=1) if "==>" not in line] == ["a0 r1", "a1 r1"]
