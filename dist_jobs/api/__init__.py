@@ -69,12 +69,14 @@ def load_spec(
     overrides: Mapping[str, Any] | None = None,
     data: Mapping[str, Any] | None = None,
     backend: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Read `path` (or take `data`), apply dotted `overrides`; one SpecError lists every problem,
-    those of `backend` (e.g. Kubernetes syntax for `k8s`) included."""
-    from dist_jobs.spec import load_spec as load
+    those of `backend` (e.g. Kubernetes syntax for `k8s`) included. `defaults`: spec fields below
+    the file's, e.g. a profile's (`load_profile(name).spec`, dist_jobs.spec.profiles)."""
+    from dist_jobs.spec.load import load_spec as load
 
-    return load(path, overrides, data, backend)
+    return load(path, overrides, data, backend, defaults)
 
 
 def render(spec: JobSpec, backend_name: str) -> str:

@@ -68,6 +68,8 @@ def _raw(spec_or_path: Any) -> tuple[dict[str, Any], str]:
         return msgspec.to_builtins(spec_or_path), "job spec"
     if spec_or_path is None:
         return {}, "flags"
+    if isinstance(spec_or_path, dict):  # data already merged, e.g. a profile's under job.yaml's
+        return dict(spec_or_path), "job spec"
     return read_yaml(Path(spec_or_path)), str(spec_or_path)
 
 

@@ -71,6 +71,10 @@ GROUPS = {
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", nargs="?", help="job.yaml (optional: flags alone make a spec)")
+    parser.add_argument(
+        "--profile",
+        help="a profile of ~/.config/dist-jobs/config.yaml (default: $DIST_JOBS_PROFILE, else the file's `default:`)",
+    )
     groups: dict[str, Any] = {}
     for f in FLAGS:
         title = GROUPS.get(

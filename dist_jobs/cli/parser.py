@@ -29,6 +29,7 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
     "schema": "print the job spec's JSON Schema (for editor completion of job.yaml)",
     "completion": 'print a shell completion script: eval "$(dist-jobs completion bash)"',
     "sweep": "submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)",
+    "config": "config show: the merged spec (config file < profile < job.yaml < flags), each value's source",
 }
 
 
@@ -57,14 +58,16 @@ def build(verb: str | None = None) -> argparse.ArgumentParser:
 
 
 def _render(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
+    p.add_argument("--backend", choices=["slurm", "k8s"], help="slurm: sbatch script; k8s: manifest (or the profile's)")
     p.add_argument("-o", "--output", help="write to FILE instead of stdout")
     _spec_flags(p)
 
 
 def _submit(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler (local: detached processes)"
+        "--backend",
+        choices=["slurm", "k8s", "local"],
+        help="the scheduler (local: detached processes; or the profile's)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
     p.add_argument(
@@ -123,6 +126,14 @@ def _env(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
 
 
+def _config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["show"], help="show: the merged spec and where each value came from")
+    p.add_argument("--backend", choices=["slurm", "k8s", "local"], help="the scheduler (or the profile's)")
+    output_option(p)
+    backend_options(p, namespace=False)
+    _spec_flags(p)
+
+
 def _completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
 
@@ -138,6 +149,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "list": _list,
     "env": _env,
     "completion": _completion,
+    "config": _config,
 }
 
 
