@@ -66,6 +66,12 @@ def _queued(job: SlurmJob) -> JobStatus:
     )
 
 
+def _in_snapshot(spec: JobSpec) -> bool:
+    from dist_jobs.backends.snapshot import read
+
+    return spec.workdir is not None and read(Path(spec.workdir)) is not None
+
+
 def _check_controller(stderr: str) -> None:
     """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
     from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
@@ -89,8 +95,11 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
-        from dist_jobs.backends.slurm_submit import submit  # the query verbs do without it
+        from dist_jobs.backends.slurm_submit import snapshot_spec, submit  # the query verbs do without it
 
+        if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
+            # the job runs from a copy of the code: render it for that folder
+            prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
         return submit(prepared, self.run, self.cwd, self.jobs_dir)
 
     def run_dir(self, job_id: str) -> Path:
@@ -119,12 +128,24 @@ class SlurmBackend:
         return self._cluster
 
     def status(self, job_id: str) -> JobStatus:
+        return self._with_code(job_id, self._status(job_id))
+
+    def _status(self, job_id: str) -> JobStatus:
         job = self._squeue_job(job_id)
         if job is not None and job.state == "COMPLETING":
             return self._completing(job_id, job)
         if job is not None:
             return _queued(job)
         return self._ended(job_id, self._sacct_state(job_id))
+
+    def _with_code(self, job_id: str, status: JobStatus) -> JobStatus:
+        """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted with one."""
+        code = job_meta(self.jobs_dir, job_id).get("code")
+        if not isinstance(code, dict):
+            return status
+        from dist_jobs.backends.snapshot import describe
+
+        return status.replace(extra={**status.extra, "code": describe(code)})
 
     def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
         """The status of each job in `job_ids`, from one `squeue` and one `sacct` for all of them
@@ -150,7 +171,7 @@ class SlurmBackend:
             else:
                 said = "squeue no longer lists it and sacct has no record of it yet"
                 out[job_id] = JobStatus(job_id, "", "UNKNOWN", said)
-        return out
+        return {job_id: self._with_code(job_id, found) for job_id, found in out.items()}
 
     def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
         """A job squeue has forgotten: sacct's `state`, told with its batch log and run directory."""

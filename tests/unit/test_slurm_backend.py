@@ -394,7 +394,7 @@ def test_logs_stitch_attempts_in_order(tmp_path: Path) -> None:
         f"==> {RUN}-26-attempt10-rank1.out <==",
         "a10",
     ]
-    assert list(slurm.logs(job_id)) == [f"==> {RUN}-26-attempt0-rank0.out <==", "rank 0"]
+    assert list(slurm.logs(job_id, rank=0)) == [f"==> {RUN}-26-attempt0-rank0.out <==", "rank 0"]
 
 
 def test_logs_in_torchrun_mode_read_the_node_file_of_the_rank(tmp_path: Path) -> None:
@@ -432,12 +432,12 @@ def test_logs_follow_until_the_job_ends(tmp_path: Path) -> None:
     runner = FakeRunner(sbatch=(0, "26\n", ""), squeue=job_writes_then_ends, sacct=(0, sacct, ""))
     slurm, job_id = submit(tmp_path, runner)
     write_logs(logs, {f"{RUN}-26-attempt0-rank0.out": "first\n"})
-    assert list(slurm.logs(job_id, follow=True)) == [
-        f"==> {RUN}-26-attempt0-rank0.out <==",
-        "first",
-        "later",
-        f"==> {RUN}-26-attempt1-rank0.out <==",
-        "resumed",
+    assert list(slurm.logs(job_id, follow=True)) == [  # every rank (here one), each line with its rank
+        f"[rank 0] ==> {RUN}-26-attempt0-rank0.out <==",
+        "[rank 0] first",
+        "[rank 0] later",
+        f"[rank 0] ==> {RUN}-26-attempt1-rank0.out <==",
+        "[rank 0] resumed",
     ]
 
 
@@ -445,7 +445,7 @@ def test_logs_of_a_job_submitted_elsewhere_found_through_scontrol(tmp_path: Path
     logs = tmp_path / "elsewhere" / "logs"
     write_logs(logs, {"fx-show-185-attempt0-rank0.out": "hello\n"})
     runner = FakeRunner(scontrol=(0, SCONTROL_SHOW_JOB.format(logs=logs), ""))
-    assert list(backend(tmp_path, runner).logs("185"))[1:] == ["hello"]
+    assert list(backend(tmp_path, runner).logs("185", rank=0))[1:] == ["hello"]
     assert runner.calls == [["scontrol", "show", "job", "185"]]
 
 
