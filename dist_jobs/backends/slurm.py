@@ -66,6 +66,18 @@ def _queued(job: SlurmJob) -> JobStatus:
     )
 
 
+def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
+    """Rank `rank`'s lines of a torchrun node's log, by their `[rank R] ` prefix, and the
+    attempt banners; without follow, a log where no line has the prefix is given whole."""
+    mine = f"[rank {rank}] "
+    if follow:
+        yield from (line for line in lines if line.startswith((mine, "==> ")))
+        return
+    every = list(lines)
+    found = [line for line in every if line.startswith((mine, "==> "))]
+    yield from (found if any(line.startswith(mine) for line in found) else every)
+
+
 def _in_snapshot(spec: JobSpec) -> bool:
     from dist_jobs.backends.snapshot import read
 
@@ -298,7 +310,9 @@ class SlurmBackend:
         """Rank `rank`'s output, attempt after attempt; every rank's when None, each line
         `[rank N] ...` as on the local backend. In torchrun mode SLURM runs one task per node and
         its file holds all that node's ranks: rank R is in node R // procs_per_node's, and every
-        rank's output is told node by node (`[node N] ...`)."""
+        rank's output is told node by node (`[node N] ...`). There torchrun prefixes each line of
+        its workers with `[rank R] ` (PET_LOG_LINE_PREFIX_TEMPLATE, dist_jobs.spec.env), so rank
+        R's lines are found by that prefix (a node file without any, of an older job: all of it)."""
         log_dir, run, procs = self._log_location(job_id)
         if rank is None:
             yield from self._all_logs(job_id, log_dir, run, "node" if procs else "rank", follow)
@@ -310,11 +324,12 @@ class SlurmBackend:
                 f"no logs for job {job_id} rank {rank or 0} in {log_dir}",
                 "the job may not have started yet (`dist-jobs status`), or use --follow",
             )
-        yield from stitch(
+        lines = stitch(
             files,
             lambda: attempt_files(log_dir, run, job_id, task),
             (lambda: not self.status(job_id).finished) if follow else (lambda: False),
         )
+        yield from (lines if not procs else _rank_lines(lines, rank, follow))
 
     def _all_logs(self, job_id: str, log_dir: Path, run: str, label: str, follow: bool) -> Iterator[str]:
         def files() -> dict[int, list[Path]]:

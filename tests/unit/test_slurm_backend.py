@@ -404,8 +404,34 @@ def test_logs_in_torchrun_mode_read_the_node_file_of_the_rank(tmp_path: Path) ->
         tmp_path / "logs",
         {f"{RUN}-26-attempt0-rank0.out": "ranks 0 and 1\n", f"{RUN}-26-attempt0-rank1.out": "ranks 2 and 3\n"},
     )
-    assert list(slurm.logs(job_id, rank=3))[1:] == ["ranks 2 and 3"]
+    assert list(slurm.logs(job_id, rank=3))[1:] == ["ranks 2 and 3"]  # an older job's log: no rank prefixes
     assert list(slurm.logs(job_id, rank=1))[1:] == ["ranks 0 and 1"]
+
+
+def test_logs_in_torchrun_mode_find_a_rank_by_its_prefix_not_the_nodes_file_name(tmp_path: Path) -> None:
+    slurm, job_id = submit(tmp_path, FakeRunner(sbatch=(0, "26\n", "")), launcher="torchrun")
+    node1 = "torchrun: starting 2 workers\n[rank 2] loss 1.0\n[rank 3] loss 1.1\n[rank 2] done\n"
+    write_logs(
+        tmp_path / "logs", {f"{RUN}-26-attempt0-rank0.out": "[rank 0] a\n", f"{RUN}-26-attempt0-rank1.out": node1}
+    )
+    assert list(slurm.logs(job_id, rank=2))[1:] == ["[rank 2] loss 1.0", "[rank 2] done"]
+    assert list(slurm.logs(job_id, rank=3))[1:] == ["[rank 3] loss 1.1"]
+    every = [line for line in slurm.logs(job_id) if "==>" not in line]
+    assert every == [
+        "[node 0] [rank 0] a",
+        "[node 1] torchrun: starting 2 workers",
+        *[f"[node 1] {x}" for x in node1.splitlines()[1:]],
+    ]
+
+
+def test_torchrun_on_slurm_prefixes_every_worker_line_with_its_global_rank() -> None:
+    import dist_jobs
+
+    spec = dist_jobs.load_spec(data={"procs_per_node": 2, "nodes": 2, "launcher": "torchrun"})
+    script = dist_jobs.api.render(spec, "slurm")
+    assert "export PET_TEE=3" in script and "export PET_LOG_LINE_PREFIX_TEMPLATE='[rank ${rank}] '" in script
+    srun = dist_jobs.api.render(dist_jobs.load_spec(data={"procs_per_node": 2}), "slurm")
+    assert "PET_" not in srun
 
 
 def test_logs_before_the_job_wrote_any(tmp_path: Path) -> None:

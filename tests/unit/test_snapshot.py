@@ -88,3 +88,19 @@ def test_a_snapshot_spec_runs_from_the_copy_and_keeps_its_logs_and_checkpoints(
 
     script = render(snap, "slurm")
     assert f"#SBATCH --chdir={copy}" in script
+
+
+def test_a_slurm_sweep_runs_every_trial_from_one_snapshot_unless_the_spec_says_no(tmp_path: Path) -> None:
+    from dist_jobs.api.sweep_submit import _snapshot_overrides
+
+    proj = tmp_path / "plain"
+    proj.mkdir()
+    (proj / "train.py").write_text("print(1)\n")
+    spec = proj / "job.yaml"
+    spec.write_text("name: sw\nprocs_per_node: 1\n")
+    options = {"cwd": proj, "jobs_dir": proj / "dist-jobs-runs"}
+    got = _snapshot_overrides(spec, {"nodes": 2}, options)
+    copy = Path(got["workdir"])
+    assert copy.parent == proj / "dist-jobs-runs" / "snapshots" and (copy / "train.py").is_file()
+    assert got["snapshot"] is True and got["nodes"] == 2 and got["checkpoint_dir"] == str(proj / "checkpoints")
+    assert _snapshot_overrides(spec, {"snapshot": False}, options) == {"snapshot": False}
