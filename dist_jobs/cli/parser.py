@@ -105,7 +105,11 @@ def _status(p: argparse.ArgumentParser) -> None:
 
 def _logs(p: argparse.ArgumentParser) -> None:
     _job(p)
-    p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0; local: all)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        help="one rank only (global rank; Kubernetes: pod rank); default: every rank (Kubernetes: pod 0)",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
 
 

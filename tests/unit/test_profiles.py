@@ -105,3 +105,10 @@ def test_without_a_config_file_nothing_changes_and_a_named_profile_is_an_error(t
     assert proc.returncode == 2 and "no config file" in proc.stderr
     proc = dj("render", "--procs-per-node", "1", cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "--backend" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_sweep_takes_the_profile_under_its_job_yaml(home: Path) -> None:
+    proc = dj("sweep", "job.yaml", "--grid", "train.lr=0.1,0.01", "--dry-run", cwd=home)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --partition=gpu" in proc.stdout and "#SBATCH --qos=low" in proc.stdout
+    assert "#SBATCH --account=ml" in proc.stdout
