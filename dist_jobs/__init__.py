@@ -4,7 +4,7 @@
     spec = dist_jobs.load_spec("job.yaml", {"nodes": 2})
     print(dist_jobs.render(spec, "slurm"))
     job = dist_jobs.submit(spec, backend="local")    # or "slurm", "k8s": a Job, printable handle
-    job.wait(); print(job.result())                  # dist_jobs.attach(handle) from another shell
+    print(job.result())                              # waits; JobFailed unless it succeeded
 
 The names below are re-exported lazily from `dist_jobs.api`: `import dist_jobs` costs nothing
 that `dist-jobs render` does not already pay, and imports no torch, kubernetes or submitit.
@@ -24,9 +24,11 @@ __version__ = VERSION
 
 _API = (
     "Job",
+    "JobFailed",
     "JobInfo",
     "JobState",
     "WaitTimeout",
+    "wait_all",
     "attach",
     "backend",
     "call_local",
@@ -43,7 +45,7 @@ _API = (
     "sweep",
     "Sweep",
 )
-_ERRORS = ("DistJobsError", "SpecError", "UsageError", "RankError", "BackendError")
+_ERRORS = ("DistJobsError", "SpecError", "UsageError", "RankError", "BackendError", "Preempted")
 
 __all__ = ["REQUEUE_EXIT_CODE", "__version__", *_API, *_ERRORS]
 

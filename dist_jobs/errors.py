@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.records import Record
 
 
@@ -58,6 +59,13 @@ class RankError(DistJobsError):
     """The launch environment is inconsistent: fail loudly instead of hanging in rendezvous."""
 
     exit_code = 3
+
+
+class Preempted(DistJobsError):
+    """A run checkpointed after a preemption signal and stopped: exit with `exit_code` (200,
+    dist_jobs.constants.REQUEUE_EXIT_CODE) and the launcher requeues it; it resumes from there."""
+
+    exit_code = REQUEUE_EXIT_CODE
 
 
 class BackendError(DistJobsError):

@@ -29,3 +29,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("requires_tiers"):
         tiers.check(tuple(mark.args))
+
+
+@pytest.fixture(autouse=True)
+def _no_user_profiles(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The user's own ~/.config/dist-jobs/config.yaml (profiles) must not change what a test renders."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "no-user-config"))
+    monkeypatch.delenv("DIST_JOBS_PROFILE", raising=False)

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from dist_jobs.api.handle import FORMS, Handle, handle_for, is_handle, parse_handle
-from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
+from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
 from dist_jobs.backends.state import JobState
-from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.errors import DistJobsError, Preempted, UsageError
 
 # Each verb imports only what it uses: `status` needs no jinja2, yaml, typing (~3 ms) or pickle.
 TYPE_CHECKING = False
@@ -40,8 +40,10 @@ else:
 
 __all__ = [
     "Job",
+    "JobFailed",
     "JobInfo",
     "JobState",
+    "Preempted",
     "WaitTimeout",
     "attach",
     "backend",
@@ -58,6 +60,7 @@ __all__ = [
     "submit",
     "sweep",
     "Sweep",
+    "wait_all",
 ]
 
 
@@ -66,12 +69,14 @@ def load_spec(
     overrides: Mapping[str, Any] | None = None,
     data: Mapping[str, Any] | None = None,
     backend: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Read `path` (or take `data`), apply dotted `overrides`; one SpecError lists every problem,
-    those of `backend` (e.g. Kubernetes syntax for `k8s`) included."""
-    from dist_jobs.spec import load_spec as load
+    those of `backend` (e.g. Kubernetes syntax for `k8s`) included. `defaults`: spec fields below
+    the file's, e.g. a profile's (`load_profile(name).spec`, dist_jobs.spec.profiles)."""
+    from dist_jobs.spec.load import load_spec as load
 
-    return load(path, overrides, data, backend)
+    return load(path, overrides, data, backend, defaults)
 
 
 def render(spec: JobSpec, backend_name: str) -> str:
@@ -171,7 +176,9 @@ def call_local(spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any)
 
     Each rank gets torch's env:// variables and the job environment, as on a cluster, so a
     function that calls fit() resumes from the run's latest checkpoint. A rank that fails raises
-    DistJobsError with its exit code (200: preempted and checkpointed; call again to resume).
+    DistJobsError whose exit_code is the run's: Preempted (200) when it checkpointed after a
+    preemption signal, so a script's `sys.exit(error.exit_code)` gets it requeued; call again
+    to resume.
     """
     try:
         import cloudpickle
@@ -188,12 +195,21 @@ def call_local(spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any)
         command = ["python3", "-m", "dist_jobs.train.call", str(call), str(out)]
         code = run_local(msgspec.structs.replace(spec, command=command))
         if code != 0:
-            raise DistJobsError(
-                f"{getattr(fn, '__name__', 'the function')} failed: exit code {code}",
-                hint="its ranks' output above says why",
-            )
+            raise _call_failed(getattr(fn, "__name__", "the function"), code)
         with out.open("rb") as f:
             return pickle.load(f)
+
+
+def _call_failed(name: str, code: int) -> DistJobsError:
+    """The error of a call_local whose ranks exited with `code`, carrying that code."""
+    if code == Preempted.exit_code:
+        return Preempted(
+            f"{name} was preempted and checkpointed (exit {code})",
+            "call it again (or exit with error.exit_code to be requeued): it resumes from its checkpoint",
+        )
+    error = DistJobsError(f"{name} failed: exit code {code}", hint="its ranks' output above says why")
+    error.exit_code = code
+    return error
 
 
 def run_local(spec: JobSpec, workdir: Path | None = None) -> int:

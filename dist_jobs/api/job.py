@@ -4,7 +4,7 @@ job = dist_jobs.submit(spec, backend="slurm")     # or dist_jobs.attach("slurm:/
 print(job)                                        # slurm://c/123
 info = job.wait(timeout=3600)                     # JobInfo: state, the scheduler's word, ranks
 for line in job.logs(rank=0): print(line)
-metrics = job.result()                            # rank 0's final metrics (result.json)
+metrics = job.result()                            # waits; rank 0's final metrics, or JobFailed
 """
 
 from __future__ import annotations
@@ -54,6 +54,37 @@ class JobInfo(Record):
         return out
 
 
+class JobFailed(DistJobsError):
+    """The job ended without succeeding (failed or cancelled): `state`, the rank that failed
+    first and its exit code or signal where the scheduler said so, and its whole `detail`.
+    `exit_code` is what `dist-jobs wait` exits with (1 failed, 3 cancelled)."""
+
+    def __init__(self, info: JobInfo) -> None:
+        self.info, self.state, self.detail = info, info.state, info.detail
+        self.rank, self.code, self.signal = _failure(info)
+        self.exit_code = WAIT_EXIT_CODES.get(info.state.value, WAIT_EXIT_CODES["failed"])
+        said = f": {info.detail}" if info.detail else ""
+        super().__init__(
+            f"{info.handle} {info.state}{said}",
+            f"its logs say why: dist-jobs logs {info.handle}" + ("" if self.rank is None else f" --rank {self.rank}"),
+        )
+
+
+def _failure(info: JobInfo) -> tuple[int | None, int | None, str | None]:
+    """(first failing rank, its exit code, its signal) from a status detail such as
+    `rank 1 failed first: exit 3 on n1` or `killed by SIGKILL (exit 137)`."""
+    import re
+
+    first = re.search(r"\brank (\d+) failed first: ([^;]*)", info.detail)
+    rank = int(first.group(1)) if first else None
+    if rank is None and len(info.ranks) == 1:
+        rank = next(iter(info.ranks))
+    told = first.group(2) if first else (info.ranks.get(rank, "") if rank is not None else "") or info.detail
+    code = re.search(r"\bexit (\d+)", told)
+    signal = re.search(r"killed by (SIG[A-Z0-9]+)", told)
+    return rank, int(code.group(1)) if code else None, signal.group(1) if signal else None
+
+
 def info_of(handle: str, status: JobStatus) -> JobInfo:
     state = JobState(status.normal) if status.normal else normalise(status.state)
     return JobInfo(handle, status.name, state, status.state, status.detail, dict(status.ranks), status.extra)
@@ -79,19 +110,51 @@ class Job:
         return self.handle
 
     def __repr__(self) -> str:
-        return f"Job({self.handle!r})"
+        # runs nothing: a SLURM handle whose cluster is not known yet shows the bare id
+        if self._handle.backend == "slurm" and not self._handle.cluster:
+            return f"Job(slurm job {self.id})"
+        return f"Job({str(self._handle)!r})"
+
+    def _key(self) -> tuple[str, str, str, str]:
+        h = self._handle
+        return (h.backend, h.job_id, h.namespace, h.kind or ("PyTorchJob" if h.backend == "k8s" else ""))
+
+    def __eq__(self, other: object) -> bool:
+        """The same job: the same backend, id (and Kubernetes namespace and kind); a SLURM
+        cluster counts once both handles know theirs."""
+        if not isinstance(other, Job):
+            return NotImplemented
+        clusters = {self._handle.cluster, other._handle.cluster} - {""}
+        return self._key() == other._key() and len(clusters) <= 1
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def status(self) -> JobInfo:
         """The scheduler's state, with the run's live progress where its run directory is readable."""
+        return self.info_from(self._backend.status(self.id))
+
+    def info_from(self, status: JobStatus) -> JobInfo:
+        """JobInfo of the scheduler's `status` of this job, with its progress (see status())."""
         from dist_jobs.rundir.progress import quiet_for
 
-        info = info_of(self.handle, self._backend.status(self.id))
+        info = info_of(self.handle, status)
         progress = self.progress()
         if progress is not None and info.state is not JobState.RUNNING:
             progress["eta_s"] = None  # no rank runs: an ETA from the last log interval would be a guess
         elif progress is not None and (quiet := quiet_for(progress, time.time())) is not None:
             progress.update(eta_s=None, quiet_s=quiet)  # running to the scheduler, but no rank steps
         return info.replace(progress=progress)
+
+    @property
+    def state(self) -> JobState:
+        """The normalised state now (one scheduler query)."""
+        status = self._backend.status(self.id)
+        return JobState(status.normal) if status.normal else normalise(status.state)
+
+    def done(self) -> bool:
+        """Whether the job has ended: succeeded, failed or cancelled (one scheduler query)."""
+        return self.state.finished
 
     def progress(self) -> dict[str, Any] | None:
         """Rank 0's `<run dir>/progress.json`: step of total, epoch, metrics, samples/s, ETA, last
@@ -118,19 +181,11 @@ class Job:
             progress["checkpoint_step"] = newest
         return progress
 
-    def wait(self, timeout: float | None = None, poll: float = 2.0) -> JobInfo:
-        """Until the job succeeds, fails or is cancelled; WaitTimeout after `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            info = self.status()
-            if info.finished:
-                return info
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(
-                    f"{self.handle} is still {info.state} after {timeout:g} s",
-                    f"wait longer, or look at it: dist-jobs status {self.handle}",
-                )
-            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+    def wait(self, timeout: float | None = None, poll: float | None = None, raise_on_failure: bool = False) -> JobInfo:
+        """Until the job succeeds, fails or is cancelled: its final JobInfo. WaitTimeout after
+        `timeout` seconds; JobFailed when it did not succeed and `raise_on_failure`. The pause
+        between polls starts at `poll` seconds (default 2) and backs off (dist_jobs.api.polling)."""
+        return wait_all([self], timeout, poll, raise_on_failure)[0]
 
     def logs(self, rank: int | None = None, follow: bool = False) -> Iterator[str]:
         """Rank `rank`'s lines (local: every rank's when None); follow=True until the job ends."""
@@ -170,8 +225,10 @@ class Job:
     def cancel(self) -> None:
         self._backend.cancel(self.id)
 
-    def result(self) -> dict[str, float]:
-        """Rank 0's final metrics, from `<run dir>/result.json` (written when fit() ends)."""
+    def result(self, timeout: float | None = None) -> dict[str, float]:
+        """Rank 0's final metrics, from `<run dir>/result.json` (written when fit() ends), once
+        the job has ended: waits for it (WaitTimeout after `timeout` seconds), and raises
+        JobFailed if it failed or was cancelled, so no earlier run's result passes for its own."""
         from dist_jobs.rundir.result import read_result
 
         find = getattr(self._backend, "run_dir", None)
@@ -180,4 +237,72 @@ class Job:
                 f"{self.handle}: its run directory is on the job's volume, not readable from here",
                 "read <checkpoint_dir>/<run>/result.json from a pod that mounts the PVC",
             )
+        self.wait(timeout, raise_on_failure=True)
         return read_result(find(self.id))
+
+
+def wait_all(
+    jobs: Sequence[Job], timeout: float | None = None, poll: float | None = None, raise_on_failure: bool = False
+) -> list[JobInfo]:
+    """Until every job has ended: their final JobInfos, in order. Each poll asks each scheduler
+    once for all of them (dist_jobs.api.polling). JobFailed (the first such job) when one did
+    not succeed and `raise_on_failure`; WaitTimeout after `timeout` seconds."""
+    from dist_jobs.api.polling import poll_until
+
+    def check() -> tuple[bool, list[JobInfo]]:
+        found = statuses(jobs)
+        failed = next((f for f in found if isinstance(f, DistJobsError)), None)
+        if failed is not None:
+            raise failed
+        infos = [f for f in found if not isinstance(f, DistJobsError)]
+        return all(i.finished for i in infos), infos
+
+    def expired(infos: list[JobInfo]) -> DistJobsError:
+        left = [i for i in infos if not i.finished]
+        if len(jobs) == 1:
+            return WaitTimeout(
+                f"{left[0].handle} is still {left[0].state} after {timeout:g} s",
+                f"wait longer, or look at it: dist-jobs status {left[0].handle}",
+            )
+        return WaitTimeout(
+            f"{len(left)} of {len(infos)} jobs still not ended after {timeout:g} s (first: {left[0].handle})",
+            f"wait longer, or look at them: dist-jobs status {left[0].handle}",
+        )
+
+    infos = poll_until(check, timeout, expired, poll)
+    bad = next((i for i in infos if i.state is not JobState.SUCCEEDED), None)
+    if raise_on_failure and bad is not None:
+        raise JobFailed(bad)
+    return infos
+
+
+def statuses(jobs: Sequence[Job]) -> list[JobInfo | DistJobsError]:
+    """Each job's JobInfo (or the error asking for it raised), one scheduler query per backend
+    object where the backend answers for many jobs at once (`statuses(ids)`)."""
+    out: list[JobInfo | DistJobsError | None] = [None] * len(jobs)
+    groups: dict[int, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(id(job._backend), []).append(i)
+    for members in groups.values():
+        backend = jobs[members[0]]._backend
+        batch = getattr(backend, "statuses", None)
+        if batch is None or len(members) == 1:
+            for i in members:
+                out[i] = _one(jobs[i])
+            continue
+        try:
+            found = batch([jobs[i].id for i in members])
+        except DistJobsError as exc:
+            for i in members:
+                out[i] = exc
+            continue
+        for i in members:
+            out[i] = jobs[i].info_from(found[jobs[i].id])
+    return [o for o in out if o is not None]
+
+
+def _one(job: Job) -> JobInfo | DistJobsError:
+    try:
+        return job.status()
+    except DistJobsError as exc:
+        return exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from dist_jobs.rundir.result import read_result
 from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
-    from dist_jobs.api.job import Job
+    from dist_jobs.api.job import Job, JobInfo
 
 SWEEPS_DIR = "dist-jobs-sweeps"  # Kubernetes sweeps: their manifests, here (the checkpoints are in the pods' volume)
 DEFAULT_METRICS = ("eval_loss", "loss")
@@ -48,7 +48,8 @@ class TrialRow:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # not dataclasses.asdict: its deep copy of every field took most of a 100-trial status
+        return {**vars(self), "params": dict(self.params), "extra": dict(self.extra)}
 
 
 def manifest_path(name_or_path: str, checkpoint_dir: str = "checkpoints") -> Path:
@@ -101,7 +102,8 @@ class Sweep:
     def jobs(self) -> list[Job]:
         """One Job per trial, in trial order (the existing Job class: status, wait, logs, cancel)."""
         options = self._options()
-        return [attach(t["handle"], options) for t in self.trials]
+        shared: dict[tuple[str, str, str], Any] = {}  # one backend per scheduler: one query per poll
+        return [attach(t["handle"], options, shared) for t in self.trials]
 
     def _options(self) -> dict[str, Any]:
         saved = self.manifest.get("options", {})
@@ -136,53 +138,55 @@ class Sweep:
                 continue  # not started (a local trial the driver never started) or gone
         return cancelled
 
-    def wait(self, timeout: float | None = None, poll: float = 5.0, **status: Any) -> list[TrialRow]:
+    def wait(self, timeout: float | None = None, poll: float | None = None, **status: Any) -> list[TrialRow]:
         """Until every trial has ended (succeeded, failed or cancelled); its status rows then.
-        WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode)."""
-        import time
-
+        WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode). The same
+        loop as Job.wait: one scheduler query per poll, pauses backing off from `poll` seconds."""
         from dist_jobs.api.job import WaitTimeout
+        from dist_jobs.api.polling import poll_until
 
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        def check() -> tuple[bool, list[TrialRow]]:
             rows = self.status(**status)
-            if all(r.state in ENDED for r in rows):
-                return rows
-            if deadline is not None and time.monotonic() >= deadline:
-                left = sum(r.state not in ENDED for r in rows)
-                raise WaitTimeout(
-                    f"sweep {self.name}: {left} of {len(rows)} trials still not ended after {timeout:g} s",
-                    f"wait longer, or look at them: dist-jobs sweep status {self.name}",
-                )
-            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+            return all(r.state in ENDED for r in rows), rows
+
+        def expired(rows: list[TrialRow]) -> DistJobsError:
+            left = sum(r.state not in ENDED for r in rows)
+            return WaitTimeout(
+                f"sweep {self.name}: {left} of {len(rows)} trials still not ended after {timeout:g} s",
+                f"wait longer, or look at them: dist-jobs sweep status {self.name}",
+            )
+
+        return poll_until(check, timeout, expired, poll)
 
     def status(self, metric: str | None = None, mode: str = "min") -> list[TrialRow]:
         """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""
         if mode not in ("min", "max"):
             raise UsageError(f"mode {mode!r}: the best trial has the least or the most", "give mode 'min' or 'max'")
-        jobs = self.jobs
-        rows = [self._row(t, job, metric, mode) for t, job in zip(self.trials, jobs)]
+        from dist_jobs.api.job import statuses
+
+        found = statuses(self.jobs)  # SLURM: one squeue and one sacct for every trial
+        rows = [self._row(t, info, metric, mode) for t, info in zip(self.trials, found)]
         scored = [r for r in rows if r.best is not None and math.isfinite(r.best)]
         if scored:
             pick = min if mode == "min" else max
             pick(scored, key=lambda r: r.best if r.best is not None else 0.0).is_best = True
         return rows
 
-    def _row(self, trial: Mapping[str, Any], job: Job, metric: str | None, mode: str) -> TrialRow:
+    def _row(self, trial: Mapping[str, Any], info: JobInfo | DistJobsError, metric: str | None, mode: str) -> TrialRow:
         row = TrialRow(trial["index"], trial["name"], dict(trial["params"]), trial.get("handle"), "unknown")
         row.run_dir = trial.get("run_dir", "")
-        try:
-            info = job.status()
-            row.state, row.detail = info.state.value, info.detail
-        except DistJobsError as exc:
+        if isinstance(info, DistJobsError):
             not_started = self.backend == "local" and not (Path(row.run_dir) / "local" / "pid").exists()
-            row.state, row.detail = ("pending", "not started yet") if not_started else ("unknown", exc.message)
+            row.state, row.detail = ("pending", "not started yet") if not_started else ("unknown", info.message)
+        else:
+            row.state, row.detail = info.state.value, info.detail
         _numbers(row, Path(row.run_dir), metric, mode)
         return row
 
 
-def attach(handle: str, options: Mapping[str, Any]) -> Job:
-    """`dist_jobs.attach` without importing the api package (which re-exports this module)."""
+def attach(handle: str, options: Mapping[str, Any], shared: dict[tuple[str, str, str], Any] | None = None) -> Job:
+    """`dist_jobs.attach` without importing the api package (which re-exports this module).
+    `shared`: backends already made, reused for handles on the same scheduler."""
     from dist_jobs.api.handle import parse_handle
     from dist_jobs.api.job import Job
     from dist_jobs.backends import get_backend
@@ -190,7 +194,13 @@ def attach(handle: str, options: Mapping[str, Any]) -> Job:
     parsed = parse_handle(handle)
     if parsed.backend == "k8s":
         options = {**options, "namespace": parsed.namespace, "kind": parsed.kind}
-    return Job(parsed, get_backend(parsed.backend, **options))
+    key = (parsed.backend, parsed.namespace, parsed.kind)
+    made = shared.get(key) if shared is not None else None
+    if made is None:
+        made = get_backend(parsed.backend, **options)
+        if shared is not None:
+            shared[key] = made
+    return Job(parsed, made)
 
 
 def _numbers(row: TrialRow, run_dir: Path, metric: str | None, mode: str) -> None:

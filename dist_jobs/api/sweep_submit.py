@@ -68,6 +68,8 @@ def _raw(spec_or_path: Any) -> tuple[dict[str, Any], str]:
         return msgspec.to_builtins(spec_or_path), "job spec"
     if spec_or_path is None:
         return {}, "flags"
+    if isinstance(spec_or_path, dict):  # data already merged, e.g. a profile's under job.yaml's
+        return dict(spec_or_path), "job spec"
     return read_yaml(Path(spec_or_path)), str(spec_or_path)
 
 
@@ -196,7 +198,10 @@ def sweep(
     overrides: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Sweep:
-    """Submit a sweep; a Sweep with `.jobs` (one Job per trial) and `.status()`."""
+    """Submit a sweep; a Sweep with `.jobs` (one Job per trial) and `.status()`. On SLURM every
+    trial runs from one snapshot of the code (unless the spec says `snapshot: false`)."""
+    if backend == "slurm":
+        overrides = _snapshot_overrides(spec_or_path, dict(overrides or {}), options)
     plan = plan_sweep(spec_or_path, grid or {}, random, seed, max_parallel, backend, overrides, **options)
     base_dir = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
     first = plan.head or plan.specs[0]
@@ -224,6 +229,24 @@ def sweep(
         trial["handle"] = handle
     write_manifest(root, manifest)
     return Sweep(manifest, root / MANIFEST)
+
+
+def _snapshot_overrides(spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """`overrides` plus those that run every trial from one snapshot of the code, taken now
+    (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns snapshots off."""
+    from dist_jobs.backends import get_backend
+    from dist_jobs.backends.slurm_submit import snapshot_spec
+    from dist_jobs.spec import load_spec
+
+    raw, _ = _raw(spec_or_path)
+    base = load_spec(data=raw, overrides=overrides)
+    if base.snapshot is False:
+        return overrides
+    slurm = get_backend("slurm", **options)
+    snapped = snapshot_spec(base, slurm.cwd, slurm.jobs_dir)  # type: ignore[attr-defined]
+    fields = {k: getattr(snapped, k) for k in ("workdir", "log_dir", "checkpoint_dir")}
+    paths = {"env.PYTHONPATH": snapped.env["PYTHONPATH"]} if "PYTHONPATH" in snapped.env else {}
+    return {**overrides, **fields, **paths, "snapshot": True}
 
 
 def _absolute(folder: str, base: Path, workdir: str | None) -> Path:

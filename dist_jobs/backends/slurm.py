@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.slurm_logs import attempt_files, stitch
+from dist_jobs.backends.slurm_logs import attempt_files, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm_meta import array_task_key, job_meta
 from dist_jobs.backends.slurm_output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
     SacctJobState,
+    SacctRow,
     SlurmJob,
     cluster_name_in,
     conf_cluster_name,
@@ -54,6 +55,44 @@ def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedP
         ) from None
 
 
+def _queued(job: SlurmJob) -> JobStatus:
+    """A job squeue lists (pending, running)."""
+    return JobStatus(
+        job.job_id,
+        job.name,
+        job.state,
+        "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
+        {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
+    )
+
+
+def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
+    """Rank `rank`'s lines of a torchrun node's log, by their `[rank R] ` prefix, and the
+    attempt banners; without follow, a log where no line has the prefix is given whole."""
+    mine = f"[rank {rank}] "
+    if follow:
+        yield from (line for line in lines if line.startswith((mine, "==> ")))
+        return
+    every = list(lines)
+    found = [line for line in every if line.startswith((mine, "==> "))]
+    yield from (found if any(line.startswith(mine) for line in found) else every)
+
+
+def _in_snapshot(spec: JobSpec) -> bool:
+    from dist_jobs.backends.snapshot import read
+
+    return spec.workdir is not None and read(Path(spec.workdir)) is not None
+
+
+def _check_controller(stderr: str) -> None:
+    """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
+    from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
+
+    if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
+        said = stderr.strip()
+        raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
+
+
 class SlurmBackend:
     name = "slurm"
 
@@ -68,8 +107,11 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
-        from dist_jobs.backends.slurm_submit import submit  # the query verbs do without it
+        from dist_jobs.backends.slurm_submit import snapshot_spec, submit  # the query verbs do without it
 
+        if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
+            # the job runs from a copy of the code: render it for that folder
+            prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
         return submit(prepared, self.run, self.cwd, self.jobs_dir)
 
     def run_dir(self, job_id: str) -> Path:
@@ -98,40 +140,98 @@ class SlurmBackend:
         return self._cluster
 
     def status(self, job_id: str) -> JobStatus:
+        return self._with_code(job_id, self._status(job_id))
+
+    def _status(self, job_id: str) -> JobStatus:
         job = self._squeue_job(job_id)
         if job is not None and job.state == "COMPLETING":
             return self._completing(job_id, job)
         if job is not None:
-            return JobStatus(
-                job.job_id,
-                job.name,
-                job.state,
-                "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
-                {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
-            )
+            return _queued(job)
+        return self._ended(job_id, self._sacct_state(job_id))
+
+    def _with_code(self, job_id: str, status: JobStatus) -> JobStatus:
+        """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted with one."""
+        code = job_meta(self.jobs_dir, job_id).get("code")
+        if not isinstance(code, dict):
+            return status
+        from dist_jobs.backends.snapshot import describe
+
+        return status.replace(extra={**status.extra, "code": describe(code)})
+
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """The status of each job in `job_ids`, from one `squeue` and one `sacct` for all of them
+        (array tasks asked for by their array's id), however many there are. A job squeue has
+        dropped that sacct does not list yet (an array task that just ended, before slurmdbd
+        has its record) reads UNKNOWN: the next poll finds it."""
+        from dist_jobs.backends.slurm_meta import array_member
+
+        listed = self._squeue_many(job_ids)
+        queued = {j: listed[k] for j in job_ids if (k := array_member(listed, j)) in listed}
+        rest = [j for j in job_ids if j not in queued or queued[j].state == "COMPLETING"]
+        rows = self._sacct_rows(rest) if rest else []
+        out: dict[str, JobStatus] = {}
+        for job_id in job_ids:
+            job = queued.get(job_id)
+            acct = sacct_job_state(rows, array_task_key(rows, job_id) if "_" in job_id else job_id)
+            if job is not None and job.state != "COMPLETING":
+                out[job_id] = _queued(job)
+            elif job is not None:
+                out[job_id] = self._completing(job_id, job, acct)
+            elif acct is not None:
+                out[job_id] = self._ended(job_id, acct)
+            else:
+                said = "squeue no longer lists it and sacct has no record of it yet"
+                out[job_id] = JobStatus(job_id, "", "UNKNOWN", said)
+        return {job_id: self._with_code(job_id, found) for job_id, found in out.items()}
+
+    def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
+        """A job squeue has forgotten: sacct's `state`, told with its batch log and run directory."""
         from dist_jobs.backends.slurm_batchlog import finished_status  # an ended job's alone
         from dist_jobs.rundir.attempts import starts
+        from dist_jobs.rundir.hang import read_hang
 
-        state = self._sacct_state(job_id)
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
-        from dist_jobs.rundir.hang import read_hang
-
         # the batch script counts its starts under SLURM_JOB_ID: an array task's own (raw) id
         started = starts(Path(meta["run_dir"]), state.job_id_raw or job_id) if meta.get("run_dir") else 0
         hang = read_hang(Path(meta["run_dir"])) if meta.get("run_dir") else None
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started, hang)
 
-    def _completing(self, job_id: str, job: SlurmJob) -> JobStatus:
-        """A job whose nodes are being cleaned up: requeued or ended (sacct), and which node
-        holds it up (sinfo). Either answer may be missing: the status is still told."""
+    def _squeue_many(self, job_ids: list[str]) -> dict[str, SlurmJob]:
+        """One squeue for every job (an array task by its array's id): the jobs it lists, by id."""
+        query = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
+        proc = self.run(["squeue", "--noheader", "--jobs", query, "--Format", SQUEUE_FORMAT_LONG])
+        if proc.returncode != 0:
+            _check_controller(proc.stderr)
+            return {}  # one id that squeue no longer knows: it says "Invalid job id"
+        return {j.job_id: j for j in parse_squeue(proc.stdout, SQUEUE_FORMAT_LONG)}
+
+    def _sacct_rows(self, job_ids: list[str]) -> list[SacctRow]:
+        """One sacct for every job (an array task by its array's id), each attempt's rows."""
+        query = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
+        acct = self.run(
+            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", query, "--format", SACCT_FIELDS]
+        )
+        if acct.returncode != 0:
+            raise BackendError(
+                f"squeue does not list jobs {query} and sacct failed: {acct.stderr.strip() or 'no message'}",
+                "check accounting (`sacct -X`, slurmdbd) and the controller (`scontrol ping`)",
+            )
+        return parse_sacct(acct.stdout)
+
+    def _completing(self, job_id: str, job: SlurmJob, acct: SacctJobState | None = None) -> JobStatus:
+        """A job whose nodes are being cleaned up: requeued or ended (sacct, unless `acct` is
+        given), and which node holds it up (sinfo). Either answer may be missing: the status is
+        still told."""
         from dist_jobs.backends.slurm_faults import SINFO_NODE_STATES, completing_status, parse_node_states
 
-        try:
-            acct: SacctJobState | None = self._sacct_state(job_id)
-        except BackendError:
-            acct = None
+        if acct is None:
+            try:
+                acct = self._sacct_state(job_id)
+            except BackendError:
+                acct = None
         nodes = {}
         if job.nodelist:
             proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", job.nodelist, "--format", SINFO_NODE_STATES])
@@ -168,11 +268,7 @@ class SlurmBackend:
         # --Format (long): only it has the restart count, which says a requeued job came back.
         proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])
         if proc.returncode != 0:
-            from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
-
-            if re.search(CONTROLLER_UNREACHABLE, proc.stderr, re.IGNORECASE):
-                said = proc.stderr.strip()
-                raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
+            _check_controller(proc.stderr)
             return None
         # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
         jobs = [
@@ -211,9 +307,16 @@ class SlurmBackend:
             )
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
-        """Rank `rank`'s output, attempt after attempt. In torchrun mode SLURM runs one task per
-        node and its file holds all that node's ranks: rank R is in node R // procs_per_node's."""
+        """Rank `rank`'s output, attempt after attempt; every rank's when None, each line
+        `[rank N] ...` as on the local backend. In torchrun mode SLURM runs one task per node and
+        its file holds all that node's ranks: rank R is in node R // procs_per_node's, and every
+        rank's output is told node by node (`[node N] ...`). There torchrun prefixes each line of
+        its workers with `[rank R] ` (PET_LOG_LINE_PREFIX_TEMPLATE, dist_jobs.spec.env), so rank
+        R's lines are found by that prefix (a node file without any, of an older job: all of it)."""
         log_dir, run, procs = self._log_location(job_id)
+        if rank is None:
+            yield from self._all_logs(job_id, log_dir, run, "node" if procs else "rank", follow)
+            return
         task = (rank or 0) // procs if procs else (rank or 0)
         files = attempt_files(log_dir, run, job_id, task)
         if not files and not follow:
@@ -221,11 +324,23 @@ class SlurmBackend:
                 f"no logs for job {job_id} rank {rank or 0} in {log_dir}",
                 "the job may not have started yet (`dist-jobs status`), or use --follow",
             )
-        yield from stitch(
+        lines = stitch(
             files,
             lambda: attempt_files(log_dir, run, job_id, task),
             (lambda: not self.status(job_id).finished) if follow else (lambda: False),
         )
+        yield from (lines if not procs else _rank_lines(lines, rank, follow))
+
+    def _all_logs(self, job_id: str, log_dir: Path, run: str, label: str, follow: bool) -> Iterator[str]:
+        def files() -> dict[int, list[Path]]:
+            return {r: attempt_files(log_dir, run, job_id, r) for r in ranks_logged(log_dir, run, job_id)}
+
+        if not files() and not follow:
+            raise BackendError(
+                f"no logs for job {job_id} in {log_dir}",
+                "the job may not have started yet (`dist-jobs status`), or use --follow",
+            )
+        yield from stitch_all(files, (lambda: not self.status(job_id).finished) if follow else (lambda: False), label)
 
     def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
         """(log folder, run name, processes per torchrun task or None for srun mode)."""

@@ -7,8 +7,9 @@ its run name and run directory, and the array's batch log `<array run>-ID_I.out`
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dist_jobs.backends.slurm_output import SacctRow
@@ -21,7 +22,13 @@ JOB_JSON = "job.json"
 
 
 def _record(jobs_dir: Path, job_id: str) -> Path | None:
-    return next(iter(jobs_dir.glob(f"*-{job_id}/{JOB_JSON}")), None)
+    # a listing, not a glob: a glob compiles a pattern per job id, and a sweep's status asks for each trial
+    try:
+        names = sorted(n for n in os.listdir(jobs_dir) if n.endswith(f"-{job_id}"))
+    except OSError:
+        return None
+    found = (jobs_dir / n / JOB_JSON for n in names)
+    return next((p for p in found if p.is_file()), None)
 
 
 def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
@@ -66,8 +73,14 @@ def record_trials(jobs_dir: Path, job_id: str, runs: Sequence[str]) -> None:
 def array_task_key(rows: Sequence[SacctRow], job_id: str) -> str:
     """The id of the sacct record that holds array task `ID_I`: its own once it started, else the
     array's record of the tasks that never started (`ID_[2-5%2]`, pending or cancelled) listing I."""
+    return array_member({r.job_id for r in rows if r.is_allocation}, job_id)
+
+
+def array_member(ids: Iterable[str], job_id: str) -> str:
+    """Of the ids squeue or sacct listed, the one that stands for array task `ID_I`: its own,
+    else the array's record of tasks not started yet (`ID_[2-5%2]`) listing I; else `job_id`."""
     array, _, index = job_id.partition("_")
-    ids = {r.job_id for r in rows if r.is_allocation}
+    ids = set(ids)
     if job_id in ids or not index.isdigit():
         return job_id
     for rid in sorted(ids):

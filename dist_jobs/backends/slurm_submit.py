@@ -84,6 +84,11 @@ def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, f
             "run_dir": str(run_dir),
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
+        from dist_jobs.backends.snapshot import read
+
+        code = read(workdir_of(spec, cwd)) if spec.snapshot else None
+        if code is not None:
+            record["code"] = code
         (staging / "job.json").write_text(json.dumps(record, indent=2))
         staging.rename(jobs_dir / f"{spec.run_id}-{job_id}")
     except BaseException:
@@ -113,3 +118,36 @@ def _missing_dirs(path: Path) -> list[Path]:
             break
         missing.append(folder)
     return missing[::-1]
+
+
+def snapshot_spec(spec: JobSpec, cwd: Path, jobs_dir: Path) -> JobSpec:
+    """`spec` to run from a snapshot of its working directory's code (dist_jobs.backends.snapshot):
+    the copy becomes its workdir; its log and checkpoint folders stay where they were (made
+    absolute), and PYTHONPATH entries inside the code point into the copy."""
+    import os
+
+    import msgspec
+
+    from dist_jobs.backends.snapshot import take
+
+    workdir = workdir_of(spec, cwd)
+    logs = Path(expand_home(spec.log_dir))
+    logs = logs if logs.is_absolute() else workdir / logs
+    checkpoints = checkpoint_root(spec, workdir)
+    record = take(workdir, jobs_dir, spec.run_id, exclude=[jobs_dir, logs, checkpoints])
+    env = dict(spec.env)
+    if "PYTHONPATH" not in env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            _into(Path(entry), workdir.resolve(), Path(record["dir"]))
+            for entry in os.environ["PYTHONPATH"].split(os.pathsep)
+        )
+    return msgspec.structs.replace(
+        spec, workdir=record["dir"], log_dir=str(logs), checkpoint_dir=str(checkpoints), env=env
+    )
+
+
+def _into(entry: Path, source: Path, copy: Path) -> str:
+    try:
+        return str(copy / entry.resolve().relative_to(source))
+    except ValueError:
+        return str(entry)

@@ -26,7 +26,26 @@ if TYPE_CHECKING:
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
     from dist_jobs.cli.flags import overrides_from  # the spec verbs' alone (dataclasses)
 
-    return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend)
+    profile = apply_profile(args)
+    return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend, defaults=profile.spec)
+
+
+def apply_profile(args: argparse.Namespace) -> Any:
+    """The chosen profile (dist_jobs.spec.profiles); its backend, context and kubeconfig fill in
+    the flags not given (flags win). Without a backend from either: a usage error."""
+    from dist_jobs.spec.profiles import load_profile
+
+    profile = load_profile(getattr(args, "profile", None))
+    given = {"backend": "backend", "context": "k8s_context", "kubeconfig": "k8s_kubeconfig"}
+    for option, dest in given.items():
+        if getattr(args, dest, None) is None and option in profile.options and hasattr(args, dest):
+            setattr(args, dest, profile.options[option])
+    if getattr(args, "backend", "") is None and args.verb not in ("sweep", "config"):
+        raise UsageError(
+            f"dist-jobs {args.verb}: which scheduler? no --backend, and no profile gives a backend",
+            "pass --backend slurm, k8s or local, or choose a profile with `backend:` (--profile NAME)",
+        )
+    return profile
 
 
 def _options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
@@ -199,6 +218,13 @@ def cmd_schema(args: argparse.Namespace, _: Any) -> int:
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
     from dist_jobs.cli.sweep import cmd_sweep as sweep
 
+    if not getattr(args, "drive", None):
+        profile = apply_profile(args)
+        if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
+            from dist_jobs.spec.load import read_yaml
+            from dist_jobs.spec.profiles import merge
+
+            args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
     return sweep(args, command, _options(args, args.backend or ""))
 
 
@@ -209,6 +235,52 @@ def cmd_export(args: argparse.Namespace, _: Any) -> int:
     argv = [sys.executable, "-m", "dist_jobs.train.export", args.run_dir, "-o", args.output]
     argv += ["--step", str(args.step)] if args.step is not None else []
     return subprocess.run(argv, check=False).returncode
+
+
+def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
+    """`dist-jobs config show [--profile P] [job.yaml] [flags]`: the merged spec, each value with
+    where it came from (config defaults, the profile, job.yaml, a flag, or the built-in default)."""
+    from dist_jobs.cli.flags import overrides_from
+    from dist_jobs.spec.load import read_yaml
+    from dist_jobs.spec.profiles import leaves
+
+    profile = apply_profile(args)
+    overrides = overrides_from(args, command)
+    spec = api.load_spec(args.spec, overrides, backend=args.backend, defaults=profile.spec)
+    sources = dict(profile.sources)
+    sources.update(dict.fromkeys(leaves(read_yaml(Path(args.spec))) if args.spec else [], str(args.spec)))
+    sources.update(dict.fromkeys(overrides, "flag"))
+    import msgspec
+
+    merged = msgspec.to_builtins(spec)
+    rows = [{"field": "backend", "value": args.backend, "from": _source(sources, "backend", args.backend)}]
+    for option, dest in (("context", "k8s_context"), ("kubeconfig", "k8s_kubeconfig")):
+        if getattr(args, dest, None):
+            rows.append({"field": option, "value": getattr(args, dest), "from": _source(sources, option, "flag")})
+    rows += [{"field": f, "value": _at(merged, f), "from": _source(sources, f, None)} for f in leaves(merged)]
+    table = columns(["FIELD", "VALUE", "FROM"], [[r["field"], _shown(r["value"]), r["from"]] for r in rows])
+    print(emit(rows, args.output, table))
+    return 0
+
+
+def _source(sources: dict[str, str], field: str, value: Any) -> str:
+    found = sources.get(field)
+    while found is None and "." in field:  # a whole mapping set in one place (env: {...})
+        field = field.rsplit(".", 1)[0]
+        found = sources.get(field)
+    return found or ("flag" if value == "flag" else "default")
+
+
+def _at(data: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        data = data[key]
+    return data
+
+
+def _shown(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
@@ -224,4 +296,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "schema": cmd_schema,
     "sweep": cmd_sweep,
     "export": cmd_export,
+    "config": cmd_config,
 }

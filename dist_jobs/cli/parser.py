@@ -30,6 +30,7 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
     "completion": 'print a shell completion script: eval "$(dist-jobs completion bash)"',
     "export": "write a run's checkpoint (sharded or not) as one model state dict for inference: -o model.pt",
     "sweep": "submit a grid or random search of one spec: one trial per set of values (then: sweep status NAME)",
+    "config": "config show: the merged spec (config file < profile < job.yaml < flags), each value's source",
 }
 
 
@@ -58,14 +59,16 @@ def build(verb: str | None = None) -> argparse.ArgumentParser:
 
 
 def _render(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["slurm", "k8s"], required=True, help="slurm: sbatch script; k8s: manifest")
+    p.add_argument("--backend", choices=["slurm", "k8s"], help="slurm: sbatch script; k8s: manifest (or the profile's)")
     p.add_argument("-o", "--output", help="write to FILE instead of stdout")
     _spec_flags(p)
 
 
 def _submit(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler (local: detached processes)"
+        "--backend",
+        choices=["slurm", "k8s", "local"],
+        help="the scheduler (local: detached processes; or the profile's)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
     p.add_argument(
@@ -103,7 +106,11 @@ def _status(p: argparse.ArgumentParser) -> None:
 
 def _logs(p: argparse.ArgumentParser) -> None:
     _job(p)
-    p.add_argument("--rank", type=int, help="SLURM: global rank; Kubernetes: pod rank (default 0; local: all)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        help="one rank only (global rank; Kubernetes: pod rank); default: every rank (Kubernetes: pod 0)",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
 
 
@@ -130,6 +137,14 @@ def _export(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="model.pt (or model.safetensors, with that package)")
 
 
+def _config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["show"], help="show: the merged spec and where each value came from")
+    p.add_argument("--backend", choices=["slurm", "k8s", "local"], help="the scheduler (or the profile's)")
+    output_option(p)
+    backend_options(p, namespace=False)
+    _spec_flags(p)
+
+
 def _completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
 
@@ -146,6 +161,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "env": _env,
     "completion": _completion,
     "export": _export,
+    "config": _config,
 }
 
 

@@ -28,13 +28,19 @@ def load_spec(
     overrides: Mapping[str, Any] | None = None,
     data: Mapping[str, Any] | None = None,
     backend: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Read `path` (or take `data`), apply dotted `overrides`, validate everything at once; with
-    `backend` also what that backend needs (Kubernetes syntax and operator rules for `k8s`)."""
+    `backend` also what that backend needs (Kubernetes syntax and operator rules for `k8s`).
+    `defaults`: spec fields under the file's (a profile's, dist_jobs.spec.profiles)."""
     source = str(path) if path else "job spec"
     raw: dict[str, Any] = dict(data or {})
     if path is not None:
         raw = read_yaml(Path(path))
+    if defaults:
+        from dist_jobs.spec.profiles import merge
+
+        raw = merge(merge({}, defaults), raw)
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
     spec = convert(JobSpec, raw, source)

@@ -1,5 +1,31 @@
 """The runtime side: the shared DDP training entrypoint (`python -m dist_jobs.train`).
 
+    from dist_jobs.train import fit, TrainConfig
+
 This package's __init__ stays light: the job spec imports `dist_jobs.spec.train` at render
-time, so torch is imported only by the modules that train.
+time, so torch is imported only by the modules that train. `TrainConfig` is the spec's own
+(no torch); `fit` and `Preempted` load the training loop, and torch, on first use.
 """
+
+from __future__ import annotations
+
+from dist_jobs.errors import Preempted
+from dist_jobs.spec.train import TrainConfig
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from dist_jobs.train.loop import fit
+else:
+
+    def __getattr__(name: str) -> Any:
+        """`fit` on first use: importing it imports torch."""
+        if name == "fit":
+            from dist_jobs.train.loop import fit
+
+            return fit
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Preempted", "TrainConfig", "fit"]

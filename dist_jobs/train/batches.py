@@ -85,4 +85,5 @@ def language_model_loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, Met
     tokens, target = batch
     logits = model(tokens)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-    return loss, {"tokens": float(target.numel())}
+    accuracy = (logits.argmax(dim=-1) == target).float().mean()  # of the next character
+    return loss, {"tokens": float(target.numel()), "accuracy": accuracy}

@@ -27,10 +27,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
-from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.errors import Preempted, UsageError
 from dist_jobs.rundir.hang import HANG_RECORD
 from dist_jobs.rundir.lock import LOCK_NAME, LockLost, current
-from dist_jobs.rundir.result import write_result
+from dist_jobs.rundir.result import RESULT, write_result
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, fsdp, live, models, shm_reduce, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
@@ -45,12 +45,6 @@ from dist_jobs.train.state import Run
 
 log = logging.getLogger("dist_jobs.train")
 PREEMPTED = PREEMPTED_MARKER
-
-
-class Preempted(DistJobsError):
-    """Raised on every rank once the preemption checkpoint is committed."""
-
-    exit_code = REQUEUE_EXIT_CODE
 
 
 def fit(
@@ -193,6 +187,9 @@ def _checkpointer(c: TrainConfig, dist: Dist, guard: Guard) -> tuple[Path | None
         guard.check(f"remove {PREEMPTED} and {HANG_RECORD}")
         (folder / PREEMPTED).unlink(missing_ok=True)
         (folder / HANG_RECORD).unlink(missing_ok=True)
+        # An earlier run's final metrics must not pass for this run's (Job.result()).
+        guard.check(f"remove the previous {RESULT}")
+        (folder / RESULT).unlink(missing_ok=True)
     return folder, ckpt
 
 
@@ -200,6 +197,7 @@ def _train(run: Run) -> dict[str, float]:
     c, pos = run.config, run.pos
     run.live.checkpoint_step = run.saved_step if run.saved_step >= 0 else None  # resumed from it
     run.live.start(pos.step)
+    run.live.update(pos.step, pos.epoch, {})  # progress.json is this run's and attempt's from its start
     touch = run.watchdog.touch if run.watchdog is not None else None
     with run.reporter.start(pos.step):
         while pos.epoch < c.epochs and not _max_steps_reached(run):

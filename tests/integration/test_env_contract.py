@@ -194,7 +194,24 @@ def test_call_local_preempted_function_resumes_when_called_again(
     spec = dist_jobs.load_spec(data={"nodes": 1, "procs_per_node": 2})
     ckpt = str(tmp_path / "ckpt")
     (tmp_path / "ckpt").mkdir()
-    with pytest.raises(dist_jobs.DistJobsError, match=f"exit code {REQUEUE_EXIT_CODE}"):
+    with pytest.raises(dist_jobs.Preempted) as caught:  # sys.exit(caught.value.exit_code) requeues a script
         dist_jobs.call_local(spec, _preemptible, ckpt, 2)
+    assert caught.value.exit_code == REQUEUE_EXIT_CODE and "preempted and checkpointed" in caught.value.message
     metrics = dist_jobs.call_local(spec, _preemptible, ckpt, 2)
     assert metrics["step"] == 8  # 64 samples / 2 ranks / batch 8 = 4 steps an epoch, 2 epochs
+
+
+def _exits(code: int) -> None:
+    raise SystemExit(code)
+
+
+def test_call_local_keeps_the_exit_code_of_a_failed_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dist_jobs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    cloudpickle = pytest.importorskip("cloudpickle")
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with pytest.raises(dist_jobs.DistJobsError) as caught:
+        dist_jobs.call_local(dist_jobs.load_spec(data={"nodes": 1, "procs_per_node": 1}), _exits, 7)
+    assert caught.value.exit_code == 7 and not isinstance(caught.value, dist_jobs.Preempted)

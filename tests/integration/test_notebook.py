@@ -34,6 +34,7 @@ def test_the_notebook_runs_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         out.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
     )
     assert "local://" in printed and "succeeded (COMPLETED)" in printed
+    assert "failed as expected: failed rank 1 exit 3" in printed  # result() of a failed job raised JobFailed
     assert ("slurm://" in printed) == (cluster == "slurm"), printed
     assert (tmp_path / "checkpoints" / "notebook-local" / "result.json").is_file()
 

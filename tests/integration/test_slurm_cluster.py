@@ -82,11 +82,17 @@ def assert_bit_identical(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert not different, f"tensors differ from the uninterrupted run: {different}"
 
 
+def unprefixed(line: str) -> str:
+    """A log line without the `[rank N] ` torchrun puts before each worker line (torchrun mode)."""
+    return re.sub(r"^\[rank \d+\] ", "", line)
+
+
 def check_identity(root: Path, job_id: str, source: str, per_rank_file: bool) -> None:
     """Ranks 0,1 on n1 and 2,3 on n2, each with its local rank and node, all dialing n1."""
     for rank in range(4):
         text = logs(root, job_id, rank)
-        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        lines = [unprefixed(line) for line in text.splitlines()]
+        records = [json.loads(line) for line in lines if line.startswith("{")]
         if per_rank_file:
             assert len(records) == 1, text
         mine = [r for r in records if r["rank"] == rank]
@@ -480,9 +486,9 @@ torch.distributed.destroy_process_group()
 def results(root: Path, job_id: str) -> list[dict[str, Any]]:
     found = []
     for rank in range(4):
-        text = logs(root, job_id, rank)
-        found += [json.loads(line[len("RESULT ") :]) for line in text.splitlines() if line.startswith("RESULT ")]
-    # In torchrun mode a rank's log is its node's (one task per node): each line shows up twice.
+        lines = [unprefixed(line) for line in logs(root, job_id, rank).splitlines()]
+        found += [json.loads(line[len("RESULT ") :]) for line in lines if line.startswith("RESULT ")]
+    # In an older torchrun job a rank's log was its node's: each line showed up twice.
     unique = {json.dumps(r, sort_keys=True): r for r in found}
     return sorted(unique.values(), key=lambda r: r["rank"])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -233,3 +234,30 @@ def test_resume_in_another_world_size_continues_by_sample_count(
     final = final_state(tmp_path / "grow")
     assert (final["step"], final["epoch"], final["world_size"]) == (3 + (16 - 6) + 16, 2, 1)
     assert final["samples_seen"] == 24 + 26 * 4
+
+
+def test_a_new_run_removes_the_previous_result_and_owns_progress_from_its_start(
+    one_process: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stale-result case: a run of the same name that fails must leave no earlier result.json,
+    and progress.json is this job's and attempt's before its first log interval."""
+    import json
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    run_dir = tmp_path / "default"
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text('{"train_loss": 0.01}\n')
+    (run_dir / "progress.json").write_text(json.dumps({"step": 99, "owner": "slurm:1", "attempt": 0}))
+    seen: list[dict] = []
+
+    def failing_loss(model: Any, batch: Any) -> Any:
+        seen.append(json.loads((run_dir / "progress.json").read_text()))
+        assert not (run_dir / "result.json").exists()
+        raise RuntimeError("the user's loss fails")
+
+    config = TrainConfig.from_argv([*SMALL, "--batch-size", "8", "--checkpoint-dir", str(tmp_path)])
+    with pytest.raises(RuntimeError, match="the user's loss fails"):
+        fit(config, tiny_net(config.num_classes), tiny_data(True, config), loss=failing_loss)
+    assert not (run_dir / "result.json").exists()
+    assert (seen[0]["owner"], seen[0]["attempt"], seen[0]["step"]) == ("slurm:77", 2, 0)

@@ -110,3 +110,15 @@ def test_slurm_query_verbs_import_no_renderer_yaml_or_spec(tmp_path: Path, verb:
     # The start-up goal (1.2x `python -c "import yaml"` plus the scheduler command, BENCHMARKS.md)
     # leaves no room for these stdlib modules: dataclasses alone (with inspect) cost ~10 ms.
     assert not LIGHT_VERB_STDLIB & set(got["mods"]), sorted(LIGHT_VERB_STDLIB & set(got["mods"]))
+
+
+def test_the_trainer_is_one_import_and_importing_the_package_loads_no_torch() -> None:
+    code = (
+        "import sys, dist_jobs.train as t; from dist_jobs.train import TrainConfig; "
+        "assert 'torch' not in sys.modules, 'torch'; "
+        "from dist_jobs.train import fit; assert 'torch' in sys.modules; "
+        "from dist_jobs.train.loop import fit as deep; assert fit is deep; "
+        "from dist_jobs.spec.train import TrainConfig as C; assert TrainConfig is C; print('ok')"
+    )
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

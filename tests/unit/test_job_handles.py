@@ -209,3 +209,113 @@ def test_slurm_handles_take_the_cluster_from_slurm_conf_before_scontrol(tmp_path
     assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "beta"
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "beta"
+
+
+class Ended(Scripted):
+    """A SLURM-like backend whose job ends with `word` and `detail`; its run directory is `run_dir`,
+    where an earlier run of the same name left its result.json."""
+
+    def __init__(self, words: list[str], detail: str, run_dir: Path) -> None:
+        super().__init__(words)
+        self.detail, self.folder = detail, run_dir
+
+    def status(self, job_id: str) -> JobStatus:
+        found = super().status(job_id)
+        return found.replace(detail=self.detail if found.state in ("FAILED", "CANCELLED") else "", ranks={})
+
+    def run_dir(self, job_id: str) -> Path:
+        return self.folder
+
+
+@pytest.fixture
+def stale(tmp_path: Path) -> Path:
+    write_result(tmp_path, {"train_loss": 0.01})  # the first run's, still there
+    return tmp_path
+
+
+def test_result_of_a_failed_job_raises_instead_of_returning_an_earlier_runs_metrics(stale: Path) -> None:
+    backend = Ended(["RUNNING", "FAILED"], "rank 1 failed first: exit 3 on n2; rank 0: cancelled", stale)
+    job = Job(Handle("slurm", "43", cluster="c"), backend)  # type: ignore[arg-type]
+    with pytest.raises(dist_jobs.JobFailed) as caught:
+        job.result(timeout=5)
+    failed = caught.value
+    assert (failed.state, failed.rank, failed.code, failed.signal) == (JobState.FAILED, 1, 3, None)
+    assert failed.exit_code == 1 and "slurm://c/43 failed: rank 1 failed first" in failed.message
+    assert "--rank 1" in (failed.hint or "") and backend.asked == 2  # it waited for the end
+
+
+def test_result_of_a_job_cancelled_before_it_started_raises(stale: Path) -> None:
+    backend = Ended(["PENDING", "CANCELLED"], "cancelled while pending: it never started", stale)
+    job = Job(Handle("slurm", "44", cluster="c"), backend)  # type: ignore[arg-type]
+    with pytest.raises(dist_jobs.JobFailed) as caught:
+        job.result()
+    assert caught.value.state is JobState.CANCELLED and caught.value.exit_code == 3 and caught.value.rank is None
+
+
+def test_a_signal_is_told_apart_from_an_exit_code(stale: Path) -> None:
+    backend = Ended(["FAILED"], "killed by SIGKILL (exit 137)", stale)
+    job = Job(Handle("slurm", "45", cluster="c"), backend)  # type: ignore[arg-type]
+    info = job.wait()  # the default keeps today's behaviour: the final info, no error
+    assert info.state is JobState.FAILED
+    with pytest.raises(dist_jobs.JobFailed) as caught:
+        job.wait(raise_on_failure=True)
+    assert (caught.value.code, caught.value.signal) == (137, "SIGKILL")
+
+
+def test_result_of_a_job_that_succeeded_is_read_after_the_end(stale: Path) -> None:
+    job = Job(Handle("slurm", "46", cluster="c"), Ended(["RUNNING", "COMPLETED"], "", stale))  # type: ignore[arg-type]
+    assert job.result(timeout=5) == {"train_loss": 0.01}
+
+
+def test_job_state_done_equality_and_a_repr_that_asks_no_scheduler() -> None:
+    class NoScheduler(Scripted):
+        def cluster_name(self) -> str:
+            raise AssertionError("repr must run no scheduler command")
+
+    backend = NoScheduler(["RUNNING", "COMPLETED"])
+    job = Job(Handle("slurm", "42"), backend)  # type: ignore[arg-type]
+    assert repr(job) == "Job(slurm job 42)" and backend.asked == 0
+    assert job.state is JobState.RUNNING and backend.asked == 1
+    assert job.done() and backend.asked == 2
+    same = Job(Handle("slurm", "42", cluster="c1"), backend)  # type: ignore[arg-type]
+    assert job == same and hash(job) == hash(same) and len({job, same}) == 1
+    assert job != Job(Handle("slurm", "43"), backend)  # type: ignore[arg-type]
+    assert Job(Handle("slurm", "42", cluster="a"), backend) != same  # type: ignore[arg-type]
+    assert repr(same) == "Job('slurm://c1/42')"
+
+
+def test_the_wait_backs_off_from_two_seconds_to_at_least_ten() -> None:
+    from dist_jobs.api.polling import poll_until
+
+    now = [0.0]
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        now[0] += seconds
+
+    answers = iter([False] * 9 + [True])
+    assert (
+        poll_until(lambda: (next(answers), "v"), None, lambda v: AssertionError(v), clock=lambda: now[0], sleep=sleep)
+        == "v"
+    )
+    assert pauses[0] == 2.0 and pauses == sorted(pauses) and pauses[-1] >= 10.0
+    assert len(pauses) == 9 and pauses[-1] == pauses[-2]  # capped: a long wait asks at a steady pace
+
+
+def test_job_wait_and_sweep_wait_share_one_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from dist_jobs.api import polling
+    from dist_jobs.api.sweep_status import Sweep
+
+    calls: list[str] = []
+    real = polling.poll_until
+
+    def spy(check, timeout, expired, poll=None, **kw):  # type: ignore[no-untyped-def]
+        calls.append("poll_until")
+        return real(check, timeout, expired, 0.0)
+
+    monkeypatch.setattr(polling, "poll_until", spy)
+    Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING", "COMPLETED"])).wait()  # type: ignore[arg-type]
+    sweep = Sweep({"name": "s", "backend": "local", "trials": []}, tmp_path / "sweep.json")
+    assert sweep.wait() == []
+    assert calls == ["poll_until", "poll_until"]

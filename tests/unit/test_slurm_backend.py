@@ -394,7 +394,7 @@ def test_logs_stitch_attempts_in_order(tmp_path: Path) -> None:
         f"==> {RUN}-26-attempt10-rank1.out <==",
         "a10",
     ]
-    assert list(slurm.logs(job_id)) == [f"==> {RUN}-26-attempt0-rank0.out <==", "rank 0"]
+    assert list(slurm.logs(job_id, rank=0)) == [f"==> {RUN}-26-attempt0-rank0.out <==", "rank 0"]
 
 
 def test_logs_in_torchrun_mode_read_the_node_file_of_the_rank(tmp_path: Path) -> None:
@@ -404,8 +404,34 @@ def test_logs_in_torchrun_mode_read_the_node_file_of_the_rank(tmp_path: Path) ->
         tmp_path / "logs",
         {f"{RUN}-26-attempt0-rank0.out": "ranks 0 and 1\n", f"{RUN}-26-attempt0-rank1.out": "ranks 2 and 3\n"},
     )
-    assert list(slurm.logs(job_id, rank=3))[1:] == ["ranks 2 and 3"]
+    assert list(slurm.logs(job_id, rank=3))[1:] == ["ranks 2 and 3"]  # an older job's log: no rank prefixes
     assert list(slurm.logs(job_id, rank=1))[1:] == ["ranks 0 and 1"]
+
+
+def test_logs_in_torchrun_mode_find_a_rank_by_its_prefix_not_the_nodes_file_name(tmp_path: Path) -> None:
+    slurm, job_id = submit(tmp_path, FakeRunner(sbatch=(0, "26\n", "")), launcher="torchrun")
+    node1 = "torchrun: starting 2 workers\n[rank 2] loss 1.0\n[rank 3] loss 1.1\n[rank 2] done\n"
+    write_logs(
+        tmp_path / "logs", {f"{RUN}-26-attempt0-rank0.out": "[rank 0] a\n", f"{RUN}-26-attempt0-rank1.out": node1}
+    )
+    assert list(slurm.logs(job_id, rank=2))[1:] == ["[rank 2] loss 1.0", "[rank 2] done"]
+    assert list(slurm.logs(job_id, rank=3))[1:] == ["[rank 3] loss 1.1"]
+    every = [line for line in slurm.logs(job_id) if "==>" not in line]
+    assert every == [
+        "[node 0] [rank 0] a",
+        "[node 1] torchrun: starting 2 workers",
+        *[f"[node 1] {x}" for x in node1.splitlines()[1:]],
+    ]
+
+
+def test_torchrun_on_slurm_prefixes_every_worker_line_with_its_global_rank() -> None:
+    import dist_jobs
+
+    spec = dist_jobs.load_spec(data={"procs_per_node": 2, "nodes": 2, "launcher": "torchrun"})
+    script = dist_jobs.api.render(spec, "slurm")
+    assert "export PET_TEE=3" in script and "export PET_LOG_LINE_PREFIX_TEMPLATE='[rank ${rank}] '" in script
+    srun = dist_jobs.api.render(dist_jobs.load_spec(data={"procs_per_node": 2}), "slurm")
+    assert "PET_" not in srun
 
 
 def test_logs_before_the_job_wrote_any(tmp_path: Path) -> None:
@@ -432,12 +458,12 @@ def test_logs_follow_until_the_job_ends(tmp_path: Path) -> None:
     runner = FakeRunner(sbatch=(0, "26\n", ""), squeue=job_writes_then_ends, sacct=(0, sacct, ""))
     slurm, job_id = submit(tmp_path, runner)
     write_logs(logs, {f"{RUN}-26-attempt0-rank0.out": "first\n"})
-    assert list(slurm.logs(job_id, follow=True)) == [
-        f"==> {RUN}-26-attempt0-rank0.out <==",
-        "first",
-        "later",
-        f"==> {RUN}-26-attempt1-rank0.out <==",
-        "resumed",
+    assert list(slurm.logs(job_id, follow=True)) == [  # every rank (here one), each line with its rank
+        f"[rank 0] ==> {RUN}-26-attempt0-rank0.out <==",
+        "[rank 0] first",
+        "[rank 0] later",
+        f"[rank 0] ==> {RUN}-26-attempt1-rank0.out <==",
+        "[rank 0] resumed",
     ]
 
 
@@ -445,7 +471,7 @@ def test_logs_of_a_job_submitted_elsewhere_found_through_scontrol(tmp_path: Path
     logs = tmp_path / "elsewhere" / "logs"
     write_logs(logs, {"fx-show-185-attempt0-rank0.out": "hello\n"})
     runner = FakeRunner(scontrol=(0, SCONTROL_SHOW_JOB.format(logs=logs), ""))
-    assert list(backend(tmp_path, runner).logs("185"))[1:] == ["hello"]
+    assert list(backend(tmp_path, runner).logs("185", rank=0))[1:] == ["hello"]
     assert runner.calls == [["scontrol", "show", "job", "185"]]
 
 
@@ -458,3 +484,66 @@ def test_logs_of_an_unknown_job(tmp_path: Path) -> None:
 def test_default_runner_runs_the_program_and_captures_both_streams() -> None:
     proc = run_command(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
+
+
+def _array_queue(array: int, running: range, pending: range) -> str:
+    """squeue --Format SQUEUE_FORMAT_LONG lines of an array job, as Slurm 22.05 prints them
+    (tests/fixtures/slurm/squeue_format_long.txt): running tasks one a line, pending ones folded."""
+    lines = [
+        f"{array}_{i}|RUNNING|None|1|n1|0:05|UNLIMITED|2026-11-22T05:22:33|2026-11-22T05:22:34|debug|0|sw"
+        for i in running
+    ]
+    lines.append(
+        f"{array}_[{pending.start}-{pending.stop - 1}%10]|PENDING|JobArrayTaskLimit|1||0:00|UNLIMITED|"
+        "2026-11-22T05:22:33|N/A|debug|0|sw"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _array_acct(array: int, ended: range) -> str:
+    """sacct rows (tests/fixtures/slurm/sacct_completed.txt's shape) of ended array tasks; task 3 failed."""
+    rows = []
+    for i in ended:
+        state, code = ("FAILED", "3:0") if i == 3 else ("COMPLETED", "0:0")
+        stamp = "2026-11-22T05:22:22"
+        rows.append(f"{array}_{i}|{array + 1 + i}|{state}|{code}|{stamp}|{stamp}|{stamp}|00:00:09|1|n1|debug|sw")
+        rows.append(
+            f"{array}_{i}.batch|{array + 1 + i}.batch|{state}|{code}|{stamp}|{stamp}|{stamp}|00:00:09|1|n1||batch"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def test_one_squeue_and_one_sacct_answer_for_a_hundred_array_tasks(tmp_path: Path) -> None:
+    from dist_jobs.api.handle import Handle
+    from dist_jobs.api.job import Job, statuses
+
+    calls: list[list[str]] = []
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = _array_queue(500, range(5, 10), range(10, 100)) if argv[0] == "squeue" else _array_acct(500, range(5))
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    backend = SlurmBackend(runner=runner, jobs_dir=tmp_path)
+    jobs = [Job(Handle("slurm", f"500_{i}", cluster="c"), backend) for i in range(100)]  # type: ignore[arg-type]
+    infos = statuses(jobs)
+    assert [c[0] for c in calls] == ["squeue", "sacct"]
+    assert calls[0][calls[0].index("--jobs") + 1] == "500" and calls[1][calls[1].index("--jobs") + 1] == "500"
+    states = [i.state.value for i in infos]  # type: ignore[union-attr]
+    assert states[:5] == ["succeeded", "succeeded", "succeeded", "failed", "succeeded"]
+    assert states[5:10] == ["running"] * 5 and states[10:] == ["pending"] * 90
+    assert infos[3].detail == "exit 3"  # type: ignore[union-attr]
+
+
+def test_logs_show_every_rank_by_default_each_line_with_its_rank(tmp_path: Path) -> None:
+    logs, jobs = tmp_path / "logs", tmp_path / "jobs"
+    (jobs / "r-71").mkdir(parents=True)
+    logs.mkdir()
+    meta = {"job_id": "71", "run": "r", "log_dir": str(logs), "launcher": "srun"}
+    (jobs / "r-71" / "job.json").write_text(json.dumps(meta))
+    for attempt, rank, text in [(0, 0, "a0 r0\n"), (0, 1, "a0 r1\n"), (1, 0, "a1 r0\n"), (1, 1, "a1 r1\n")]:
+        (logs / f"r-71-attempt{attempt}-rank{rank}.out").write_text(text)
+    backend = SlurmBackend(runner=lambda argv: subprocess.CompletedProcess(argv, 1, "", ""), jobs_dir=jobs)
+    lines = [line for line in backend.logs("71") if "==>" not in line]
+    assert lines == ["[rank 0] a0 r0", "[rank 0] a1 r0", "[rank 1] a0 r1", "[rank 1] a1 r1"]
+    assert [line for line in backend.logs("71", rank=1) if "==>" not in line] == ["a0 r1", "a1 r1"]

@@ -400,3 +400,42 @@ def test_an_array_task_that_never_started_is_found_in_the_arrays_record() -> Non
 
     backend = SlurmBackend(runner=runner)
     assert [backend.status(f"492_{i}").state for i in range(3)] == ["CANCELLED"] * 3
+
+
+def test_a_slurm_sweeps_status_asks_squeue_and_sacct_once_whatever_the_trial_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dist_jobs.backends.slurm as slurm
+    from dist_jobs.api.sweep_status import Sweep
+
+    queue = (
+        "".join(
+            f"600_{i}|RUNNING|None|1|n1|0:05|UNLIMITED|2026-11-22T05:22:33|2026-11-22T05:22:34|debug|0|sw\n"
+            for i in range(1, 3)
+        )
+        + "600_[3-99%2]|PENDING|JobArrayTaskLimit|1||0:00|UNLIMITED|2026-11-22T05:22:33|N/A|debug|0|sw\n"
+    )
+    stamp = "2026-11-22T05:22:22"
+    acct = f"600_0|601|COMPLETED|0:0|{stamp}|{stamp}|{stamp}|00:00:09|1|n1|debug|sw\n"
+    calls: list[str] = []
+
+    def runner(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        calls.append(argv[0])
+        return subprocess.CompletedProcess(argv, 0, queue if argv[0] == "squeue" else acct, "")
+
+    monkeypatch.setattr(slurm, "run_command", runner)
+    trials_ = [
+        {
+            "index": i,
+            "name": f"sw-t{i}",
+            "params": {"train.lr": i},
+            "run_dir": str(tmp_path / f"sw-t{i}"),
+            "handle": f"slurm://c/600_{i}",
+        }
+        for i in range(100)
+    ]
+    manifest = {"name": "sw", "backend": "slurm", "trials": trials_, "options": {"jobs_dir": str(tmp_path)}}
+    rows = Sweep(manifest, tmp_path / "sweep.json").status()
+    assert calls == ["squeue", "sacct"]
+    assert [r.state for r in rows[:4]] == ["succeeded", "running", "running", "pending"]
+    assert {r.state for r in rows[3:]} == {"pending"}

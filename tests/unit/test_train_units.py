@@ -313,3 +313,23 @@ def test_the_first_failure_of_a_pod_is_the_noted_one(tmp_path: Path, monkeypatch
     note_exit(1)  # a bug in one rank...
     note_exit(200)  # ...makes its neighbour lose a peer: the cause is kept
     assert (tmp_path / "note").read_text() == "1\n"
+
+
+def test_the_language_model_reports_next_character_accuracy() -> None:
+    """What the demo shows rising: the share of next characters the GPT predicts."""
+    from dist_jobs.train.batches import language_model_loss
+
+    class Echo(torch.nn.Module):  # predicts each next token as the current one
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.one_hot(tokens, 5).float() * 10
+
+    tokens = torch.tensor([[1, 1, 2, 2]])
+    target = torch.tensor([[1, 2, 2, 3]])
+    _, metrics = language_model_loss(Echo(), (tokens, target))
+    assert float(metrics["accuracy"]) == 0.5 and metrics["tokens"] == 4.0
+
+
+def test_the_demo_trains_a_task_it_can_learn() -> None:
+    from dist_jobs.cli.demo import COMMAND
+
+    assert "train.data=text" in COMMAND and "train.model=gpt" in COMMAND and "train.data=fake" not in COMMAND

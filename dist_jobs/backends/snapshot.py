@@ -1,0 +1,140 @@
+"""Code snapshots: the job runs the code as it was when it was submitted, not as edited since.
+
+`submit --snapshot` (spec `snapshot: true`; sweeps by default) copies the job's code into a folder
+of its own under the jobs directory, `<jobs_dir>/snapshots/<run>-<time>-<n>/`, and the job's
+working directory becomes that folder: every attempt, requeues included, starts there. What is
+copied: in a git work tree, the tracked files plus untracked ones .gitignore does not exclude
+(`git ls-files -co --exclude-standard`), uncommitted changes as they are on disk; elsewhere, the
+folder minus data, checkpoint, log and environment folders. More than `limit` bytes is refused
+with the biggest folders named. SNAPSHOT.json in the copy records the commit and whether the
+tree had uncommitted changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from dist_jobs.errors import UsageError
+
+RECORD = "SNAPSHOT.json"
+LIMIT_BYTES = 256 * 1024 * 1024
+# Never code: what a training folder holds besides its code, when there is no .gitignore to say so.
+SKIPPED = frozenset(
+    {".git", "__pycache__", ".venv", "venv", "env", "node_modules", "data", "datasets", "checkpoints", "logs"}
+    | {"dist-jobs-runs", "runs", "wandb", "outputs", "mlruns", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+)
+
+
+def take(source: Path, jobs_dir: Path, run: str, exclude: list[Path], limit: int = LIMIT_BYTES) -> dict[str, Any]:
+    """Copy the code in `source` to a new folder under `jobs_dir`; its record (folder, commit,
+    dirty, files, bytes). `exclude`: folders never copied (the job's checkpoints, logs, jobs dir)."""
+    source = source.resolve()
+    skip = [p.resolve() for p in exclude]
+    git = _git_files(source)
+    files = git[0] if git is not None else _walk(source)
+    files = [f for f in files if not any(_inside(source / f, s) for s in skip)]
+    size = sum(_size(source / f) for f in files)
+    if size > limit:
+        raise _too_big(source, files, size, limit, git is not None)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = jobs_dir / "snapshots" / f"{run}-{stamp}-{os.getpid()}"
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{run}-{stamp}-{os.getpid()}-{n}")
+    for rel in files:
+        _copy(source / rel, dest / rel)
+    dest.mkdir(parents=True, exist_ok=True)
+    commit, dirty = (git[1], git[2]) if git is not None else (None, None)
+    record = {"dir": str(dest), "source": str(source), "commit": commit, "dirty": dirty, "files": len(files)}
+    record["bytes"] = size
+    (dest / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def read(workdir: Path) -> dict[str, Any] | None:
+    """The snapshot record of a job whose working directory is `workdir`; None if it is no snapshot."""
+    try:
+        return dict(json.loads((workdir / RECORD).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def describe(record: dict[str, Any]) -> str:
+    """`snapshot of 1a2b3c4 (with uncommitted changes) in DIR` for status."""
+    commit = record.get("commit")
+    what = f"snapshot of {str(commit)[:12]}" if commit else "snapshot (no git commit)"
+    if record.get("dirty"):
+        what += " (with uncommitted changes)"
+    return f"{what} in {record.get('dir')}"
+
+
+def _git(source: Path, *args: str) -> subprocess.CompletedProcess[bytes] | None:
+    try:
+        return subprocess.run(["git", "-C", str(source), *args], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git_files(source: Path) -> tuple[list[str], str | None, bool] | None:
+    """(files relative to `source`, HEAD commit or None, dirty) in a git work tree; None outside one."""
+    listed = _git(source, "ls-files", "-co", "--exclude-standard", "-z")
+    if listed is None or listed.returncode != 0:
+        return None
+    files = [f for f in listed.stdout.decode().split("\0") if f and (source / f).exists()]
+    head = _git(source, "rev-parse", "HEAD")
+    commit = head.stdout.decode().strip() if head is not None and head.returncode == 0 else None
+    status = _git(source, "status", "--porcelain", "--", ".")
+    dirty = bool(status.stdout.strip()) if status is not None and status.returncode == 0 else True
+    return sorted(set(files)), commit, dirty
+
+
+def _walk(source: Path) -> list[str]:
+    out = []
+    for folder, dirs, names in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED and not d.startswith(".snapshot"))
+        out += [os.path.relpath(os.path.join(folder, n), source) for n in names]
+    return sorted(out)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder)
+        return True
+    except ValueError:
+        return False
+
+
+def _size(path: Path) -> int:
+    try:
+        return 0 if path.is_symlink() else path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_file():
+        shutil.copy2(src, dst)
+
+
+def _too_big(source: Path, files: list[str], size: int, limit: int, git: bool) -> UsageError:
+    tops: dict[str, int] = {}
+    for rel in files:
+        top = rel.split(os.sep, 1)[0]
+        tops[top] = tops.get(top, 0) + _size(source / rel)
+    biggest = ", ".join(f"{k} ({v / 2**20:.0f} MiB)" for k, v in sorted(tops.items(), key=lambda kv: -kv[1])[:3])
+    fix = "add them to .gitignore" if git else "move data and checkpoints out of the code folder, or use git"
+    return UsageError(
+        f"snapshot: {source} holds {size / 2**20:.0f} MiB to copy, more than the {limit / 2**20:.0f} MiB limit "
+        f"(biggest: {biggest})",
+        f"{fix}; or submit without a snapshot (snapshot: false, no --snapshot)",
+    )
