@@ -13,7 +13,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from support import tiers  # noqa: E402
-from support.needs_torch import file_needs_torch  # noqa: E402
+from support.needs_torch import file_needs_torch, marked_torch  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +36,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        relative = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+        if marked_torch(relative, getattr(item, "originalname", item.name)):
+            item.add_marker(pytest.mark.torch)
     if config.getoption("--torch-free"):
         dropped = [item for item in items if item.get_closest_marker("torch")]
         if dropped:

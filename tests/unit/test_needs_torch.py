@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support.needs_torch import file_needs_torch
+from support.needs_torch import ALL, IN_A_CHILD, file_needs_torch
 from support.paths import REPO
 
 
@@ -34,3 +34,14 @@ def test_the_suites_own_files() -> None:
     assert file_needs_torch(REPO / "tests" / "unit" / "test_train_units.py")
     assert not file_needs_torch(REPO / "tests" / "unit" / "test_render_k8s.py")
     assert not file_needs_torch(REPO / "tests" / "unit" / "test_docs.py")
+
+
+def test_every_test_listed_as_needing_torch_in_a_child_exists() -> None:
+    import re
+
+    for relative, names in IN_A_CHILD.items():
+        path = REPO / "tests" / relative
+        assert path.is_file(), relative
+        assert not file_needs_torch(path), f"{relative} imports torch: --torch-free leaves it out whole already"
+        defined = set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.M))
+        assert names is ALL or names <= defined, (relative, sorted(names - defined))
