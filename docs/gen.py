@@ -154,8 +154,16 @@ def _help_of(parser: argparse.ArgumentParser, name: str) -> str:
 
 def _usage_block(parser: argparse.ArgumentParser) -> str:
     # A fixed width: the terminal of whoever builds the site must not change the page.
+    before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"
-    return "```text\n" + parser.format_usage().strip() + "\n```"
+    try:
+        usage = parser.format_usage().strip()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+    return "```text\n" + usage + "\n```"
 
 
 def _options(parser: argparse.ArgumentParser) -> str:
