@@ -51,6 +51,9 @@ IN_A_CHILD: dict[str, frozenset[str]] = {
         }
     ),
     "integration/test_local_preemption.py": ALL,
+    "integration/test_notebook.py": ALL,  # the notebook trains; nbclient is a dev tool, not a test one
+    "integration/test_ranks_gloo.py": ALL,
+    "integration/test_shm_reduce.py": ALL,
     "integration/test_submitit.py": frozenset(
         {
             "test_train_task_under_the_local_executor_returns_every_ranks_metrics",
