@@ -155,7 +155,7 @@ def _help_of(parser: argparse.ArgumentParser, name: str) -> str:
 def _usage_block(parser: argparse.ArgumentParser) -> str:
     # A fixed width: the terminal of whoever builds the site must not change the page.
     before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"
+    os.environ["COLUMNS"] = "76"
     try:
         usage = parser.format_usage().strip()
     finally:
