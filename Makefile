@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: demo test test-fast lint cluster-up cluster-down apiserver-up apiserver-down examples bench clean
+.PHONY: demo test test-fast lint docs cluster-up cluster-down apiserver-up apiserver-down examples bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,19 +17,26 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m dist_jobs.cli.demo
 
-# The whole suite: system tools, the real SLURM cluster and the real kube-apiserver tier, then pytest.
+# The whole suite: system tools, the real SLURM cluster and the real kube-apiserver tier, the
+# docs site, then the test matrix of noxfile.py: everything on the venv's Python, and every test
+# that needs no torch on each other Python pyproject's classifiers promise.
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck)
 	bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	$(MAKE) --no-print-directory docs
+	DIST_JOBS_VENV=$(VENV) $(VENV)/bin/nox
+
+# The documentation site (mkdocs.yml): generated reference pages, executed examples, --strict.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # ruff (lint and format) over the code, mypy over the package; the import rules are a test
 # (tests/unit/test_layers.py), so they run with the suite.
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check dist_jobs tests bench
-	$(VENV)/bin/ruff format --check dist_jobs tests bench
+	$(VENV)/bin/ruff check dist_jobs tests bench docs noxfile.py
+	$(VENV)/bin/ruff format --check dist_jobs tests bench docs noxfile.py
 	$(VENV)/bin/mypy
 
 # Without the cluster tiers (their tests skip with the reason).
@@ -49,4 +56,4 @@ examples: $(VENV)/.installed
 	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/test_examples.py tests/unit/test_sweep.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis .nox

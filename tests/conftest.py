@@ -1,4 +1,5 @@
-"""Test set-up: tests/ on sys.path (for `support`), and the tier gate of support.tiers."""
+"""Test set-up: tests/ on sys.path (for `support`), the tier gate of support.tiers, and
+`--torch-free`: the suite without the tests that need torch (support.needs_torch)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,38 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from support import tiers  # noqa: E402
+from support.needs_torch import file_needs_torch, marked_torch  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--torch-free",
+        action="store_true",
+        help="leave out the test files that import torch and the tests marked torch (Pythons without a torch wheel)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires_tiers(*tiers): needs these test tiers (support.tiers)")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    test_file = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if test_file and config.getoption("--torch-free"):
+        return file_needs_torch(collection_path) or None
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        relative = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+        if marked_torch(relative, getattr(item, "originalname", item.name)):
+            item.add_marker(pytest.mark.torch)
+    if config.getoption("--torch-free"):
+        dropped = [item for item in items if item.get_closest_marker("torch")]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if not item.get_closest_marker("torch")]
     # Each tier is also a marker, so `-m 'not slurm and not apiserver'` keeps working.
     for item in items:
         for mark in item.iter_markers("requires_tiers"):

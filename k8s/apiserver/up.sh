@@ -276,12 +276,16 @@ stop_leftovers() {  # a half-dead previous run (e.g. apiserver crashed): stop wh
 
 make_pki() {  # own CA so clients verify TLS instead of skipping it
   local p=$STATE/pki
-  [[ -f $p/server.crt ]] && return
+  # Python 3.13's default TLS context checks strictly (VERIFY_X509_STRICT): a CA without a key
+  # usage extension is refused, so a PKI made before it had one is made again.
+  [[ -f $p/server.crt ]] && openssl x509 -in "$p/ca.crt" -noout -ext keyUsage 2>/dev/null | grep -q 'Certificate Sign' \
+    && return
   mkdir -p "$p"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=dist-jobs-apiserver-ca \
-    -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+    -addext 'keyUsage=critical,keyCertSign,cRLSign' -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout "$p/server.key" -out "$p/server.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' >"$p/ext"
+  printf '%s\n' 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc' \
+    'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=serverAuth' >"$p/ext"
   openssl x509 -req -in "$p/server.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
     -extfile "$p/ext" -out "$p/server.crt" 2>/dev/null
   openssl genrsa -out "$p/sa.key" 2048 2>/dev/null && openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null

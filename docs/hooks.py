@@ -1,0 +1,53 @@
+"""mkdocs hooks: fill the generated parts of each page and check its executed examples.
+
+A page asks for generated text with an HTML comment on a line of its own, for example
+`<!-- gen: spec_reference -->`; `<!-- gen: include BENCHMARKS.md -->` pulls in a file of the
+repository and `<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring. A page's
+`console` blocks that start with `$ dist-jobs` are run (docs/gen.py, check_examples) and a
+mismatch is an error, so `mkdocs build --strict` fails on a stale example.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gen
+
+log = logging.getLogger("mkdocs.plugins.dist_jobs")
+_DIRECTIVE = re.compile(r"^<!-- gen: (\w+)(?: (\S+))? -->$", re.M)
+GENERATORS = {
+    "spec_reference": gen.spec_reference,
+    "cli_reference": gen.cli_reference,
+    "constants_table": gen.constants_table,
+    "error_classes": gen.error_classes,
+}
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    text = _DIRECTIVE.sub(_expand, markdown)
+    for problem in gen.check_examples(text):
+        log.error("%s: an example is stale: %s", page.file.src_path, problem)
+    return text
+
+
+def _expand(match: re.Match[str]) -> str:
+    name, arg = match.group(1), match.group(2)
+    if name == "include":
+        return _include(arg)
+    if name == "docstring":
+        return gen.docstring(arg)
+    if name not in GENERATORS:
+        raise ValueError(f"unknown generator {name!r}; known: {sorted(GENERATORS)}, include")
+    return GENERATORS[name]()
+
+
+def _include(relative: str) -> str:
+    """A repository file, its first heading dropped (the page has its own)."""
+    text = (gen.REPO / relative).read_text()
+    return re.sub(r"\A# [^\n]*\n", "", text)
