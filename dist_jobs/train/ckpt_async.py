@@ -17,14 +17,14 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from dist_jobs.errors import DistJobsError
+from dist_jobs.rundir.atomic import open_atomic
 from dist_jobs.train.crc import crc32_file
 
 # Leaf types torch.load(weights_only=True) accepts. Exact types: numpy scalars subclass float
@@ -100,34 +100,15 @@ class HashingFile:
         self.raw.flush()
 
 
-@contextmanager
-def open_dir(path: Path) -> Iterator[int]:
-    """A directory handle: it follows the folder through renames (rank 0 may rename it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    with open_dir(path) as fd:
-        os.fsync(fd)
-
-
 def write_atomic(final: Path, write: Callable[[IO[bytes]], object]) -> dict[str, Any]:
-    """Write via `.<name>.tmp`, fsync, rename: `final` is either absent or whole, never torn."""
-    tmp = final.with_name(f".{final.name}.tmp")
+    """One checkpoint file through dist_jobs.rundir.atomic.open_atomic (`final` is either absent or
+    whole, never torn), checksummed on the way; the caller fsyncs the folder after its renames."""
     out: HashingFile | None = None
     try:
-        with open(tmp, "wb") as raw:
+        with open_atomic(final, sync_dir=False) as raw:
             out = HashingFile(raw)
             write(out)  # type: ignore[arg-type]
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, final)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         if out is not None and out.error is not None and exc is not out.error:
             raise out.error from exc
         raise
