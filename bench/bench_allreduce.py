@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dist_jobs.backends.local import free_port
+from dist_jobs.ranks.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
