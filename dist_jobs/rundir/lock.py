@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.envnum import env_seconds
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_new
-from dist_jobs.rundir.holder import Holder, env_seconds, heartbeat_seconds
+from dist_jobs.rundir.holder import Holder, heartbeat_seconds
 
 __all__ = ["Fence", "Heartbeat", "Lock", "LockHeld", "LockLost", "acquire", "heartbeat_seconds", "held"]
 
