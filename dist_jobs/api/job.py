@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from dist_jobs.api.handle import Handle
-from dist_jobs.backends.state import JobState, normalise
+from dist_jobs.backends.state import JobState
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import BackendError, DistJobsError
 from dist_jobs.records import Record
@@ -55,8 +55,7 @@ class JobInfo(Record):
 
 
 def info_of(handle: str, status: JobStatus) -> JobInfo:
-    state = JobState(status.normal) if status.normal else normalise(status.state)
-    return JobInfo(handle, status.name, state, status.state, status.detail, dict(status.ranks), status.extra)
+    return JobInfo(handle, status.name, status.job_state, status.state, status.detail, dict(status.ranks), status.extra)
 
 
 class Job:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.records import Record
 
 # typing costs the query verbs about 3 ms of start-up (dist_jobs.records); at run time the
@@ -54,26 +55,13 @@ class JobStatus(Record):
     normal: str = ""
 
     @property
+    def job_state(self) -> JobState:
+        """The word in the one vocabulary (dist_jobs.backends.state)."""
+        return JobState(self.normal) if self.normal else normalise(self.state)
+
+    @property
     def finished(self) -> bool:
-        return self.state.upper() in FINAL_STATES
-
-
-FINAL_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "SUCCEEDED",
-        "DELETED",
-        "COMPLETE",
-    }
-)
+        return self.job_state.finished
 
 
 class Backend(Protocol):

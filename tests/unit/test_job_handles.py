@@ -11,7 +11,7 @@ import pytest
 
 import dist_jobs
 from dist_jobs.api.handle import Handle, parse_handle
-from dist_jobs.api.job import Job, WaitTimeout
+from dist_jobs.api.job import Job, WaitTimeout, info_of
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.state import JobState, describe_exit, normalise
 from dist_jobs.errors import DistJobsError, UsageError
@@ -209,3 +209,13 @@ def test_slurm_handles_take_the_cluster_from_slurm_conf_before_scontrol(tmp_path
     assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "beta"
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     assert SlurmBackend(jobs_dir=tmp_path).cluster_name() == "beta"
+
+
+@pytest.mark.parametrize(
+    ("word", "normal", "finished"),
+    [("PREEMPTED", "requeued", False), ("PREEMPTED", "", True), ("Terminating", "", True), ("COMPLETING", "", False)],
+)
+def test_a_backend_status_and_the_api_agree_on_finished(word: str, normal: str, finished: bool) -> None:
+    status = JobStatus("7", "run", word, normal=normal)
+    assert status.finished is finished
+    assert info_of("slurm:7", status).finished is finished
