@@ -219,3 +219,12 @@ def test_a_backend_status_and_the_api_agree_on_finished(word: str, normal: str, 
     status = JobStatus("7", "run", word, normal=normal)
     assert status.finished is finished
     assert info_of("slurm:7", status).finished is finished
+
+
+def test_the_package_exports_the_api_names_from_its_one_list() -> None:
+    import dist_jobs.api
+
+    assert set(dist_jobs.api.__all__) <= set(dist_jobs.__all__)
+    for name in dist_jobs.__all__:
+        assert getattr(dist_jobs, name) is not None, name
+    assert dist_jobs.attach is dist_jobs.api.attach
