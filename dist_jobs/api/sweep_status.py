@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.sweep_local import MANIFEST
+from dist_jobs.api.verbs import attach
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.result import read_result
@@ -101,7 +102,7 @@ class Sweep:
     def jobs(self) -> list[Job]:
         """One Job per trial, in trial order (the existing Job class: status, wait, logs, cancel)."""
         options = self._options()
-        return [attach(t["handle"], options) for t in self.trials]
+        return [attach(t["handle"], **options) for t in self.trials]
 
     def _options(self) -> dict[str, Any]:
         saved = self.manifest.get("options", {})
@@ -179,18 +180,6 @@ class Sweep:
             row.state, row.detail = ("pending", "not started yet") if not_started else ("unknown", exc.message)
         _numbers(row, Path(row.run_dir), metric, mode)
         return row
-
-
-def attach(handle: str, options: Mapping[str, Any]) -> Job:
-    """`dist_jobs.attach` without importing the api package (which re-exports this module)."""
-    from dist_jobs.api.handle import parse_handle
-    from dist_jobs.api.job import Job
-    from dist_jobs.backends import get_backend
-
-    parsed = parse_handle(handle)
-    if parsed.backend == "k8s":
-        options = {**options, "namespace": parsed.namespace, "kind": parsed.kind}
-    return Job(parsed, get_backend(parsed.backend, **options))
 
 
 def _numbers(row: TrialRow, run_dir: Path, metric: str | None, mode: str) -> None:
