@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dist_jobs.records import Record
+from dataclasses import dataclass
 
 
 class DistJobsError(Exception):
@@ -25,7 +25,8 @@ class UsageError(DistJobsError):
     exit_code = 2
 
 
-class Problem(Record):
+@dataclass(frozen=True)
+class Problem:
     """One problem in the input: where, what was given, what is wrong, and the fix."""
 
     field: str

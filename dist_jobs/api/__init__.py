@@ -8,36 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.handle import FORMS, is_handle
 from dist_jobs.api.handle import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
+from dist_jobs.api.sweep_status import Sweep
+from dist_jobs.api.sweep_submit import sweep
 from dist_jobs.api.verbs import attach, backend, job_handle, submit
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, UsageError
 
-# Each verb imports only what it uses: `status` needs no jinja2, yaml, typing (~3 ms) or pickle.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
-    from dist_jobs.api.sweep_status import Sweep
-    from dist_jobs.api.sweep_submit import sweep
     from dist_jobs.backends import Prepared
     from dist_jobs.spec import JobSpec
-else:
-
-    def __getattr__(name: str) -> Any:
-        """`sweep` and `Sweep` on first use: the other verbs (status, list, ...) do without them."""
-        if name == "sweep":
-            from dist_jobs.api.sweep_submit import sweep
-
-            return sweep
-        if name == "Sweep":
-            from dist_jobs.api.sweep_status import Sweep
-
-            return Sweep
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_logs import attempt_files, stitch
@@ -31,9 +32,6 @@ from dist_jobs.backends.slurm_output import (
 )
 from dist_jobs.errors import BackendError
 
-# Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer), and
-# typing (~3 ms) not at all: status, list, cancel and logs pay only for what they use.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 

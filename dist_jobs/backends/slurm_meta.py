@@ -7,15 +7,13 @@ its run name and run directory, and the array's batch log `<array run>-ID_I.out`
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dist_jobs.backends.slurm_output import SacctRow
-
-TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up; mypy honours a local one
-if TYPE_CHECKING:
-    from typing import Any
 
 JOB_JSON = "job.json"
 
@@ -26,8 +24,6 @@ def _record(jobs_dir: Path, job_id: str) -> Path | None:
 
 def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
     """job.json of a job submitted from here, or of the sweep trial `ID_I`; {} for others."""
-    import json  # here: list and cancel read no job.json (start-up, see dist_jobs.records)
-
     path = _record(jobs_dir, job_id)
     if path is not None:
         meta = dict(json.loads(path.read_text()))

@@ -14,16 +14,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dist_jobs.constants import PREEMPTED_MARKER
-from dist_jobs.records import Record
 from dist_jobs.rundir.atomic import write_atomic, write_new
 
 HANG_RECORD = "HANG"
 
 
-class HangRecord(Record):
+@dataclass(frozen=True)
+class HangRecord:
     rank: int
     step: int | None = None  # the last optimizer step this rank completed
     time: float = 0.0  # wall clock (time.time()) of the firing
@@ -50,7 +51,7 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
 
 def write_hang(folder: Path, record: HangRecord) -> None:
     """Leave `record` unless a rank of the same attempt already left one."""
-    text = json.dumps(record.as_dict(), sort_keys=True) + "\n"
+    text = json.dumps(asdict(record), sort_keys=True) + "\n"
     if write_new(folder / HANG_RECORD, text):
         return
     there = read_hang(folder)

@@ -11,7 +11,7 @@ import pytest
 
 import dist_jobs
 from dist_jobs.api.handle import Handle, parse_handle
-from dist_jobs.api.job import Job, WaitTimeout, info_of
+from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.state import JobState, describe_exit, normalise
 from dist_jobs.errors import DistJobsError, UsageError
@@ -228,3 +228,10 @@ def test_the_package_exports_the_api_names_from_its_one_list() -> None:
     for name in dist_jobs.__all__:
         assert getattr(dist_jobs, name) is not None, name
     assert dist_jobs.attach is dist_jobs.api.attach
+
+
+def test_job_info_is_a_frozen_hashable_value() -> None:
+    info = JobInfo("slurm:7", "run", JobState.RUNNING, "RUNNING", ranks={0: "up"}, extra={"node": "n1"})
+    assert hash(info) == hash(JobInfo("slurm:7", "run", JobState.RUNNING, "RUNNING"))  # a set can hold it
+    with pytest.raises(AttributeError):
+        info.name = "other"  # type: ignore[misc]
