@@ -18,7 +18,8 @@ and every other rank reached that barrier only after it had read set A for bucke
 It is used only when every rank proves it maps the same memory. Rank 0 creates the arena and
 writes a random token into it, and every rank reads that token back. Ranks on other hosts, or
 containers with a /dev/shm of their own, find no file or another token, and all ranks keep gloo.
-The file is removed as soon as every rank has mapped it, so a crash leaves nothing behind.
+The file is removed as soon as every rank has mapped it, and also when a peer is lost before
+that (the collective fails on rank 0), so a crash leaves nothing behind.
 Rank 0 takes at most half of the free space (DataLoader workers pass batches through /dev/shm
 too) and reserves it with posix_fallocate: a tmpfs that filled up later would kill a rank with
 SIGBUS in the middle of a step instead of failing here.
@@ -100,16 +101,17 @@ def open_arena(
     group: Any = dist.new_group(backend="gloo", timeout=timeout)  # every rank is a member
     slot = slot_bytes(ddp.module, int(ddp.bucket_bytes_cap))
     size = _HEADER + 2 * world * slot
-    offer: list[Any] = [None, b"", ""]
-    if rank == 0:
-        offer = _create(folder, size)
-    dist.broadcast_object_list(offer, src=0, group=group)
-    name, token, why = offer
-    arena = _map(folder / name, size, token) if name else None  # this rank's own /dev/shm
-    mapped = torch.tensor([int(arena is not None)], dtype=torch.int32)
-    dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
-    if rank == 0 and name:
-        (folder / name).unlink(missing_ok=True)  # every rank has mapped it, or given up
+    offer: list[Any] = _create(folder, size) if rank == 0 else [None, b"", ""]
+    created = folder / offer[0] if offer[0] else None  # rank 0's alone
+    try:
+        dist.broadcast_object_list(offer, src=0, group=group)
+        name, token, why = offer
+        arena = _map(folder / name, size, token) if name else None  # this rank's own /dev/shm
+        mapped = torch.tensor([int(arena is not None)], dtype=torch.int32)
+        dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
+    finally:
+        if created is not None:  # every rank has mapped it or given up, or a peer was lost
+            created.unlink(missing_ok=True)
     if not mapped.item() or arena is None:
         if rank == 0:
             reason = why or "not every rank can map it: they run on more than one host"
