@@ -12,8 +12,9 @@ imports no torch, kubernetes or submitit.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dist_jobs import api
-from dist_jobs.api import *  # noqa: F403  (its names: dist_jobs.api.__all__, the one list)
 from dist_jobs.constants import REQUEUE_EXIT_CODE, VERSION
 from dist_jobs.errors import BackendError, DistJobsError, RankError, SpecError, UsageError
 
@@ -29,3 +30,10 @@ __all__ = [
     "RankError",
     "BackendError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The API's names (dist_jobs.api.__all__, the one list), read from it when asked."""
+    if name in api.__all__:
+        return getattr(api, name)
+    raise AttributeError(f"module 'dist_jobs' has no attribute {name!r}")

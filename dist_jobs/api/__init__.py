@@ -13,15 +13,28 @@ from typing import TYPE_CHECKING, Any
 from dist_jobs.api.handle import FORMS, is_handle
 from dist_jobs.api.handle import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
-from dist_jobs.api.sweep_status import Sweep
-from dist_jobs.api.sweep_submit import sweep
 from dist_jobs.api.verbs import attach, backend, job_handle, submit
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, UsageError
 
 if TYPE_CHECKING:
+    from dist_jobs.api.sweep_status import Sweep
+    from dist_jobs.api.sweep_submit import sweep
     from dist_jobs.backends import Prepared
     from dist_jobs.spec import JobSpec
+
+
+def __getattr__(name: str) -> Any:
+    """`sweep` and `Sweep` on first use (PEP 562): the query verbs do without a sweep's modules."""
+    if name == "sweep":
+        from dist_jobs.api.sweep_submit import sweep
+
+        return sweep
+    if name == "Sweep":
+        from dist_jobs.api.sweep_status import Sweep
+
+        return Sweep
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
