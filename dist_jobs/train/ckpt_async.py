@@ -5,7 +5,7 @@ Training may only be blocked for as long as it takes to copy its tensors somewhe
 will not touch; serializing, checksumming and fsyncing then happen on a background thread. The
 copy targets are allocated once per state-dict path and reused, because allocating (and, for
 CUDA, pinning) hundreds of MB per checkpoint costs more than the copy itself: page faults on
-fresh memory made the first snapshot of a 200 MB state ~10x slower than later ones here.
+fresh memory make a first snapshot much slower than later ones.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class HashingFile:
     """File wrapper for torch.save that checksums bytes on their way to disk (no second read).
 
     CRC32, not sha256: it guards against torn and bit-rotted files, not against an attacker
-    (weights_only loading is the defence there), and it is ~2.5x faster here (200 MB: 0.06 s vs
-    0.13 s), which is most of what verifying costs when latest() runs at every resume.
+    (weights_only loading is the defence there), and it is several times faster than sha256
+    (BENCHMARKS.md), which matters because latest() verifies at every resume.
 
     It also keeps the OSError of a failed write: torch.save turns it into a RuntimeError
     ("unexpected pos ..."), which would hide that the disk is full.

@@ -1,11 +1,11 @@
 """Gradient all-reduce through shared memory, for CPU ranks that all run on one host.
 
-Gloo moves every DDP bucket through loopback TCP. On 2 CPU processes, ResNet-18 spends about
-35 ms of a 200 ms step there, and gloo's threads take CPU from the backward pass. Here each rank
+Gloo moves every DDP bucket through loopback TCP, a sizeable share of a CPU step, and gloo's
+threads take CPU from the backward pass. Here each rank
 writes its bucket into its slot of one arena in /dev/shm, already divided by the world size as
 DDP's own hook divides it. After one barrier, every rank adds the slots up, in rank order, into
-its own bucket. Measured with the steps of one run taking turns (bench/bench_allreduce.py,
-2 processes): ResNet-18 1.10-1.12x the steps/s of gloo's all-reduce, the small GPT 1.00-1.03x.
+its own bucket. How it compares with gloo's all-reduce (bench/bench_allreduce.py) is a row of
+BENCHMARKS.md.
 
 The arithmetic is DDP's: (g0 / w) + (g1 / w) + ..., and with two ranks bit for bit what gloo gives.
 Every rank gets the same bits whatever DDP's bucket layout, where gloo's ring, with more than
