@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.backends.slurm_output import SacctRow
+from dist_jobs.rundir.atomic import write_atomic
 
 JOB_JSON = "job.json"
 
@@ -47,16 +48,12 @@ def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
 
 def record_trials(jobs_dir: Path, job_id: str, runs: Sequence[str]) -> None:
     """Name array task i's run `runs[i]` in the array's job.json (a sweep's trials)."""
-    import json
-
     path = _record(jobs_dir, job_id)
     if path is None:
         return
     meta = json.loads(path.read_text())
     meta["trials"] = list(runs)
-    tmp = path.with_name(f".{JOB_JSON}.tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(meta, indent=2))
 
 
 def array_task_key(rows: Sequence[SacctRow], job_id: str) -> str:
