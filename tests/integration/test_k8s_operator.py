@@ -23,12 +23,12 @@ from dist_jobs.errors import SpecError
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.crds import crd_path
+from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO
-from support.tiers import requires
+from support.tiers import require_module, requires
 
-pytest.importorskip("kubernetes")
-from support.kube_standin import FakeKubeAPI, write_kubeconfig
+require_module("kubernetes")
 
 JOB = "op-harness"
 TRAIN = {"image_size": 8, "fake_samples": 64, "epochs": 2, "batch_size": 8, "checkpoint_every_steps": 1}

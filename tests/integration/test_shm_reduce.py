@@ -8,16 +8,14 @@ of them (and both slot sets). It reports the parameters of both, as bytes.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import time
 from pathlib import Path
 
-import pytest
-
+from support.tiers import require_module
 from support.train_support import child_env, free_port, run_all
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+require_module("torch")
 
 CHILD = r"""
 import base64, datetime, json, os, sys

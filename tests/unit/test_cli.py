@@ -13,6 +13,7 @@ import yaml
 
 from dist_jobs import __version__
 from support.paths import PYTHON, REPO
+from support.tiers import require_module
 
 
 def dj(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
@@ -31,7 +32,7 @@ def test_schema_is_json_schema_with_fields() -> None:
 
 def test_schema_accepts_every_example_and_rejects_what_load_spec_rejects() -> None:
     """What an editor checks against `dist-jobs schema` agrees with what dist-jobs accepts."""
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = require_module("jsonschema")
     validator = jsonschema.Draft202012Validator(json.loads(dj("schema").stdout))
     examples = sorted((REPO / "slurm/examples").glob("*.yaml")) + [
         p for p in sorted((REPO / "k8s/examples").glob("*.yaml")) if p.name.count(".") == 1
