@@ -55,10 +55,11 @@ def manifest(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return yaml.safe_load(render(load_spec(path), "k8s"))
 
 
-# -- the harness against the notes: no processes ----------------------------------------------
+# -- harness calibration: the harness against the notes, no processes, no product code under test --
 
 
-def test_operator_env_is_the_notes_table(tmp_path: Path) -> None:
+@pytest.mark.harness_calibration
+def test_harness_calibration_operator_env_is_the_notes_table(tmp_path: Path) -> None:
     job = defaulted(manifest(tmp_path, spec(tmp_path)))
     job["spec"]["nprocPerNode"] = "8"  # the notes' example: 1 Master + 1 Worker, nprocPerNode 8
     master, worker = dict(operator_env(job, "Master", 0)), dict(operator_env(job, "Worker", 0))
@@ -109,7 +110,8 @@ def test_operator_env_wins_over_the_users_and_elastic_jobs_get_rdzv(tmp_path: Pa
         ("Always", 0, True),
     ],
 )
-def test_restart_policies(policy: str, code: int, restart: bool) -> None:
+@pytest.mark.harness_calibration
+def test_harness_calibration_restart_policies(policy: str, code: int, restart: bool) -> None:
     assert retries(policy, code) is restart
 
 
