@@ -1,4 +1,4 @@
-"""`python3 -m dist_jobs.nodelist`: a stable entry point of rendered job scripts (the first host of `$SLURM_JOB_NODELIST`).
+"""`python3 -m dist_jobs.nodelist`: a stable entry point of rendered job scripts (the first host).
 
 The sbatch template calls this name, not `dist_jobs.ranks.nodelist` where the code lives, on purpose:
 a script stays in the queue (and is requeued) across upgrades of the package it runs against, so
