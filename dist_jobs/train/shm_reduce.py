@@ -4,8 +4,9 @@ Gloo moves every DDP bucket through loopback TCP, a sizeable share of a CPU step
 threads take CPU from the backward pass. Here each rank
 writes its bucket into its slot of one arena in /dev/shm, already divided by the world size as
 DDP's own hook divides it. After one barrier, every rank adds the slots up, in rank order, into
-its own bucket. How it compares with gloo's all-reduce (bench/bench_allreduce.py) is a row of
-BENCHMARKS.md.
+its own bucket. It is on by default (train.shm_allreduce) for CPU ranks that all share one host:
+there it measured faster than gloo's all-reduce on an idle host; on a CPU-oversubscribed one it
+did not, for a large model, and the spec turns it off (bench/bench_allreduce.py; BENCHMARKS.md).
 
 The arithmetic is DDP's: (g0 / w) + (g1 / w) + ..., and with two ranks bit for bit what gloo gives.
 Every rank gets the same bits whatever DDP's bucket layout, where gloo's ring, with more than
