@@ -1,10 +1,11 @@
 """DDP's gloo all-reduce against fit()'s shared-memory one, the steps of one run taking turns:
 
-    python bench/bench_allreduce.py [--steps 96] [--runs 3] [--workloads resnet,gpt]
+    python bench/bench_allreduce.py [--steps 96] [--runs 3] [--workloads resnet,gpt] [--world 2,4]
 
-Two CPU processes on this host, one intra-op thread each (what `dist-jobs run` gives them on
-2 cores). Each builds its model and optimizer as fit() does (models.place: DDP with gradients
-as bucket views; the fused optimizer) and registers one hook that hands every bucket either to
+`--world` CPU processes on this host (2 by default; each size is measured in turn), one
+intra-op thread each (what `dist-jobs run` gives them on 2 cores). Each builds its model and
+optimizer as fit() does (models.place: DDP with gradients as bucket views; the fused optimizer)
+and registers one hook that hands every bucket either to
 DDP's own allreduce_hook (gloo over loopback TCP) or to shm_reduce.shared_mean, switching every
 two steps, so both see the same machine load. Batches are random tensors of the trainer's
 shapes (ResNet-18: 32 images 32x32; GPT: 32 x 64 tokens), so data loading is left out. Prints
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dist_jobs.backends.local import free_port
+from dist_jobs.ranks.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,12 +77,12 @@ dist.destroy_process_group()
 """
 
 
-def one_run(script: Path, workload: str, steps: int) -> dict[str, float]:
+def one_run(script: Path, workload: str, steps: int, world: int = 2) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
-        WORLD_SIZE="2",
+        WORLD_SIZE=str(world),
         OMP_NUM_THREADS="1",
         PYTHONPATH=str(REPO),
     )
@@ -93,7 +94,7 @@ def one_run(script: Path, workload: str, steps: int) -> dict[str, float]:
             stderr=subprocess.PIPE,
             text=True,
         )
-        for rank in range(2)
+        for rank in range(world)
     ]
     outs = [proc.communicate(timeout=1200) for proc in procs]
     for proc, (_, err) in zip(procs, outs):
@@ -107,16 +108,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=96)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workloads", default="resnet,gpt")
+    parser.add_argument("--world", default="2", help="process counts, e.g. 2,4")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "child.py"
         script.write_text(CHILD)
-        for workload in args.workloads.split(","):
+        for world, workload in [(int(w), k) for w in args.world.split(",") for k in args.workloads.split(",")]:
             for run in range(args.runs):
-                got = one_run(script, workload, args.steps)
+                got = one_run(script, workload, args.steps, world)
                 print(
-                    f"{workload} run {run + 1}: gloo {got['gloo'] * 1e3:.1f} ms/step, shared memory "
-                    f"{got['shared'] * 1e3:.1f} ms/step: {got['gloo'] / got['shared']:.3f}x steps/s",
+                    f"{workload}, {world} processes, run {run + 1}: gloo {got['gloo'] * 1e3:.1f} ms/step, "
+                    f"shared memory {got['shared'] * 1e3:.1f} ms/step: {got['gloo'] / got['shared']:.3f}x steps/s",
                     flush=True,
                 )
 

@@ -25,7 +25,6 @@ import atexit
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from dist_jobs.backends.local import free_port
+from dist_jobs.ranks.ports import free_port
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -152,22 +151,13 @@ def alternate(sides: list[tuple[str, Callable[[int], Any]]], pairs: int) -> dict
 def port_block(count: int) -> int:
     """The first of `count` consecutive ports that are free now, outside the kernel's
     ephemeral range (where other processes' outgoing connections would take them)."""
-    from dist_jobs.ranks.ports import ephemeral_range, usable_segments
+    from dist_jobs.ranks.ports import bindable, ephemeral_range, usable_segments
 
     low, high = usable_segments(ephemeral_range())[0]
     for base in random.Random().sample(range(low, high - count), 50):
-        if all(_bindable(port) for port in range(base, base + count)):
+        if all(bindable(port) for port in range(base, base + count)):
             return base
     raise SystemExit(f"found no {count} free consecutive ports in {low}-{high}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def launch_workers(script: str, args: list[str], runs: int, world: int = 2) -> None:

@@ -6,57 +6,34 @@
     job = dist_jobs.submit(spec, backend="local")    # or "slurm", "k8s": a Job, printable handle
     print(job.result())                              # waits; JobFailed unless it succeeded
 
-The names below are re-exported lazily from `dist_jobs.api`: `import dist_jobs` costs nothing
-that `dist-jobs render` does not already pay, and imports no torch, kubernetes or submitit.
+The names are dist_jobs.api's (listed once, in its `__all__`) and the errors'. `import dist_jobs`
+imports no torch, kubernetes or submitit.
 """
 
 from __future__ import annotations
 
-from dist_jobs.constants import REQUEUE_EXIT_CODE, VERSION
+from typing import Any
 
-# Not `from typing import ...`: the per-task launcher imports this package too, and typing costs
-# it about 10 ms of start-up on every task. mypy honours a local TYPE_CHECKING.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from dist_jobs import api
+from dist_jobs.constants import REQUEUE_EXIT_CODE, VERSION
+from dist_jobs.errors import BackendError, DistJobsError, RankError, SpecError, UsageError
 
 __version__ = VERSION
 
-_API = (
-    "Job",
-    "JobFailed",
-    "JobInfo",
-    "JobState",
-    "WaitTimeout",
-    "wait_all",
-    "attach",
-    "backend",
-    "call_local",
-    "cancel",
-    "job",
-    "list_jobs",
-    "load_spec",
-    "logs",
-    "prepare",
-    "render",
-    "run_local",
-    "status",
-    "submit",
-    "sweep",
-    "Sweep",
-)
-_ERRORS = ("DistJobsError", "SpecError", "UsageError", "RankError", "BackendError", "Preempted")
-
-__all__ = ["REQUEUE_EXIT_CODE", "__version__", *_API, *_ERRORS]
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "__version__",
+    *api.__all__,
+    "DistJobsError",
+    "SpecError",
+    "UsageError",
+    "RankError",
+    "BackendError",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _API:
-        from dist_jobs import api
-
+    """The API's names (dist_jobs.api.__all__, the one list), read from it when asked."""
+    if name in api.__all__:
         return getattr(api, name)
-    if name in _ERRORS:
-        from dist_jobs import errors
-
-        return getattr(errors, name)
     raise AttributeError(f"module 'dist_jobs' has no attribute {name!r}")

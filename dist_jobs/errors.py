@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.records import Record
 
 
 class DistJobsError(Exception):
@@ -26,7 +27,8 @@ class UsageError(DistJobsError):
     exit_code = 2
 
 
-class Problem(Record):
+@dataclass(frozen=True)
+class Problem:
     """One problem in the input: where, what was given, what is wrong, and the fix."""
 
     field: str

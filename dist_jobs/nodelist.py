@@ -1,7 +1,8 @@
-"""`python3 -m dist_jobs.nodelist`: a stable entry point of rendered job scripts.
+"""`python3 -m dist_jobs.nodelist`: a stable entry point of rendered job scripts (the first host).
 
-The code lives in `dist_jobs.ranks.nodelist`. This name stays because scripts rendered by an earlier
-version call it, and a requeued job runs its old script against the installed package.
+The sbatch template calls this name, not `dist_jobs.ranks.nodelist` where the code lives, on purpose:
+a script stays in the queue (and is requeued) across upgrades of the package it runs against, so
+the names a rendered script calls are an interface. Code can move inside `ranks/`; these names stay.
 """
 
 import sys

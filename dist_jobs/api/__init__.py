@@ -8,34 +8,33 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from dist_jobs.api.handle import FORMS, Handle, handle_for, is_handle, parse_handle
+from dist_jobs.api.handle import FORMS, is_handle
+from dist_jobs.api.handle import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
+from dist_jobs.api.verbs import attach, backend, job_handle, submit
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, Preempted, UsageError
 
-# Each verb imports only what it uses: `status` needs no jinja2, yaml, typing (~3 ms) or pickle.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from dist_jobs.api.sweep_status import Sweep
     from dist_jobs.api.sweep_submit import sweep
-    from dist_jobs.backends import Backend, Prepared
+    from dist_jobs.backends import Prepared
     from dist_jobs.spec import JobSpec
-else:
 
-    def __getattr__(name: str) -> Any:
-        """`sweep` and `Sweep` on first use: the other verbs (status, list, ...) do without them."""
-        if name == "sweep":
-            from dist_jobs.api.sweep_submit import sweep
 
-            return sweep
-        if name == "Sweep":
-            from dist_jobs.api.sweep_status import Sweep
+def __getattr__(name: str) -> Any:
+    """`sweep` and `Sweep` on first use (PEP 562): the query verbs do without a sweep's modules."""
+    if name == "sweep":
+        from dist_jobs.api.sweep_submit import sweep
 
-            return Sweep
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return sweep
+    if name == "Sweep":
+        from dist_jobs.api.sweep_status import Sweep
+
+        return Sweep
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -86,38 +85,12 @@ def render(spec: JobSpec, backend_name: str) -> str:
     return render_spec(spec, backend_name)  # type: ignore[arg-type]
 
 
-def backend(name: str, **options: Any) -> Backend:
-    """A backend by name; options are its constructor's (namespace, kubeconfig, jobs_dir, ...)."""
-    from dist_jobs.backends import get_backend
-
-    return get_backend(name, **options)
-
-
-_backend = backend  # `submit(spec, backend=...)` shadows the function inside the verbs
+_backend = backend  # `list_jobs(backend=...)` shadows the function inside the verbs
 
 
 def prepare(spec: JobSpec, backend_name: str, **options: Any) -> Prepared:
     """The dry run: the exact bytes `submit` would hand to the scheduler, nothing submitted."""
     return backend(backend_name, **options).prepare(spec)
-
-
-def submit(spec: JobSpec, backend: str = "local", **options: Any) -> Job:
-    """Submit `spec` to `backend` (slurm, k8s, local: detached processes); its Job handle."""
-    chosen = _backend(backend, **options)
-    job_id = chosen.submit(chosen.prepare(spec))
-    if backend == "k8s":
-        kind = "TrainJob" if spec.k8s.api == "trainjob" else "PyTorchJob"
-        ns = spec.k8s.namespace or chosen.namespace_in_use()  # type: ignore[attr-defined]  # where _create put it
-        return Job(Handle("k8s", job_id, namespace=ns, kind=kind), _backend("k8s", **{**options, "kind": kind}))
-    return Job(_handle(backend, job_id, chosen), chosen)
-
-
-def attach(handle: str, **options: Any) -> Job:
-    """The Job named by `handle` (as printed by submit), from any shell or notebook."""
-    parsed = parse_handle(handle)
-    if parsed.backend == "k8s":
-        options = {**options, "namespace": parsed.namespace, "kind": parsed.kind}
-    return Job(parsed, _backend(parsed.backend, **options))
 
 
 def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
@@ -129,15 +102,7 @@ def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
             f"{job_id!r} is a bare job id: which backend runs it?", f"pass --backend, or a handle: {FORMS}"
         )
     chosen = _backend(backend_name, **options)
-    return Job(_handle(backend_name, job_id, chosen), chosen)
-
-
-def _handle(backend_name: str, job_id: str, chosen: Any) -> Handle:
-    # SLURM's cluster name is asked for only when the handle is printed (Job.handle): a status
-    # by bare id must not cost an extra scontrol call.
-    if backend_name == "k8s":
-        return handle_for("k8s", job_id, namespace=chosen.namespace_in_use(), kind=chosen.kind)
-    return handle_for(backend_name, job_id)
+    return Job(job_handle(backend_name, job_id, chosen), chosen)
 
 
 def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobInfo:
@@ -149,7 +114,7 @@ def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
     if backend == "k8s" and "kind" not in options:
         return [*list_jobs("k8s", kind="PyTorchJob", **options), *_trainjobs(options)]
     chosen = _backend(backend, **options)
-    return [info_of(Job(_handle(backend, s.job_id, chosen), chosen).handle, s) for s in chosen.list()]
+    return [info_of(Job(job_handle(backend, s.job_id, chosen), chosen).handle, s) for s in chosen.list()]
 
 
 def _trainjobs(options: dict[str, Any]) -> list[JobInfo]:

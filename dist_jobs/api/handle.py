@@ -10,16 +10,17 @@ everything it needs to find the job from the handle alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from dist_jobs.errors import UsageError
-from dist_jobs.records import Record
 
 K8S_KINDS = ("PyTorchJob", "TrainJob")
 FORMS = "slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME or local:///RUN/DIR"
 
 
-class Handle(Record):
+@dataclass(frozen=True)
+class Handle:
     backend: str  # slurm | k8s | local
     job_id: str  # SLURM job id, Kubernetes object name, local run directory
     cluster: str = ""  # SLURM

@@ -9,20 +9,18 @@ metrics = job.result()                            # waits; rank 0's final metric
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.handle import Handle
-from dist_jobs.backends.state import JobState, normalise
+from dist_jobs.backends.state import JobState
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import BackendError, DistJobsError
-from dist_jobs.records import Record
-
-TYPE_CHECKING = False  # typing, pathlib, threading: ~6 ms of the query verbs' start-up
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from dist_jobs.backends import Backend, JobStatus
 
 
@@ -32,23 +30,24 @@ class WaitTimeout(DistJobsError):
     exit_code = WAIT_EXIT_CODES["timeout"]
 
 
-class JobInfo(Record):
+@dataclass(frozen=True)
+class JobInfo:
     handle: str
     name: str
     state: JobState  # normalised: pending, running, succeeded, failed, cancelled, requeued, unknown
     word: str  # the scheduler's own word: PENDING, COMPLETED, Succeeded, ...
     detail: str = ""
-    ranks: dict[int, str] = {}  # per-rank detail where known
-    extra: dict[str, str] = {}
+    ranks: dict[int, str] = field(default_factory=dict, hash=False)  # per-rank detail where known
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
     # rank 0's <run dir>/progress.json (dist_jobs.rundir.progress) when it is readable from here
-    progress: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def finished(self) -> bool:
         return self.state.finished
 
     def to_dict(self) -> dict[str, Any]:
-        out = {**self.as_dict(), "extra": dict(self.extra)}
+        out = {**dataclasses.asdict(self), "extra": dict(self.extra)}
         out["state"] = self.state.value
         out["ranks"] = {str(k): v for k, v in self.ranks.items()}
         return out
@@ -86,8 +85,7 @@ def _failure(info: JobInfo) -> tuple[int | None, int | None, str | None]:
 
 
 def info_of(handle: str, status: JobStatus) -> JobInfo:
-    state = JobState(status.normal) if status.normal else normalise(status.state)
-    return JobInfo(handle, status.name, state, status.state, status.detail, dict(status.ranks), status.extra)
+    return JobInfo(handle, status.name, status.job_state, status.state, status.detail, dict(status.ranks), status.extra)
 
 
 class Job:
@@ -98,7 +96,7 @@ class Job:
     @property
     def handle(self) -> str:
         if self._handle.backend == "slurm" and not self._handle.cluster:
-            self._handle = self._handle.replace(cluster=self._backend.cluster_name())  # type: ignore[attr-defined]
+            self._handle = dataclasses.replace(self._handle, cluster=self._backend.cluster_name())  # type: ignore[attr-defined]
         return str(self._handle)
 
     @property
@@ -144,13 +142,12 @@ class Job:
             progress["eta_s"] = None  # no rank runs: an ETA from the last log interval would be a guess
         elif progress is not None and (quiet := quiet_for(progress, time.time())) is not None:
             progress.update(eta_s=None, quiet_s=quiet)  # running to the scheduler, but no rank steps
-        return info.replace(progress=progress)
+        return dataclasses.replace(info, progress=progress)
 
     @property
     def state(self) -> JobState:
         """The normalised state now (one scheduler query)."""
-        status = self._backend.status(self.id)
-        return JobState(status.normal) if status.normal else normalise(status.state)
+        return self._backend.status(self.id).job_state
 
     def done(self) -> bool:
         """Whether the job has ended: succeeded, failed or cancelled (one scheduler query)."""

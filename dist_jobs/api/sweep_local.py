@@ -19,17 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.errors import DistJobsError
+from dist_jobs.rundir.atomic import write_atomic
 
 MANIFEST = "sweep.json"
 
 
 def write_manifest(root: Path, manifest: Mapping[str, Any]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / MANIFEST
-    tmp = root / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(root / MANIFEST, json.dumps(manifest, indent=2) + "\n", mkdir=True)
 
 
 def start_driver(manifest: Path, options: Mapping[str, Any]) -> None:

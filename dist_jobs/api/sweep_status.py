@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.sweep_local import MANIFEST
+from dist_jobs.api.verbs import attach_all
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.result import read_result
@@ -102,8 +103,7 @@ class Sweep:
     def jobs(self) -> list[Job]:
         """One Job per trial, in trial order (the existing Job class: status, wait, logs, cancel)."""
         options = self._options()
-        shared: dict[tuple[str, str, str], Any] = {}  # one backend per scheduler: one query per poll
-        return [attach(t["handle"], options, shared) for t in self.trials]
+        return attach_all([t["handle"] for t in self.trials], **options)  # one query per scheduler and poll
 
     def _options(self) -> dict[str, Any]:
         saved = self.manifest.get("options", {})
@@ -182,25 +182,6 @@ class Sweep:
             row.state, row.detail = info.state.value, info.detail
         _numbers(row, Path(row.run_dir), metric, mode)
         return row
-
-
-def attach(handle: str, options: Mapping[str, Any], shared: dict[tuple[str, str, str], Any] | None = None) -> Job:
-    """`dist_jobs.attach` without importing the api package (which re-exports this module).
-    `shared`: backends already made, reused for handles on the same scheduler."""
-    from dist_jobs.api.handle import parse_handle
-    from dist_jobs.api.job import Job
-    from dist_jobs.backends import get_backend
-
-    parsed = parse_handle(handle)
-    if parsed.backend == "k8s":
-        options = {**options, "namespace": parsed.namespace, "kind": parsed.kind}
-    key = (parsed.backend, parsed.namespace, parsed.kind)
-    made = shared.get(key) if shared is not None else None
-    if made is None:
-        made = get_backend(parsed.backend, **options)
-        if shared is not None:
-            shared[key] = made
-    return Job(parsed, made)
 
 
 def _numbers(row: TrialRow, run_dir: Path, metric: str | None, mode: str) -> None:

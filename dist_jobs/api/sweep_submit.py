@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.sweep_local import drive_local, start_driver, write_manifest
 from dist_jobs.api.sweep_status import MANIFEST, SWEEPS_DIR, Sweep
+from dist_jobs.api.verbs import submit
 from dist_jobs.errors import Problem, SpecError
 from dist_jobs.spec.paths import expand_home
 
@@ -281,18 +282,4 @@ def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict
         start_driver(root / MANIFEST, options)
         return [t["handle"] for t in manifest["trials"]]
     assert all(s.run_id == trial_name(plan.name, i, count) for i, s in enumerate(plan.specs))
-    return [_submit_one(spec, plan.backend, options) for spec in plan.specs]
-
-
-def _submit_one(spec: JobSpec, backend: str, options: Mapping[str, Any]) -> str:
-    """`dist_jobs.submit(spec, backend).handle`, without importing the api package."""
-    from dist_jobs.api.handle import handle_for
-    from dist_jobs.backends import get_backend
-
-    chosen = get_backend(backend, **options)
-    job_id = chosen.submit(chosen.prepare(spec))
-    if backend == "k8s":
-        kind = "TrainJob" if spec.k8s.api == "trainjob" else "PyTorchJob"
-        namespace = spec.k8s.namespace or chosen.namespace_in_use()  # type: ignore[attr-defined]
-        return str(handle_for("k8s", job_id, namespace=namespace, kind=kind))
-    return str(handle_for(backend, job_id))
+    return [str(submit(spec, plan.backend, **options).handle) for spec in plan.specs]

@@ -8,19 +8,14 @@ to the backend's constructor (a command runner, an API client), so tests inject 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from dist_jobs.records import Record
+from dist_jobs.backends.state import JobState, normalise
 
-# typing costs the query verbs about 3 ms of start-up (dist_jobs.records); at run time the
-# interface below is a plain class, to mypy a Protocol.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Protocol
-
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
-else:
-    Protocol = object
 
 
 def checkpoint_root(spec: JobSpec, workdir: Path) -> Path:
@@ -35,45 +30,34 @@ def checkpoint_root(spec: JobSpec, workdir: Path) -> Path:
     return root if root.is_absolute() else workdir / root
 
 
-class Prepared(Record):
+@dataclass(frozen=True)
+class Prepared:
     backend: str
     spec: JobSpec
     payload: str  # the exact script or manifest submitted
     filename: str  # what to call it in a job directory
 
 
-class JobStatus(Record):
+@dataclass(frozen=True)
+class JobStatus:
     job_id: str
     name: str
     state: str  # the scheduler's own word: PENDING, RUNNING, Succeeded, ...
     detail: str = ""
-    extra: dict[str, str] = {}
-    ranks: dict[int, str] = {}  # per-rank detail where the backend knows it
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
+    ranks: dict[int, str] = field(default_factory=dict, hash=False)  # per-rank detail where the backend knows it
     # The JobState value where the word alone cannot say it (SLURM's COMPLETING of a requeued
     # job is "requeued"); "" lets the word decide (backends.state.normalise).
     normal: str = ""
 
     @property
+    def job_state(self) -> JobState:
+        """The word in the one vocabulary (dist_jobs.backends.state)."""
+        return JobState(self.normal) if self.normal else normalise(self.state)
+
+    @property
     def finished(self) -> bool:
-        return self.state.upper() in FINAL_STATES
-
-
-FINAL_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "SUCCEEDED",
-        "DELETED",
-        "COMPLETE",
-    }
-)
+        return self.job_state.finished
 
 
 class Backend(Protocol):

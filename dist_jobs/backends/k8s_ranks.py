@@ -7,6 +7,7 @@ master); a TrainJob's node pod is its Indexed Job's completion index.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dist_jobs.backends.base import JobStatus
@@ -69,7 +70,7 @@ def with_ranks(status: JobStatus, pods: list[dict[str, Any]], kind: str, has_mas
     """`status` with each rank's container state; a failed rank's story replaces a bare message."""
     ranks, first = rank_detail(pods, kind, has_master)
     detail = f"{first}; {status.detail}" if first and status.detail else (first or status.detail)
-    return status.replace(detail=detail, ranks=ranks)
+    return dataclasses.replace(status, detail=detail, ranks=ranks)
 
 
 def completion_index(pod: dict[str, Any]) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.local_procs import ProcessGroup
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.errors import UsageError
+from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
@@ -54,12 +54,6 @@ def visible_gpus(environ: dict[str, str] | None = None) -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((MASTER, 0))
-        return int(s.getsockname()[1])
 
 
 def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict[str, str]:

@@ -23,6 +23,7 @@ from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.rundir.atomic import write_atomic
 
 if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor the renderer
     from dist_jobs.spec import JobSpec
@@ -227,6 +228,4 @@ def _read_int(path: Path) -> int | None:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, text + "\n")

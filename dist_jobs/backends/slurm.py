@@ -7,12 +7,14 @@ pure functions of `slurm_output.py`, tested on real captured output.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.slurm_logs import attempt_files, ranks_logged, stitch, stitch_all
@@ -32,9 +34,6 @@ from dist_jobs.backends.slurm_output import (
 )
 from dist_jobs.errors import BackendError
 
-# Imported where used (submit's json, shutil, tempfile, msgspec and yaml; prepare's renderer), and
-# typing (~3 ms) not at all: status, list, cancel and logs pay only for what they use.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
@@ -157,7 +156,7 @@ class SlurmBackend:
             return status
         from dist_jobs.backends.snapshot import describe
 
-        return status.replace(extra={**status.extra, "code": describe(code)})
+        return dataclasses.replace(status, extra={**status.extra, "code": describe(code)})
 
     def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
         """The status of each job in `job_ids`, from one `squeue` and one `sacct` for all of them

@@ -17,12 +17,12 @@ A cancel (scancel, `dist-jobs cancel`) leaves slurmstepd's `*** JOB 9 ON n1 CANC
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm_output import SacctJobState, sacct_exit
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.records import Record
 from dist_jobs.rundir.hang import HangRecord
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
@@ -38,10 +38,11 @@ _NOT_ASSIGNED = "None assigned"  # sacct's node list of a job that never got nod
 _SIGNALS = {"Terminated": "SIGTERM", "Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
 
 
-class BatchOutcome(Record):
+@dataclass(frozen=True)
+class BatchOutcome:
     attempt: int | None = None  # the last attempt the log shows
     first_failed: int | None = None  # the first rank srun reported failing (torchrun mode: a node's task)
-    ranks: dict[int, str] = {}
+    ranks: dict[int, str] = field(default_factory=dict, hash=False)
     exit_code: int | None = None  # the batch script's own, unmasked
     requeues_used_up: int | None = None  # the maximum, when a preempted run hit it
     cancelled_at: str | None = None  # when a cancel stopped the last attempt (slurmstepd's time)

@@ -11,17 +11,18 @@ and an ETA would both be wrong; sinfo says which node does not answer (`completi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm_output import SacctJobState, SlurmJob
-from dist_jobs.records import Record
 
 # For `sinfo --noheader --Node --nodes NODES --format SINFO_NODE_STATES`: one line per node.
 SINFO_NODE_STATES = "%N|%T|%E|%H"
 _NOT_RESPONDING = "*"  # sinfo's suffix on a node state: the node does not answer slurmctld
 
 
-class NodeState(Record):
+@dataclass(frozen=True)
+class NodeState:
     name: str
     state: str  # sinfo's word with its suffix: idle, completing*, down*
     reason: str  # "none" unless an admin or slurmctld set one (Not responding once DOWN)

@@ -8,10 +8,10 @@ backend asks `sinfo --Node --format SINFO_FORMAT` and this module names the limi
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from dist_jobs.errors import BackendError
 
-TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up; mypy honours a local one
 if TYPE_CHECKING:  # `dist-jobs status` imports this module and must not load the spec classes
     from dist_jobs.spec import JobSpec
 

@@ -7,16 +7,15 @@ its run name and run directory, and the array's batch log `<array run>-ID_I.out`
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from dist_jobs.backends.slurm_output import SacctRow
-
-TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up; mypy honours a local one
-if TYPE_CHECKING:
-    from typing import Any
+from dist_jobs.rundir.atomic import write_atomic
 
 JOB_JSON = "job.json"
 
@@ -33,8 +32,6 @@ def _record(jobs_dir: Path, job_id: str) -> Path | None:
 
 def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
     """job.json of a job submitted from here, or of the sweep trial `ID_I`; {} for others."""
-    import json  # here: list and cancel read no job.json (start-up, see dist_jobs.records)
-
     path = _record(jobs_dir, job_id)
     if path is not None:
         meta = dict(json.loads(path.read_text()))
@@ -58,16 +55,12 @@ def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
 
 def record_trials(jobs_dir: Path, job_id: str, runs: Sequence[str]) -> None:
     """Name array task i's run `runs[i]` in the array's job.json (a sweep's trials)."""
-    import json
-
     path = _record(jobs_dir, job_id)
     if path is None:
         return
     meta = json.loads(path.read_text())
     meta["trials"] = list(runs)
-    tmp = path.with_name(f".{JOB_JSON}.tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(meta, indent=2))
 
 
 def array_task_key(rows: Sequence[SacctRow], job_id: str) -> str:

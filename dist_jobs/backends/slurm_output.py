@@ -11,16 +11,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError
-from dist_jobs.records import Record
 from dist_jobs.spec.slurm_time import NO_LIMIT, parse_time
-
-TYPE_CHECKING = False  # datetime is imported where a timestamp is parsed: cancel and logs parse none
-if TYPE_CHECKING:
-    from datetime import datetime
 
 # For `squeue --noheader --format SQUEUE_FORMAT`. %-codes have no restart count; use
 # SQUEUE_FORMAT_LONG with `--Format` (capital F) to get it. Both give the same columns.
@@ -86,7 +83,8 @@ def parse_timestamp(text: str) -> datetime | None:
         raise BackendError(f"unexpected Slurm timestamp {text!r}", "expected YYYY-MM-DDTHH:MM:SS") from None
 
 
-class SlurmJob(Record):
+@dataclass(frozen=True)
+class SlurmJob:
     """One squeue line: a pending or running (or completing) job."""
 
     job_id: str
@@ -175,7 +173,8 @@ def _int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-class SacctRow(Record):
+@dataclass(frozen=True)
+class SacctRow:
     """One sacct line: a job allocation (`8`), or one of its steps (`8.batch`, `8.0`)."""
 
     job_id: str
@@ -257,7 +256,8 @@ def parse_sacct(stdout: str) -> list[SacctRow]:
     return rows
 
 
-class SacctJobState(Record):
+@dataclass(frozen=True)
+class SacctJobState:
     """A job's overall state from sacct: its latest attempt's allocation line."""
 
     job_id: str

@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
@@ -20,7 +21,6 @@ from dist_jobs.backends.slurm_sbatch import job_python_export, parse_sbatch_job_
 from dist_jobs.errors import BackendError
 from dist_jobs.spec.paths import expand_home
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 

@@ -2,7 +2,7 @@
 
 Every typed error becomes its message and hint on stderr with its exit code (2 for bad input);
 only a bug shows a traceback. The query verbs (list, status, cancel, logs) import only what they
-use: no typing, dataclasses, spec flags or renderer (see dist_jobs.records and cli.parser).
+use: no spec flags or renderer (see cli.parser).
 """
 
 from __future__ import annotations

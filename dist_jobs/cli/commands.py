@@ -12,15 +12,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dist_jobs import api
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import UsageError
-
-TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up, as cli.__init__ says
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:

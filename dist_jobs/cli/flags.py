@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from dist_jobs.errors import Problem, SpecError
-from dist_jobs.records import Record
 
 
-class Flag(Record):  # not a dataclass: `render` is start-up bound (dist_jobs.records)
+@dataclass(frozen=True)
+class Flag:
     flag: str
     path: str
     help: str

@@ -6,10 +6,7 @@ json and yaml are imported only for `-o json` and `-o yaml`: a table needs neith
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-TYPE_CHECKING = False  # typing: ~3 ms of the query verbs' start-up
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 
 def emit(records: Sequence[dict[str, Any]] | dict[str, Any], fmt: str, table: str) -> str:

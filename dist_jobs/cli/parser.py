@@ -1,9 +1,8 @@
 """The argument parser of `dist-jobs`: only the verb being run is built, with its arguments (all of
 them for `--help` and completion).
 
-`dist-jobs render` is start-up bound and the query verbs (list, status, cancel, logs) are held to
-1.2x a bare `python -c "import yaml"` plus the scheduler command: argparse's per-argument work for
-the other verbs' ~100 flags, and the spec flags' module (dataclasses), were a tenth of that.
+Building one verb's parser keeps argparse's per-argument work for the other verbs' flags out of
+every call (start-up budgets: BENCHMARKS.md, checked by bench/bench_cli_verbs.py).
 """
 
 from __future__ import annotations

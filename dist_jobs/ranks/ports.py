@@ -11,6 +11,8 @@ collide. A `MASTER_PORT` set by the user or the launcher wins; callers check it 
 from __future__ import annotations
 
 import math
+import random
+import socket
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -24,6 +26,7 @@ DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
 PREFERRED_LOW = 10000
 PRIVILEGED_END = 1023
 MAX_PORT = 65535
+LOOPBACK = "127.0.0.1"
 # Fibonacci hashing: stepping by span/phi spreads consecutive job ids over the whole space.
 _GOLDEN = (math.sqrt(5) - 1) / 2
 
@@ -84,6 +87,30 @@ def _multiplier(span: int) -> int:
     while math.gcd(candidate, span) != 1:
         candidate += 1
     return candidate
+
+
+def free_port(seed: int | None = None, attempts: int = 16) -> int:
+    """A port that can be bound on the loopback right now, outside the ephemeral range: derived
+    from `seed` (one process's pid gives it the same port each time), or from a random seed so
+    that several jobs started by one process get different ports."""
+    base = random.SystemRandom().randrange(2**31) if seed is None else seed
+    for attempt in range(attempts):
+        port = derive_port(base, attempt)
+        if bindable(port):
+            return port
+    # Everything tried is busy: return the first and let the bind error speak for itself.
+    return derive_port(base)
+
+
+def bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # TCPStore binds with SO_REUSEADDR, so a port in TIME_WAIT is fine for it too.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 _USAGE = "usage: python -m dist_jobs.ranks.ports JOB_ID [STEP_ID]"

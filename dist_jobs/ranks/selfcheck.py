@@ -8,11 +8,11 @@ mismatch is collected and raised as one RankError, each with the variables invol
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dist_jobs.envnum import env_number
 from dist_jobs.errors import RankError, UsageError
 from dist_jobs.ranks import SOURCES
 from dist_jobs.ranks.base import DEBUG_HINT, RankInfo, parse_int
@@ -81,20 +81,15 @@ def device_index(info: RankInfo, environ: Mapping[str, str] | None = None, procs
 
 def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
     """Seconds to wait for all ranks to join: DIST_JOBS_RDZV_TIMEOUT, default 300."""
-    env = os.environ if environ is None else environ
-    text = env.get(TIMEOUT_VAR, "").strip()
-    if not text:
-        return DEFAULT_RDZV_TIMEOUT
     low, high = RDZV_TIMEOUT_BOUNDS
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not low <= value <= high:  # also rejects nan and inf
+        value = env_number(TIMEOUT_VAR, DEFAULT_RDZV_TIMEOUT, environ, low=low, high=high)
+    except ValueError as exc:
         raise RankError(
-            f"{TIMEOUT_VAR}={text!r} is not a number of seconds between {low:g} and {high:g}",
+            f"{exc} (seconds)",
             hint=f"set {TIMEOUT_VAR}=600 (for example) or unset it for the default {DEFAULT_RDZV_TIMEOUT:g}",
-        )
+        ) from None
+    assert value is not None  # the default is a number
     return value
 
 

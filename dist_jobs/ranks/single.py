@@ -8,12 +8,11 @@ DIST_JOBS_ENV=single asks for exactly this.
 from __future__ import annotations
 
 import os
-import socket
 
 from dist_jobs.errors import RankError
 from dist_jobs.ranks import slurm
 from dist_jobs.ranks.base import Environ, RankInfo, RankSource, env_int, master_port
-from dist_jobs.ranks.ports import derive_port
+from dist_jobs.ranks.ports import free_port
 
 LOOPBACK = "127.0.0.1"
 
@@ -46,27 +45,6 @@ class SingleSource(RankSource):
             master_port=port,
             source=self.name,
         )
-
-
-def free_port(seed: int, attempts: int = 16) -> int:
-    """A port derived from `seed` (the pid) that can be bound right now, outside ephemeral ports."""
-    for attempt in range(attempts):
-        port = derive_port(seed, attempt)
-        if _bindable(port):
-            return port
-    # Everything tried is busy: return the first and let the bind error speak for itself.
-    return derive_port(seed)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # TCPStore binds with SO_REUSEADDR, so a port in TIME_WAIT is fine for it too.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
 
 
 def _refuse_half_launched(environ: Environ) -> None:

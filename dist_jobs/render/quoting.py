@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import re
 import shlex
 from typing import Any
@@ -129,10 +128,6 @@ def yaml_block(value: Any, indent: int) -> str:
     pad = " " * indent
     # Only the document's own final newline goes: more would belong to a `|+` block scalar.
     return "\n" + "\n".join(pad + line if line else line for line in text.removesuffix("\n").split("\n"))
-
-
-def json_value(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def kubelet_literal(value: str) -> str:

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dist_jobs.records import Record
+from dist_jobs.constants import PREEMPTED_MARKER
+from dist_jobs.rundir.atomic import write_atomic, write_new
 
 HANG_RECORD = "HANG"
 
 
-class HangRecord(Record):
+@dataclass(frozen=True)
+class HangRecord:
     rank: int
     step: int | None = None  # the last optimizer step this rank completed
     time: float = 0.0  # wall clock (time.time()) of the firing
@@ -49,23 +51,17 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
 
 def write_hang(folder: Path, record: HangRecord) -> None:
     """Leave `record` unless a rank of the same attempt already left one."""
-    final = folder / HANG_RECORD
-    tmp = folder / f".{HANG_RECORD}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(record.as_dict(), sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        try:
-            os.link(tmp, final)
-        except FileExistsError:
-            there = read_hang(folder)
-            if there is None or not there.belongs_to(job=record.job or None, attempt=record.attempt):
-                os.replace(tmp, final)  # an earlier attempt's (or unreadable): this attempt's wins
-        except OSError:  # a file system without hard links: last writer wins
-            os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    text = json.dumps(asdict(record), sort_keys=True) + "\n"
+    if write_new(folder / HANG_RECORD, text):
+        return
+    there = read_hang(folder)
+    if there is None or not there.belongs_to(job=record.job or None, attempt=record.attempt):
+        write_atomic(folder / HANG_RECORD, text)  # an earlier attempt's (or unreadable): this attempt's wins
+
+
+def write_preempted(folder: Path, why: str) -> None:
+    """Leave the PREEMPTED marker: the run checkpointed (or hung) and asks to be requeued."""
+    write_atomic(folder / PREEMPTED_MARKER, why + "\n")
 
 
 def read_hang(folder: Path) -> HangRecord | None:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from dist_jobs.envnum import env_seconds
+
 HEARTBEAT_SECONDS = 10.0
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -55,15 +57,6 @@ def process_start(pid: int) -> int | None:
     if len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
-
-
-def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """A positive number of seconds from the environment (at least 0.05), else `default`."""
-    env = os.environ if environ is None else environ
-    try:
-        return max(0.05, float(env.get(name, default)))
-    except ValueError:
-        return default
 
 
 def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:

@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.envnum import env_seconds
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
-from dist_jobs.rundir.holder import Holder, env_seconds, heartbeat_seconds
+from dist_jobs.rundir.atomic import write_new
+from dist_jobs.rundir.holder import Holder, heartbeat_seconds
 
 __all__ = ["Fence", "Heartbeat", "Lock", "LockHeld", "LockLost", "acquire", "heartbeat_seconds", "held"]
 
@@ -85,49 +87,6 @@ def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
 
 def new_token() -> str:
     return uuid.uuid4().hex
-
-
-def _write_new(path: Path, data: bytes) -> bool:
-    """Create `path` holding `data` unless it exists; the content appears all at once."""
-    tmp = path.with_name(f".{path.name}.{new_token()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        # NFS: a retransmitted LINK whose first try succeeded answers EEXIST; the count tells.
-        return _linked(tmp)
-    except OSError:
-        # A failure after success, as above; a filesystem without hard links gets O_EXCL instead
-        # (its content then shows a moment later).
-        return _linked(tmp) or _create_exclusive(path, data)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _linked(tmp: Path) -> bool:
-    try:
-        return os.stat(tmp).st_nlink == 2
-    except OSError:
-        return False
-
-
-def _create_exclusive(path: Path, data: bytes) -> bool:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
 
 
 def _read(path: Path) -> bytes | None:
@@ -325,7 +284,7 @@ def _acquire(
     watch: _Watch | None = None
     races = 0
     while races < _ATTEMPTS:
-        if _write_new(path, me.to_bytes()):
+        if write_new(path, me.to_bytes()):
             return Lock(path, me, owned=True, took_over=took_over)
         seen = _look(path)
         if seen is None:

@@ -2,7 +2,7 @@
 
 Rank 0 of the trainer writes both at every log interval (dist_jobs.train.loop); `dist-jobs status`,
 `Job.progress()` and the sweep's status table read them. progress.json is replaced atomically
-(temporary file, then os.replace), so a reader sees the old file or the new one, never half of
+(dist_jobs.rundir.atomic), so a reader sees the old file or the new one, never half of
 one; metrics.jsonl gets one JSON line per interval, appended and flushed, and a reader skips a
 torn last line (a writer killed mid-line). Readers never raise on what they find in the file.
 
@@ -17,9 +17,10 @@ metrics.jsonl rows: {"step", "epoch", "time", "metrics"}. Stdlib only.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from dist_jobs.rundir.atomic import write_atomic
 
 PROGRESS = "progress.json"
 HISTORY = "metrics.jsonl"
@@ -27,10 +28,8 @@ HISTORY = "metrics.jsonl"
 
 def write_progress(run_dir: Path, progress: Mapping[str, object]) -> None:
     """Replace `<run_dir>/progress.json` atomically."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{PROGRESS}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(dict(progress), sort_keys=True, allow_nan=False, default=str) + "\n")
-    os.replace(tmp, run_dir / PROGRESS)
+    text = json.dumps(dict(progress), sort_keys=True, allow_nan=False, default=str) + "\n"
+    write_atomic(run_dir / PROGRESS, text, mkdir=True)
 
 
 def append_history(run_dir: Path, row: Mapping[str, object]) -> None:

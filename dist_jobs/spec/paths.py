@@ -10,10 +10,10 @@ account here is refused when the spec is read rather than left as a relative fol
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from dist_jobs.errors import Problem
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dist_jobs.spec.model import JobSpec
 

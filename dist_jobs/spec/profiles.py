@@ -24,11 +24,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dist_jobs.errors import MISSING, Problem, SpecError
-from dist_jobs.records import Record
 
 PROFILE_VAR = "DIST_JOBS_PROFILE"
 OPTIONS = ("backend", "context", "kubeconfig")  # not spec fields: how to reach the scheduler
@@ -36,15 +36,16 @@ BACKENDS = ("slurm", "k8s", "local")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
-class Profile(Record):
+@dataclass(frozen=True)
+class Profile:
     """The settings a config file gives a job: spec fields (as in job.yaml), scheduler options,
     and for each dotted spec field set, where it came from."""
 
     name: str = ""  # "" when no profile is chosen (the file's defaults alone, if any)
     path: str = ""  # the config file, "" when there is none
-    spec: dict[str, Any] = {}
-    options: dict[str, str] = {}
-    sources: dict[str, str] = {}
+    spec: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 def config_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -132,7 +133,7 @@ def _layer_problems(where: str, layer: Any) -> list[Problem]:
         try:
             convert(JobSpec, {"name": "profile", **fields}, where)
         except SpecError as exc:
-            problems += [p.replace(field=f"{where}.{p.field}") for p in exc.problems]
+            problems += [replace(p, field=f"{where}.{p.field}") for p in exc.problems]
     return problems
 
 

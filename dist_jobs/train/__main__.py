@@ -10,6 +10,7 @@ code to $DIST_JOBS_EXIT_NOTE (a path the pod entrypoint gives), which the entryp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = TrainConfig.from_argv(sys.argv[1:] if argv is None else argv)
     except SpecError as exc:
-        flags = [p.replace(field="--" + p.field.replace("_", "-")) for p in exc.problems]
+        flags = [dataclasses.replace(p, field="--" + p.field.replace("_", "-")) for p in exc.problems]
         print(f"error: {SpecError(flags, exc.source)}\n  hint: see python -m dist_jobs.train --help", file=sys.stderr)
         return BAD_FLAGS_EXIT_CODE
     try:

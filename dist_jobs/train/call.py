@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from pathlib import Path
 
 from dist_jobs.errors import DistJobsError
+from dist_jobs.rundir.atomic import open_atomic
 
 
 def main(argv: list[str]) -> int:
@@ -23,10 +25,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     if os.environ.get("RANK", "0") == "0":
-        tmp = f"{out_file}.tmp"
-        with open(tmp, "wb") as f:
+        with open_atomic(Path(out_file)) as f:
             pickle.dump(result, f)
-        os.replace(tmp, out_file)
     return 0
 
 

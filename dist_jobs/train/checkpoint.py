@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from dist_jobs.constants import VERSION
+from dist_jobs.rundir.atomic import fsync_dir, open_dir
 from dist_jobs.rundir.checkpoints import COMPLETE, LATEST, committed_steps
 from dist_jobs.rundir.lock import LockLost
 from dist_jobs.train import ckpt_async as disk
@@ -221,7 +222,7 @@ class Checkpointer:
         try:
             partial.mkdir(parents=True, exist_ok=True)
             # Opened first: once our file is in, rank 0 may rename the folder before we fsync it.
-            with disk.open_dir(partial) as handle:
+            with open_dir(partial) as handle:
                 if self.rank == 0:
                     files[SHARED] = disk.write_atomic(partial / SHARED, lambda f: torch.save(shared, f))
                 name = f"rank-{self.rank}.pt"
@@ -258,14 +259,14 @@ class Checkpointer:
         }
         payload = encode_marker(head, files[SHARED], ranks)
         disk.write_atomic(partial / COMPLETE, lambda f: f.write(payload))  # last file: it makes it count
-        disk.fsync_dir(partial)
+        fsync_dir(partial)
         final = self._folder(step)
         self.fence(f"commit checkpoint step-{step}")
         if final.exists():  # a copy that does not count (no COMPLETE, or latest() rejected it)
             aside = self.directory / f".step-{step}.corrupt-{time.time_ns()}"
             os.rename(final, aside)
         os.rename(partial, final)
-        disk.fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._bad.discard(step)
         self._after_commit(step)
 
@@ -289,7 +290,7 @@ class Checkpointer:
         try:
             payload = f"step-{step}\n".encode()
             disk.write_atomic(self.directory / LATEST, lambda f: f.write(payload))
-            disk.fsync_dir(self.directory)
+            fsync_dir(self.directory)
             older = sorted((s for s in self._committed() if s < step), reverse=True)
             doomed = [self._folder(s) for s in older[self.keep - 1 :]] + self._leftovers(below=step + 1)
             for folder in doomed:

@@ -1,7 +1,7 @@
 """CRC32 of a file on several cores: the checksum a checkpoint's marker records for each file.
 
-zlib.crc32 runs at ~4 GB/s on one core here, so checking a 200 MB file took ~50 ms, more than
-loading it through a memory map. zlib releases the GIL, so threads checksum slices of the
+On one core zlib.crc32 took longer to check a checkpoint file than loading it through a memory
+map did (BENCHMARKS.md). zlib releases the GIL, so threads checksum slices of the
 mapped file at once, and the slices' CRCs are combined with zlib's crc32_combine, written out
 below because Python's zlib module does not expose it. The result is the plain CRC32 of the file.
 """

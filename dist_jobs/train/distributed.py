@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.envnum import env_number
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.ranks import RankInfo, resolve
 from dist_jobs.ranks.selfcheck import check, device_index, rendezvous_timeout
@@ -159,16 +160,16 @@ def collective_timeout(config: TrainConfig, rendezvous: timedelta, env: Mapping[
     watchdog's floor (never below the rendezvous timeout): the watchdog, which dumps the stacks
     and exits with the requeue code, fires first. The rendezvous keeps its own timeout."""
     floor = 2 * config.hang_min_seconds if config.hang_watchdog else 0.0
-    seconds = config.collective_timeout or _seconds(env.get("DIST_JOBS_COLLECTIVE_TIMEOUT", ""))
+    seconds = config.collective_timeout or _seconds(env)
     return timedelta(seconds=seconds or max(rendezvous.total_seconds(), floor))
 
 
-def _seconds(text: str) -> float | None:
+def _seconds(env: Mapping[str, str]) -> float | None:
+    """$DIST_JOBS_COLLECTIVE_TIMEOUT when it is a positive number; else None (the default applies)."""
     try:
-        value = float(text)
+        return env_number("DIST_JOBS_COLLECTIVE_TIMEOUT", None, env, low=1e-9)
     except ValueError:
         return None
-    return value if 0 < value < float("inf") else None
 
 
 def _init_process_group(info: RankInfo, backend: str, device: torch.device, timeout: timedelta) -> None:

@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.attempts import Attempts
-from dist_jobs.rundir.hang import HangRecord, job_id, write_hang
+from dist_jobs.rundir.hang import HangRecord, job_id, write_hang, write_preempted
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
@@ -136,9 +135,7 @@ def watchdog(
         (guard or Guard()).check("leave the hang record and the requeue marker")
         found = HangRecord(rank=rank, step=dog.step, time=time.time(), attempt=attempt_number(), job=job_id())
         write_hang(folder, found)  # first: a status that sees the requeue sees why
-        tmp = folder / f".{PREEMPTED_MARKER}.hang.{os.getpid()}.tmp"
-        tmp.write_text(f"hang (rank {rank})\n")
-        os.replace(tmp, folder / PREEMPTED_MARKER)
+        write_preempted(folder, f"hang (rank {rank})")
 
     dog = Watchdog(
         config.hang_factor,

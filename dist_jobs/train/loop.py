@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -28,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import Preempted, UsageError
-from dist_jobs.rundir.hang import HANG_RECORD
+from dist_jobs.rundir.hang import HANG_RECORD, write_preempted
 from dist_jobs.rundir.lock import LOCK_NAME, LockLost, current
 from dist_jobs.rundir.result import RESULT, write_result
 from dist_jobs.spec.train import TrainConfig
@@ -325,9 +324,7 @@ def _stop(run: Run) -> None:
         run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
         if run.dist.is_main:
             run.guard.check(f"mark the run {PREEMPTED}")
-            tmp = run.ckpt.directory / f".{PREEMPTED}.tmp"
-            tmp.write_text(f"{run.pos.step}\n")
-            os.replace(tmp, run.ckpt.directory / PREEMPTED)
+            write_preempted(run.ckpt.directory, str(run.pos.step))
         saved = f"checkpoint step-{run.pos.step} in {run.ckpt.directory} is committed"
         hint = "requeue it with the same run name and checkpoint dir: it resumes from there"
     else:

@@ -118,7 +118,7 @@ def place(
     # ranks that step differs in the last bit. find_unused_parameters turns the rebuild off (at
     # the cost of one autograd-graph walk per step, and a warning once per rank).
     # gradient_as_bucket_view: the gradients live in the all-reduce buckets, so no copy back out of
-    # them after each step (ResNet-18, 2 CPU processes: ~1.03x steps/s; the same arithmetic).
+    # them after each step (the same arithmetic; its gain: BENCHMARKS.md).
     return model, DistributedDataParallel(
         model,
         device_ids=[device.index] if on_gpu else None,
@@ -146,8 +146,8 @@ def _fused_if_possible(
     kind: type[torch.optim.Optimizer], params: list[nn.Parameter], **kw: Any
 ) -> torch.optim.Optimizer:
     """The fused implementation where this torch has it for the parameters' device (CUDA; CPU since
-    torch 2.4): one kernel pass per step instead of a Python loop over the parameters (ResNet-18 on
-    2 CPU processes: ~1.09x steps/s). It rounds differently in the last bit, so a run keeps one
+    torch 2.4): one kernel pass per step instead of a Python loop over the parameters. It rounds
+    differently in the last bit, so a run keeps one
     implementation throughout: resume.py keeps this choice over a checkpoint's."""
     try:
         return kind(params, fused=True, **kw)  # type: ignore[call-arg]

@@ -1,11 +1,12 @@
 """Gradient all-reduce through shared memory, for CPU ranks that all run on one host.
 
-Gloo moves every DDP bucket through loopback TCP. On 2 CPU processes, ResNet-18 spends about
-35 ms of a 200 ms step there, and gloo's threads take CPU from the backward pass. Here each rank
+Gloo moves every DDP bucket through loopback TCP, a sizeable share of a CPU step, and gloo's
+threads take CPU from the backward pass. Here each rank
 writes its bucket into its slot of one arena in /dev/shm, already divided by the world size as
 DDP's own hook divides it. After one barrier, every rank adds the slots up, in rank order, into
-its own bucket. Measured with the steps of one run taking turns (bench/bench_allreduce.py,
-2 processes): ResNet-18 1.10-1.12x the steps/s of gloo's all-reduce, the small GPT 1.00-1.03x.
+its own bucket. It is on by default (train.shm_allreduce) for CPU ranks that all share one host:
+there it measured faster than gloo's all-reduce on an idle host; on a CPU-oversubscribed one it
+did not, for a large model, and the spec turns it off (bench/bench_allreduce.py; BENCHMARKS.md).
 
 The arithmetic is DDP's: (g0 / w) + (g1 / w) + ..., and with two ranks bit for bit what gloo gives.
 Every rank gets the same bits whatever DDP's bucket layout, where gloo's ring, with more than
@@ -18,7 +19,8 @@ and every other rank reached that barrier only after it had read set A for bucke
 It is used only when every rank proves it maps the same memory. Rank 0 creates the arena and
 writes a random token into it, and every rank reads that token back. Ranks on other hosts, or
 containers with a /dev/shm of their own, find no file or another token, and all ranks keep gloo.
-The file is removed as soon as every rank has mapped it, so a crash leaves nothing behind.
+The file is removed as soon as every rank has mapped it, and also when a peer is lost before
+that (the collective fails on rank 0), so a crash leaves nothing behind.
 Rank 0 takes at most half of the free space (DataLoader workers pass batches through /dev/shm
 too) and reserves it with posix_fallocate: a tmpfs that filled up later would kill a rank with
 SIGBUS in the middle of a step instead of failing here.
@@ -100,16 +102,17 @@ def open_arena(
     group: Any = dist.new_group(backend="gloo", timeout=timeout)  # every rank is a member
     slot = slot_bytes(ddp.module, int(ddp.bucket_bytes_cap))
     size = _HEADER + 2 * world * slot
-    offer: list[Any] = [None, b"", ""]
-    if rank == 0:
-        offer = _create(folder, size)
-    dist.broadcast_object_list(offer, src=0, group=group)
-    name, token, why = offer
-    arena = _map(folder / name, size, token) if name else None  # this rank's own /dev/shm
-    mapped = torch.tensor([int(arena is not None)], dtype=torch.int32)
-    dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
-    if rank == 0 and name:
-        (folder / name).unlink(missing_ok=True)  # every rank has mapped it, or given up
+    offer: list[Any] = _create(folder, size) if rank == 0 else [None, b"", ""]
+    created = folder / offer[0] if offer[0] else None  # rank 0's alone
+    try:
+        dist.broadcast_object_list(offer, src=0, group=group)
+        name, token, why = offer
+        arena = _map(folder / name, size, token) if name else None  # this rank's own /dev/shm
+        mapped = torch.tensor([int(arena is not None)], dtype=torch.int32)
+        dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
+    finally:
+        if created is not None:  # every rank has mapped it or given up, or a peer was lost
+            created.unlink(missing_ok=True)
     if not mapped.item() or arena is None:
         if rank == 0:
             reason = why or "not every rank can map it: they run on more than one host"

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from support.paths import REPO
+from support.tiers import require_module
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 from dist_jobs.train import ckpt_async  # noqa: E402
 from dist_jobs.train.checkpoint import Checkpointer, CheckpointError  # noqa: E402

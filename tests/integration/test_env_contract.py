@@ -19,7 +19,7 @@ from dist_jobs.render import render
 from dist_jobs.spec import load_spec
 from support.operator_harness import Operator
 from support.paths import PYTHON, TESTS
-from support.tiers import requires
+from support.tiers import require_module, requires
 
 ENV_SCRIPT = TESTS / "support" / "envscript.py"
 
@@ -189,7 +189,7 @@ def test_call_local_preempted_function_resumes_when_called_again(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
     # A notebook's functions live in __main__, which cloudpickle sends by value: do the same here.
-    cloudpickle = pytest.importorskip("cloudpickle")
+    cloudpickle = require_module("cloudpickle")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spec = dist_jobs.load_spec(data={"nodes": 1, "procs_per_node": 2})
     ckpt = str(tmp_path / "ckpt")

@@ -15,11 +15,11 @@ import yaml
 from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
 from support.k8s_offline.crds import crd_path
-from support.operator_harness import Operator
-from support.tiers import requires
-
-pytest.importorskip("kubernetes")
 from support.kube_standin import FakeKubeAPI, write_kubeconfig
+from support.operator_harness import Operator
+from support.tiers import require_module, requires
+
+require_module("kubernetes")
 
 pytestmark = [requires("pods"), pytest.mark.timeout(120)]
 

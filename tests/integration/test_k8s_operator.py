@@ -24,13 +24,13 @@ from dist_jobs.render import render
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.crds import crd_path
+from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.lock_support import foreign
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO
-from support.tiers import requires
+from support.tiers import require_module, requires
 
-pytest.importorskip("kubernetes")
-from support.kube_standin import FakeKubeAPI, write_kubeconfig
+require_module("kubernetes")
 
 JOB = "op-harness"
 TRAIN = {"image_size": 8, "fake_samples": 64, "epochs": 2, "batch_size": 8, "checkpoint_every_steps": 1}
@@ -57,10 +57,11 @@ def manifest(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return yaml.safe_load(render(load_spec(path), "k8s"))
 
 
-# -- the harness against the notes: no processes ----------------------------------------------
+# -- harness calibration: the harness against the notes, no processes, no product code under test --
 
 
-def test_operator_env_is_the_notes_table(tmp_path: Path) -> None:
+@pytest.mark.harness_calibration
+def test_harness_calibration_operator_env_is_the_notes_table(tmp_path: Path) -> None:
     job = defaulted(manifest(tmp_path, spec(tmp_path)))
     job["spec"]["nprocPerNode"] = "8"  # the notes' example: 1 Master + 1 Worker, nprocPerNode 8
     master, worker = dict(operator_env(job, "Master", 0)), dict(operator_env(job, "Worker", 0))
@@ -111,7 +112,8 @@ def test_operator_env_wins_over_the_users_and_elastic_jobs_get_rdzv(tmp_path: Pa
         ("Always", 0, True),
     ],
 )
-def test_restart_policies(policy: str, code: int, restart: bool) -> None:
+@pytest.mark.harness_calibration
+def test_harness_calibration_restart_policies(policy: str, code: int, restart: bool) -> None:
     assert retries(policy, code) is restart
 
 

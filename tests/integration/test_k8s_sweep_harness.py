@@ -12,12 +12,12 @@ import yaml
 
 from dist_jobs.cli import main
 from support.k8s_offline.crds import crd_path
+from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.operator_harness import Operator
 from support.paths import REPO
-from support.tiers import requires
+from support.tiers import require_module, requires
 
-pytest.importorskip("kubernetes")
-from support.kube_standin import FakeKubeAPI, write_kubeconfig
+require_module("kubernetes")
 
 pytestmark = [requires("pods"), pytest.mark.timeout(400)]
 

@@ -209,6 +209,16 @@ def _wait_up(proc: subprocess.Popen[str], count: int) -> list[str]:
     return lines
 
 
+def _read_until(proc: subprocess.Popen[str], text: str) -> list[str]:
+    lines: list[str] = []
+    assert proc.stdout is not None
+    while not lines or text not in lines[-1]:
+        line = proc.stdout.readline()
+        assert line, f"launcher ended before saying {text!r}:\n" + "".join(lines)
+        lines.append(line)
+    return lines
+
+
 def _left(marker: str, within: float = 0.0) -> list[str]:
     """pids whose command line holds `marker`, after waiting up to `within` s for them to go."""
     deadline = time.monotonic() + within
@@ -262,7 +272,7 @@ def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
     _wait_up(proc, 2)
     assert len(_left(marker)) >= 2
     proc.send_signal(signal.SIGTERM)
-    time.sleep(1.0)
+    _read_until(proc, "to every process")  # the launcher took the first signal and forwarded it
     assert proc.poll() is None  # still in its grace period
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)

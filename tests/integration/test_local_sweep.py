@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,38 @@ RECORD = textwrap.dedent("""
     out = pathlib.Path(os.environ["OUT"]) / (os.environ["DIST_JOBS_RUN"] + ".json")
     out.write_text(json.dumps({"tag": os.environ["TAG"], "start": start, "end": time.time()}))
 """)
+
+
+def wait_for(done: Callable[[], object], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _pid(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def driving(pid: int) -> bool:
+    """Whether `pid` is still a sweep driver (an exited one is gone, or a zombie with no cmdline)."""
+    try:
+        return b"--drive" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def test_local_sweep_runs_k_at_a_time_and_returns_handles(tmp_path: Path) -> None:
@@ -68,19 +101,15 @@ def test_sweep_cancel_stops_the_driver_and_the_running_trial(tmp_path: Path) -> 
     )
     sweep = dist_jobs.sweep(spec, grid={"env.X": ["1", "2", "3"]}, max_parallel=1, backend="local")
     run_dirs = [Path(h.removeprefix("local://")) for h in sweep.handles]
-    deadline = time.monotonic() + 60
-    while not (run_dirs[0] / "local" / "pid").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    time.sleep(3)  # the detached `dist-jobs run` installs its signal handlers once it has started
+    # The detached `dist-jobs run` installs its signal handlers before it starts any process: once
+    # it has a child, a SIGTERM is a cancel.
+    wait_for(lambda: (run_dirs[0] / "local" / "pid").exists() and children(_pid(run_dirs[0] / "local" / "pid")))
     argv = [sys.executable, "-m", "dist_jobs", "sweep", "cancel", "long", "--checkpoint-dir", str(tmp_path / "ck")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"cancelled {sweep.handles[0]}", proc.stdout + proc.stderr
-    deadline = time.monotonic() + 60
-    while sweep.status()[0].state != "cancelled":
-        assert time.monotonic() < deadline, [(r.state, r.detail) for r in sweep.status()]
-        time.sleep(0.5)
-    time.sleep(3)  # the driver polls each second: it would have started trial 1 by now
+    wait_for(lambda: sweep.status()[0].state == "cancelled")
+    # Once the driver has exited, nothing can start trial 1 any more.
+    wait_for(lambda: not driving(_pid(tmp_path / "ck" / "long" / "driver.pid")))
     assert [r.state for r in sweep.status()] == ["cancelled", "pending", "pending"]
     assert not (run_dirs[1] / "local").exists()
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from support.paths import REPO
-from support.tiers import requires
+from support.tiers import require_module, requires
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.mark.parametrize("cluster", [pytest.param("slurm", marks=requires("slurm")), "local"])
 def test_the_notebook_runs_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: str) -> None:
-    nbformat = pytest.importorskip("nbformat", reason="pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
-    nbclient = pytest.importorskip("nbclient", reason="pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
-    pytest.importorskip("ipykernel", reason="pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
+    nbformat = require_module("nbformat", "pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
+    nbclient = require_module("nbclient", "pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
+    require_module("ipykernel", "pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
     monkeypatch.setenv("DIST_JOBS_NOTEBOOK_DIR", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     if cluster == "local":  # the same notebook where there is no SLURM: its SLURM cell says so

@@ -7,7 +7,6 @@ world. Only the child script imports torch, and only after the self-check passed
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -18,11 +17,10 @@ import pytest
 
 from dist_jobs.ranks.ports import derive_port
 from support.paths import REPO
+from support.tiers import require_module
 from support.train_support import run_all
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="torch is not installed in this interpreter"
-)
+require_module("torch")  # the children's; skipped locally without it, a failure under CI
 
 CHILD = r"""
 import datetime, json, os, sys, time

@@ -8,16 +8,14 @@ of them (and both slot sets). It reports the parameters of both, as bytes.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import time
 from pathlib import Path
 
-import pytest
-
+from support.tiers import require_module
 from support.train_support import child_env, free_port, run_all
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+require_module("torch")
 
 CHILD = r"""
 import base64, datetime, json, os, sys
@@ -130,3 +128,39 @@ def test_the_bound_covers_every_bucket_ddp_makes() -> None:
     frozen = nn.Linear(10, 10)
     frozen.weight.requires_grad_(False)
     assert slot_bytes(frozen, 1 << 20) == 64  # the bias alone, 40 bytes, on a cache line
+
+
+LOST_PEER = r"""
+import datetime, json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from dist_jobs.train import shm_reduce
+
+timeout = datetime.timedelta(seconds=20)
+dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+rank, folder = dist.get_rank(), Path(os.environ["SHM_FOLDER"])
+ddp = DDP(nn.Linear(4, 4))
+if rank == 1:  # joins the arena's group, then is lost before rank 0's file is unlinked
+    dist.new_group(backend="gloo", timeout=timeout)
+    os._exit(0)
+try:
+    shm_reduce.attach(ddp, rank, 2, timeout, folder)
+    outcome = "attached"
+except Exception as exc:
+    outcome = type(exc).__name__
+print(json.dumps({"outcome": outcome, "left": sorted(p.name for p in folder.iterdir())}))
+os._exit(0)
+"""
+
+
+def test_a_peer_lost_before_the_unlink_leaves_no_arena(tmp_path: Path) -> None:
+    script, folder = tmp_path / "lost.py", tmp_path / "shm"
+    script.write_text(LOST_PEER)
+    folder.mkdir()
+    base = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", SHM_FOLDER=str(folder))
+    results = run_all(script, [{**base, "RANK": str(r)} for r in range(2)], timeout=120)
+    report = json.loads(results[0].stdout.strip().splitlines()[-1])
+    assert report["outcome"] != "attached"  # the collective failed: the peer is gone
+    assert report["left"] == [] and list(folder.iterdir()) == []

@@ -49,7 +49,7 @@ from support.slurm_jobs import (
     wait_for,
     write_spec,
 )
-from support.tiers import requires
+from support.tiers import require_module, requires
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -442,7 +442,7 @@ def test_unknown_partition_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
-    pytest.importorskip("submitit")
+    require_module("submitit")
     from dist_jobs.backends.submitit_backend import make_executor
     from dist_jobs.train.task import TrainTask
 
@@ -523,7 +523,7 @@ def test_unmodified_env_script_gets_torchs_contract(tmp_path: Path, cleanup: lis
 
 
 def test_lightning_fabric_detects_slurm_itself_in_srun_mode(tmp_path: Path, cleanup: list[str]) -> None:
-    pytest.importorskip("lightning")
+    require_module("lightning")
     (tmp_path / "fabric_script.py").write_text(FABRIC_SCRIPT)
     job_id = submit(tmp_path, env_spec(tmp_path, "env-fabric"), "python3", str(tmp_path / "fabric_script.py"))
     cleanup.append(job_id)

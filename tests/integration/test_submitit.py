@@ -19,8 +19,9 @@ from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from dist_jobs.train.task import SUBMITIT_SIGNAL, FunctionTask, TrainTask
 from support.paths import REPO, TESTS
+from support.tiers import require_module
 
-submitit = pytest.importorskip("submitit")
+submitit = require_module("submitit")
 pytestmark = pytest.mark.timeout(180)
 
 SPEC: dict[str, Any] = {

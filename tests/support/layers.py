@@ -3,7 +3,7 @@
     cli -> api -> backends -> render -> spec -> errors      train -> spec, ranks      ranks: stdlib
 
 A module may import its own layer and the layers below it in the chain. `ranks` (stdlib only) and
-`constants`/`errors`/`records` sit at the bottom: anyone may import them, and they import nothing of
+`constants`/`errors`/`envnum` sit at the bottom: anyone may import them, and they import nothing of
 dist-jobs but the bottom. `train`, the runtime side, may import only spec, ranks and the
 bottom; nothing on the render side may import train (it would pull in torch). Every import
 counts, also one inside a function: a lazy import is still a dependency.
@@ -19,12 +19,12 @@ from pathlib import Path
 from support.paths import REPO
 
 PACKAGE = REPO / "dist_jobs"
-BOTTOM = {"errors", "constants", "records"}
+BOTTOM = {"errors", "constants", "envnum"}
 # Layer -> the layers it may import (itself always allowed).
 ALLOWED: dict[str, set[str]] = {
-    "errors": {"constants", "records"},
+    "errors": {"constants"},
     "constants": set(),
-    "records": set(),
+    "envnum": set(),
     "ranks": BOTTOM,
     # The run directory on shared storage (lock, attempts, progress): stdlib only, like ranks.
     "rundir": BOTTOM,

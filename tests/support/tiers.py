@@ -11,11 +11,13 @@ CI never has, so it always skips.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
@@ -108,4 +110,17 @@ def require_tool(name: str) -> str:
     raise AssertionError  # unreachable
 
 
-__all__ = ["REPO", "TIERS", "check", "in_ci", "missing", "require_tool", "requires"]
+def require_module(name: str, hint: str = "pip install -e '.[dev]'") -> ModuleType:
+    """Import a Python dependency the suite needs (torch, kubernetes, submitit, ...): skip without
+    it locally, fail under CI, where the dev environment has them all (pytest.importorskip would
+    let a CI that lost one go green). Works at module level, as importorskip does."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if in_ci():
+            pytest.fail(f"{name} cannot be imported under CI ({exc}); {hint}", pytrace=False)
+        pytest.skip(f"{name} is not installed ({hint})", allow_module_level=True)
+        raise AssertionError from exc  # unreachable
+
+
+__all__ = ["REPO", "TIERS", "check", "in_ci", "missing", "require_module", "require_tool", "requires"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from dist_jobs.ranks.ports import free_port
 from support.paths import REPO, TESTS
 
 PYTHON = sys.executable
@@ -121,12 +121,6 @@ def tiny_data(train: bool, config: Any) -> Any:
 
 
 # -- launching ---------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def child_env(**extra: str) -> dict[str, str]:
     """This environment minus launcher variables, with the repo and tests/ importable."""
     drop = re.compile(

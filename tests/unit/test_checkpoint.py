@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from support.paths import REPO
+from support.tiers import require_module
 
-torch = pytest.importorskip("torch")
-np = pytest.importorskip("numpy")
+torch = require_module("torch")
+np = require_module("numpy")
 
 from dist_jobs.constants import VERSION  # noqa: E402
 from dist_jobs.train import ckpt_async  # noqa: E402

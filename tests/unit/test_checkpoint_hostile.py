@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from support.tiers import require_module
+
+torch = require_module("torch")
 
 from dist_jobs.train.checkpoint import Checkpointer, Loaded  # noqa: E402
 from dist_jobs.train.resume import check_content  # noqa: E402

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from support.tiers import require_module
+
+torch = require_module("torch")
 
 from dist_jobs.train import ckpt_async  # noqa: E402
 from dist_jobs.train.checkpoint import Checkpointer  # noqa: E402

@@ -7,12 +7,14 @@ import os
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dist_jobs import __version__
 from support.paths import PYTHON, REPO
+from support.tiers import require_module
 
 
 def dj(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
@@ -31,7 +33,7 @@ def test_schema_is_json_schema_with_fields() -> None:
 
 def test_schema_accepts_every_example_and_rejects_what_load_spec_rejects() -> None:
     """What an editor checks against `dist-jobs schema` agrees with what dist-jobs accepts."""
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = require_module("jsonschema")
     validator = jsonschema.Draft202012Validator(json.loads(dj("schema").stdout))
     examples = sorted((REPO / "slurm/examples").glob("*.yaml")) + [
         p for p in sorted((REPO / "k8s/examples").glob("*.yaml")) if p.name.count(".") == 1
@@ -125,11 +127,24 @@ def test_output_writes_through_a_symlink(tmp_path) -> None:
     assert (tmp_path / "real.sbatch").read_text().startswith("#!/bin/bash")
 
 
+def _wait_until_opened(pid: int, path: Path, timeout: float = 30.0) -> None:
+    """Until process `pid` holds `path` open (its /proc fd links name it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return
+        except OSError:
+            pass  # an fd closed while we looked
+        assert time.monotonic() < deadline, f"{pid} never opened {path}"
+        time.sleep(0.01)
+
+
 def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True) as reader:
-        time.sleep(0.5)  # cat opens the FIFO for reading
+        _wait_until_opened(reader.pid, fifo)
         assert _render_to(str(fifo)).returncode == 0
         assert reader.communicate(timeout=30)[0].startswith("#!/bin/bash")
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced by a file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ import pytest
 
 import dist_jobs
 from dist_jobs.api.handle import Handle, parse_handle
-from dist_jobs.api.job import Job, WaitTimeout
+from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.state import JobState, describe_exit, normalise
 from dist_jobs.errors import DistJobsError, UsageError
@@ -221,7 +222,8 @@ class Ended(Scripted):
 
     def status(self, job_id: str) -> JobStatus:
         found = super().status(job_id)
-        return found.replace(detail=self.detail if found.state in ("FAILED", "CANCELLED") else "", ranks={})
+        detail = self.detail if found.state in ("FAILED", "CANCELLED") else ""
+        return dataclasses.replace(found, detail=detail, ranks={})
 
     def run_dir(self, job_id: str) -> Path:
         return self.folder
@@ -319,3 +321,29 @@ def test_job_wait_and_sweep_wait_share_one_loop(monkeypatch: pytest.MonkeyPatch,
     sweep = Sweep({"name": "s", "backend": "local", "trials": []}, tmp_path / "sweep.json")
     assert sweep.wait() == []
     assert calls == ["poll_until", "poll_until"]
+
+
+@pytest.mark.parametrize(
+    ("word", "normal", "finished"),
+    [("PREEMPTED", "requeued", False), ("PREEMPTED", "", True), ("Terminating", "", True), ("COMPLETING", "", False)],
+)
+def test_a_backend_status_and_the_api_agree_on_finished(word: str, normal: str, finished: bool) -> None:
+    status = JobStatus("7", "run", word, normal=normal)
+    assert status.finished is finished
+    assert info_of("slurm:7", status).finished is finished
+
+
+def test_the_package_exports_the_api_names_from_its_one_list() -> None:
+    import dist_jobs.api
+
+    assert set(dist_jobs.api.__all__) <= set(dist_jobs.__all__)
+    for name in dist_jobs.__all__:
+        assert getattr(dist_jobs, name) is not None, name
+    assert dist_jobs.attach is dist_jobs.api.attach
+
+
+def test_job_info_is_a_frozen_hashable_value() -> None:
+    info = JobInfo("slurm:7", "run", JobState.RUNNING, "RUNNING", ranks={0: "up"}, extra={"node": "n1"})
+    assert hash(info) == hash(JobInfo("slurm:7", "run", JobState.RUNNING, "RUNNING"))  # a set can hold it
+    with pytest.raises(AttributeError):
+        info.name = "other"  # type: ignore[misc]

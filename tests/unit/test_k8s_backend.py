@@ -22,8 +22,9 @@ from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path, prune_and_default
 from support.kube_standin import FakeKubeAPI, sample_pytorchjob
+from support.tiers import require_module
 
-kubernetes = pytest.importorskip("kubernetes")
+kubernetes = require_module("kubernetes")
 
 SEED = {
     "name": "resnet50-ddp",

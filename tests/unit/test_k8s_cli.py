@@ -20,8 +20,9 @@ from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path
 from support.kube_standin import TOKEN, FakeKubeAPI, write_kubeconfig
 from support.paths import PYTHON, REPO
+from support.tiers import require_module
 
-pytest.importorskip("kubernetes")
+require_module("kubernetes")
 
 
 SPEC = {

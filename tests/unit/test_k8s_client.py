@@ -14,8 +14,9 @@ import yaml
 
 from dist_jobs.backends import k8s_client
 from support.paths import PYTHON, REPO
+from support.tiers import require_module
 
-kubernetes = pytest.importorskip("kubernetes")
+kubernetes = require_module("kubernetes")
 
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 

@@ -13,8 +13,9 @@ import pytest
 
 from support.k8s_offline.validate import crd_path
 from support.kube_standin import FakeKubeAPI, sample_pytorchjob
+from support.tiers import require_module
 
-kubernetes = pytest.importorskip("kubernetes")
+kubernetes = require_module("kubernetes")
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 GROUP, VERSION, PLURAL, NS = "kubeflow.org", "v1", "pytorchjobs", "default"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dist_jobs.errors import UsageError
-from dist_jobs.ranks.ports import DEFAULT_EPHEMERAL_RANGE, derive_port, ephemeral_range, main
+from dist_jobs.ranks.ports import DEFAULT_EPHEMERAL_RANGE, derive_port, ephemeral_range, free_port, main
 from support.paths import REPO
 
 FAKE_RANGES = [
@@ -126,3 +127,19 @@ def test_main(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ([], ["x"], ["-1"], ["1", "2", "3"]):
         assert main(bad) == 2
         assert "usage:" in capsys.readouterr().err
+
+
+def test_free_port_skips_a_busy_port_and_stays_outside_the_ephemeral_range() -> None:
+    first = free_port(4242)
+    assert free_port(4242) == first  # a seed (the pid) gives the same port while it is free
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", first))
+        busy.listen()
+        other = free_port(4242)
+    assert other != first
+    low, high = ephemeral_range()
+    assert not low <= other <= high
+
+
+def test_unseeded_free_ports_differ_so_jobs_of_one_process_do_not_share_one() -> None:
+    assert len({free_port() for _ in range(8)}) > 1

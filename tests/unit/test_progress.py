@@ -29,6 +29,7 @@ from dist_jobs.rundir.progress import (
 )
 from dist_jobs.train.live import Live, attempt_number, progress_owner
 from support.paths import PYTHON
+from support.tiers import require_module
 
 RECORD: dict[str, Any] = {
     "step": 40,
@@ -240,7 +241,7 @@ def test_live_records_the_job_that_writes_it(tmp_path: Path, monkeypatch: pytest
 
 
 def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None:
-    pytest.importorskip("kubernetes")
+    require_module("kubernetes")
     from dist_jobs.backends import k8s_client
     from dist_jobs.backends.k8s import K8sBackend
     from dist_jobs.spec.load import load_spec

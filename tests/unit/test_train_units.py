@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dist_jobs.errors import UsageError
+from dist_jobs.ranks.ports import free_port
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, models
 from dist_jobs.train.__main__ import main
@@ -274,14 +275,6 @@ def test_peer_lost_tells_a_vanished_peer_from_a_bug(error: BaseException, lost: 
     assert peer_lost(error) is lost
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_a_lost_peer_in_rendezvous_exits_with_the_retryable_code(tmp_path: Path) -> None:
     """Rank 1 of 2 whose rank 0 never comes: the TCPStore times out, exit 200 (not 1), and the code
@@ -293,7 +286,7 @@ def test_a_lost_peer_in_rendezvous_exits_with_the_retryable_code(tmp_path: Path)
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),  # nothing listens: the client fails to connect until the timeout
+        "MASTER_PORT": str(free_port()),  # nothing listens: the client fails to connect until the timeout
         "DIST_JOBS_ENV": "torchrun",
         "DIST_JOBS_BACKEND": "local",  # two "nodes" on this host, both on loopback
         "DIST_JOBS_RDZV_TIMEOUT": "3",
