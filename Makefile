@@ -17,11 +17,13 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m dist_jobs.cli.demo
 
-# The whole suite: system tools, the real SLURM cluster and the real kube-apiserver tier, then pytest.
+# The whole suite: system tools, the real SLURM cluster, the real kube-apiserver tier and the real
+# pods on it (two kubelet nodes), then pytest.
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck)
 	bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
+	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
@@ -46,7 +48,7 @@ apiserver-down:
 	bash k8s/apiserver/down.sh
 # Real pods: two kubelet nodes + containerd + the operator's controller, on the apiserver tier.
 pods-up: $(VENV)/.installed
-	bash k8s/kubelet/up.sh
+	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 pods-down:
 	bash k8s/kubelet/down.sh
 

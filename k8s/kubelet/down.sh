@@ -66,8 +66,11 @@ kill_leftovers() {  # processes in the nodes' cgroups, and containerd shims serv
       done
     done
   done
-  for pid in $(pgrep -f containerd-shim 2>/dev/null); do
-    if tr "\\0" " " 2>/dev/null <"/proc/$pid/cmdline" | grep -q -- "$STATE/node"; then kill -9 "$pid" 2>/dev/null || true; fi
+  local cmdline
+  for cmdline in /proc/[0-9]*/cmdline; do
+    if tr "\\0" " " 2>/dev/null <"$cmdline" | grep -q -- "containerd-shim.*$STATE/node"; then
+      pid=${cmdline#/proc/}; kill -9 "${pid%/cmdline}" 2>/dev/null || true
+    fi
   done
 }
 
