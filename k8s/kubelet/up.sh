@@ -31,6 +31,12 @@ ensure_packages() {
     command -v "${cmd%%:*}" >/dev/null || want+=("${cmd#*:}")
   done
   [[ -x /usr/lib/cni/bridge ]] || want+=(containernetworking-plugins)
+  if [[ ! -x $KUBELET_BIN ]]; then  # build.sh needs what the apiserver's build needs
+    command -v go >/dev/null || want+=(golang-go)
+    command -v patch >/dev/null || want+=(patch)
+    command -v rsync >/dev/null || want+=(rsync)
+    dpkg -s golang-github-modern-go-reflect2-dev >/dev/null 2>&1 || want+=(golang-github-modern-go-reflect2-dev)
+  fi
   [[ ${#want[@]} == 0 ]] && return
   mapfile -t want < <(printf '%s\n' "${want[@]}" | sort -u)
   log "apt-get install ${want[*]}"
