@@ -350,7 +350,8 @@ class Controller:
             set_condition(status, "Created", "PyTorchJobCreated", f"PyTorchJob {job['metadata']['name']} is created.")
         counts: dict[str, dict[str, int]] = {}
         for pname, rtype, _ in expected:
-            c = counts.setdefault(rtype, {})
+            # every key, zeros included: a merge patch would keep a count this pass leaves out
+            c = counts.setdefault(rtype, {"active": 0, "succeeded": 0, "failed": 0})
             phase = mine.get(pname, {}).get("status", {}).get("phase")
             key = {"Running": "active", "Pending": "active", "Succeeded": "succeeded", "Failed": "failed"}.get(
                 phase or ""

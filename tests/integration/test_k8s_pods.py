@@ -258,6 +258,8 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     assert state(found) == "Succeeded", found
     # Every rank stopped at one step boundary and committed; the master's entrypoint exited 200,
     # which the kubelet reported and restartPolicy ExitCode retried.
+    obj = custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)
+    assert obj["status"]["replicaStatuses"]["Master"] == {"active": 0, "succeeded": 1, "failed": 0}, obj["status"]
     restarting = [c["message"] for c in found if c["type"] == "Restarting"]
     assert restarting and f"exit code {REQUEUE_EXIT_CODE}" in restarting[0], found
     master = [p for p in pods(core, job) if p.metadata.name.endswith("master-0")][0]
