@@ -12,7 +12,10 @@ them, and logs read through the kubelet.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +28,7 @@ import yaml
 from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
-from support.tiers import requires
+from support.tiers import require_tool, requires
 
 pytest.importorskip("kubernetes")
 from kubernetes import client, config
@@ -270,6 +273,42 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     assert 0 < int(resumed.group(2)) < 64
     assert committed(run_dir)[-1] == 64
     assert not (run_dir / "LOCK").exists()  # pod rank 0's entrypoint released the run directory
+
+
+def container_pid(pod: Any) -> int:
+    """The host pid of the pod's container (its PID 1: the entrypoint), from its node's containerd."""
+    cid = pod.status.container_statuses[0].container_id.split("://")[1]
+    node = realpods_tier.NODES.index(pod.spec.node_name) + 1
+    sock = realpods_tier.state_dir() / f"node{node}" / "ctd" / "containerd.sock"
+    ctr = require_tool("ctr")
+    tasks = subprocess.run([ctr, "-a", str(sock), "-n", "k8s.io", "tasks", "ls"], capture_output=True, text=True)
+    (pid,) = [line.split()[1] for line in tasks.stdout.splitlines() if line.startswith(cid)]
+    return int(pid)
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """SIGKILL to the master container's PID 1 (an OOM kill, a node loss): the kubelet reports 137,
+    retryable under ExitCode; the worker loses its peer and exits 200; both are recreated and resume."""
+    data = job_spec("rp-kill", claim)
+    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
+    job = submit(data)
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    wait_for(lambda: committed(run_dir), 240, "a first checkpoint")
+    (master,) = [p for p in pods(core, job) if p.metadata.name.endswith("master-0")]
+    os.kill(container_pid(master), signal.SIGKILL)
+    found = ended(custom, job, 240)
+    assert state(found) == "Succeeded", found
+    # The job keeps one Restarting condition (the latest); the operator's log has every decision.
+    decisions = (realpods_tier.state_dir() / "controller.log").read_text()
+    assert f"PyTorchJob {job} is restarting because 1 Master replica(s) failed (exit code 137)." in decisions
+    assert f"PyTorchJob {job} is restarting because 1 Worker replica(s) failed (exit code 200)." in decisions
+    text = logs(capsys, job, 0)
+    resumed = re.search(r"resumed from \S+: epoch 0, step (\d+) of \d+ in it, step (\d+) overall", text)
+    assert resumed is not None and 0 < int(resumed.group(2)) < 64, text[-3000:]
+    assert committed(run_dir)[-1] == 64
 
 
 @pytest.mark.timeout(180)
