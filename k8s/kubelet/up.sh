@@ -197,8 +197,9 @@ write_kubeconfig() {  # the admin kubeconfig with the tier's own context name
   chmod 600 "$STATE/kubeconfig.tmp" && mv "$STATE/kubeconfig.tmp" "$STATE/kubeconfig"
 }
 
-tier_up() {
-  [[ -f $STATE/image.ref && -f $STATE/kubeconfig ]] && pid_is "$STATE/controller.pid" controller.py \
+tier_up() {  # tier_up VENV: up, and running this checkout's code from this venv
+  [[ -f $STATE/image.ref && -f $STATE/kubeconfig ]] && [[ $(cat "$STATE/source" 2>/dev/null) == "$REPO $1" ]] \
+    && pid_is "$STATE/controller.pid" controller.py \
     && pid_is "$STATE/relay.pid" relay.py \
     && pid_is "$STATE/node1.pid" node.sh && pid_is "$STATE/node2.pid" node.sh || return 1
   local n
@@ -209,9 +210,10 @@ tier_up() {
 
 bring_up() {  # from nothing (a half-started tier is torn down first); prints the image reference
   local venv=$1 image start n; start=$(date +%s)
-  [[ ! -e $STATE ]] || { log "tearing down a half-started tier"; bash "$HERE/down.sh" >&2; }
+  [[ ! -e $STATE ]] || { log "tearing down the tier that is there (half-started, or from another checkout or venv)"; bash "$HERE/down.sh" >&2; }
   mkdir -p "$STATE" && chmod 755 "$STATE" && touch "$STATE/.dist-jobs-pods"
   echo "$venv/bin/python" >"$STATE/python"
+  echo "$REPO $venv" >"$STATE/source"
   image=$(build_image "$venv")
   make_network
   make_cgroups
@@ -238,10 +240,10 @@ main() {
   local _ venv
   for _ in 1 2 3 4 5; do api_ready && break; sleep 1; done
   api_ready || bash "$REPO/k8s/apiserver/up.sh" >&2
-  if tier_up; then log "already running (state: $STATE)"; cat "$STATE/image.ref"; return; fi
+  venv=$(pick_venv)
+  if tier_up "$venv"; then log "already running (state: $STATE)"; cat "$STATE/image.ref"; return; fi
   ensure_packages
   bash "$HERE/build.sh"
-  venv=$(pick_venv)
   # One retry from a clean slate: a start-up that fails on a loaded machine must not fail CI.
   # (A subshell in a statement of its own: inside `if`/`&&` bash would ignore set -e there.)
   local rc=0
