@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: demo test test-fast lint docs cluster-up cluster-down apiserver-up apiserver-down examples bench clean
+.PHONY: demo test test-fast lint docs cluster-up cluster-down apiserver-up apiserver-down pods-up pods-down examples bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,13 +17,15 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m dist_jobs.cli.demo
 
-# The whole suite: system tools, the real SLURM cluster and the real kube-apiserver tier, the
-# docs site, then the test matrix of noxfile.py: everything on the venv's Python, and every test
-# that needs no torch on each other Python pyproject's classifiers promise.
+# The whole suite: system tools, the real SLURM cluster, the real kube-apiserver tier and the real
+# pods on it (two kubelet nodes), the docs site, then the test matrix of noxfile.py: everything on
+# the venv's Python, and every test that needs no torch on each other Python pyproject's
+# classifiers promise.
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck)
 	bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
+	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs
 	DIST_JOBS_VENV=$(VENV) $(VENV)/bin/nox
@@ -41,7 +43,7 @@ lint: $(VENV)/.installed
 
 # Without the cluster tiers (their tests skip with the reason).
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m 'not slurm and not apiserver'; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	$(PY) -m pytest -q -m 'not slurm and not apiserver and not realpods'; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 cluster-up:
 	bash slurm/cluster/up.sh
@@ -51,6 +53,11 @@ apiserver-up:
 	bash k8s/apiserver/up.sh
 apiserver-down:
 	bash k8s/apiserver/down.sh
+# Real pods: two kubelet nodes + containerd + the operator's controller, on the apiserver tier.
+pods-up: $(VENV)/.installed
+	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
+pods-down:
+	bash k8s/kubelet/down.sh
 
 examples: $(VENV)/.installed
 	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/test_examples.py tests/unit/test_sweep.py

@@ -18,7 +18,9 @@ trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 lock=""
 if [ "${PET_NODE_RANK:-}" = 0 ]; then
   if python3 -c 'import dist_jobs.rundir.lockctl' 2>/dev/null; then
-    lock=$(cat /proc/sys/kernel/random/uuid)
+    # 32 hex digits, the length of the trainer's own tokens (uuid4().hex): rank 0 shares the token
+    # with every rank in a fixed-size all_reduce, so a longer one is a collective mismatch.
+    lock=$(tr -d - </proc/sys/kernel/random/uuid)
     python3 -m dist_jobs.rundir.lockctl acquire "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" --backend k8s --token "$lock" || exit 2
     export DIST_JOBS_LOCK_TOKEN="$lock"
   else

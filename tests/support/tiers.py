@@ -2,7 +2,8 @@
 
 A tier is something outside the Python process a test needs: the local SLURM cluster
 (`slurm/cluster/up.sh`), the real kube-apiserver (`k8s/apiserver/up.sh`), pods run by the
-operator harness, a GPU, or a system tool. Without it the test skips and says how to get it,
+operator harness, real pods on two kubelets (`k8s/kubelet/up.sh`), a GPU, or a system tool.
+Without it the test skips and says how to get it,
 except under CI (`CI` set, as `.ci/run` does), where a missing cluster tier or tool is a
 failure: CI brings them all up, so a silent one means the set-up broke. A GPU is the one tier
 CI never has, so it always skips.
@@ -23,7 +24,7 @@ import pytest
 
 from support.paths import REPO
 
-TIERS = ("slurm", "apiserver", "pods", "gpu")
+TIERS = ("slurm", "apiserver", "pods", "realpods", "gpu")
 
 
 def in_ci() -> bool:
@@ -62,6 +63,12 @@ def _pods() -> str | None:
     return available()
 
 
+def _realpods() -> str | None:
+    from support import realpods_tier
+
+    return realpods_tier.missing()
+
+
 @functools.cache
 def _gpu() -> str | None:
     try:
@@ -71,7 +78,13 @@ def _gpu() -> str | None:
     return None if torch.cuda.is_available() else "no CUDA GPU on this machine"
 
 
-_PROBES: dict[str, Callable[[], str | None]] = {"slurm": _slurm, "apiserver": _apiserver, "pods": _pods, "gpu": _gpu}
+_PROBES: dict[str, Callable[[], str | None]] = {
+    "slurm": _slurm,
+    "apiserver": _apiserver,
+    "pods": _pods,
+    "realpods": _realpods,
+    "gpu": _gpu,
+}
 
 
 def missing(tier: str) -> str | None:

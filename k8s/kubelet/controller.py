@@ -1,0 +1,610 @@
+"""The `realpods` tier's controller: the Kubeflow training operator (v1.9, PyTorchJob) for one
+namespace, plus the control-plane loops this apiserver lacks (no kube-controller-manager, no
+scheduler, no cluster DNS).
+
+As the operator (the decisions come from tests/support/operator_harness.py, which encodes
+kubeflow/trainer v1.9.4; KUBERNETES_NOTES section 5):
+* one Pod per replica, named <job>-<type>-<index>, with the operator's labels, an ownerReference
+  to the job, the operator's env appended to the `pytorch` container (MASTER_ADDR=<job>-master-0,
+  PET_*, WORLD_SIZE, RANK) and restartPolicy ExitCode turned into the pod's Never;
+* a headless Service per pod, of the same name;
+* ExitCode: a pod whose container exited 128-255 is deleted and recreated, 1-127 fails the job;
+  backoffLimit 0 fails the job on the first failure; the job succeeds when its Master has;
+  cleanPodPolicy None: nothing is deleted when the job ends.
+* job status: the operator's conditions (Created, Running, Restarting, Succeeded, Failed) and
+  replicaStatuses.
+
+In place of the missing control plane:
+* scheduler: spec.nodeName, the Master on the first node and the Workers alternating;
+* endpoints controller + cluster DNS: the Endpoints of each pod's Service, and `hostAliases`
+  naming the other pods of the job by those endpoints (so MASTER_ADDR stays the Service name, and
+  a Worker is created once its Master has an address);
+* PV controller: a pending claim is bound to a new hostPath volume under the tier's state dir
+  (shared by both nodes, like an RWX filesystem), which is removed with the claim;
+* garbage collector: pods of a deleted job are deleted; foreground deletion finishes once they
+  are gone; the protection finalizers of deleted claims and volumes are removed.
+* service account controller: the namespace's `default` ServiceAccount (no token).
+
+The tier's image is a busybox rootfs: the pods' python, torch and dist-jobs come from read-only
+hostPath mounts this controller adds to containers of that image, as a cluster's admission
+webhook would (`--mounts`).
+
+Usage: controller.py --kubeconfig K --state DIR --nodes IP1,IP2 --mounts P1:P2:... [--cleanup]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from kubernetes import config
+from kubernetes.client.rest import ApiException
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from support.operator_harness import _metadata, defaulted, operator_env, retries
+
+NAMESPACE = "dist-jobs-pods"
+GROUP = "/apis/kubeflow.org/v1"
+JOB_LABEL = "training.kubeflow.org/job-name"
+TIER_LABEL = "dist-jobs-pods/tier"
+IMAGE_PREFIX = "localhost/dist-jobs-runtime:"
+MERGE = "application/merge-patch+json"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def log(msg: str) -> None:
+    print(f"[controller {datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Api:
+    """JSON in, JSON out, against the apiserver with the admin kubeconfig."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.client = config.new_client_from_config(config_file=kubeconfig)
+
+    def call(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None, ctype: str = ""
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": ctype or "application/json"}
+        for auth in self.client.configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        url = self.client.configuration.host.rstrip("/") + path + ("?" + urlencode(query) if query else "")
+        resp = self.client.rest_client.request(method, url, headers=headers, body=body, _request_timeout=30)
+        data = resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+        return json.loads(data) if data else {}
+
+    def get(self, path: str, query: dict[str, str] | None = None) -> Any:
+        try:
+            return self.call("GET", path, query=query)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def items(self, path: str, selector: str = "") -> list[dict[str, Any]]:
+        found = self.get(path, {"labelSelector": selector} if selector else None)
+        return list((found or {}).get("items") or [])
+
+    def create(self, path: str, body: dict[str, Any]) -> None:
+        try:
+            self.call("POST", path, body)
+        except ApiException as exc:
+            if exc.status != 409:  # already there: a previous pass made it
+                raise
+
+    def delete(self, path: str, grace: int | None = None) -> None:
+        query = {} if grace is None else {"gracePeriodSeconds": str(grace)}
+        try:
+            self.call("DELETE", path, query=query)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def patch(self, path: str, body: dict[str, Any]) -> None:
+        try:
+            self.call("PATCH", path, body, ctype=MERGE)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def ns_path(kind: str, name: str = "") -> str:
+    base = (
+        f"{GROUP}/namespaces/{NAMESPACE}/pytorchjobs"
+        if kind == "pytorchjobs"
+        else f"/api/v1/namespaces/{NAMESPACE}/{kind}"
+    )
+    return f"{base}/{name}" if name else base
+
+
+# -- pods as the operator makes them -----------------------------------------------------------
+
+
+def expected_pods(job: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(name, replica type, index) of every pod of a defaulted job, Master first."""
+    out = []
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    for rtype in sorted(replicas, key=lambda r: r != "Master"):
+        for index in range(int(replicas[rtype]["replicas"])):
+            out.append((f"{job['metadata']['name']}-{rtype.lower()}-{index}", rtype, index))
+    return out
+
+
+class Controller:
+    def __init__(self, api: Api, state: Path, nodes: list[str], mounts: list[str]) -> None:
+        self.api, self.state, self.nodes = api, state, nodes
+        self.mounts = mounts
+
+    # -- the tier's admission: the runtime comes from read-only host mounts -------------------
+    def admit(self, spec: dict[str, Any]) -> None:
+        containers = [c for c in spec.get("containers", []) if str(c.get("image", "")).startswith(IMAGE_PREFIX)]
+        if not containers:
+            return
+        volumes = spec.setdefault("volumes", [])
+        for i, path in enumerate(self.mounts):
+            name = f"dist-jobs-runtime-{i}"
+            volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
+            for container in containers:
+                mount = {"name": name, "mountPath": path, "readOnly": True}
+                container.setdefault("volumeMounts", []).append(mount)
+
+    def pod_body(self, job: dict[str, Any], rtype: str, index: int, aliases: dict[str, str]) -> dict[str, Any]:
+        replica = job["spec"]["pytorchReplicaSpecs"][rtype]
+        metadata = _metadata(job, replica, rtype, index)
+        if rtype == "Master":
+            metadata["labels"]["training.kubeflow.org/job-role"] = "master"
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "name": job["metadata"]["name"],
+                "uid": job["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        spec = copy.deepcopy(replica["template"]["spec"])
+        for container in spec["containers"]:
+            if container["name"] == "pytorch":
+                added = [{"name": k, "value": v} for k, v in operator_env(job, rtype, index)]
+                container["env"] = [*(container.get("env") or []), *added]
+        policy = replica["restartPolicy"]
+        spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
+        order = [name for name, _, _ in expected_pods(job)]
+        spec["nodeName"] = self.nodes[order.index(metadata["name"]) % len(self.nodes)]
+        spec["automountServiceAccountToken"] = False
+        spec["hostAliases"] = [{"ip": ip, "hostnames": [name]} for name, ip in sorted(aliases.items())]
+        self.admit(spec)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+    def ensure_service(
+        self, job: dict[str, Any], name: str, rtype: str, index: int, pod: dict[str, Any] | None
+    ) -> None:
+        labels = {JOB_LABEL: job["metadata"]["name"], TIER_LABEL: "1"}
+        port = (
+            int(dict(operator_env(job, "Master", 0)).get("MASTER_PORT", "23456"))
+            if "Master" in job["spec"]["pytorchReplicaSpecs"]
+            else 23456
+        )
+        if self.api.get(ns_path("services", name)) is None:
+            selector = {
+                JOB_LABEL: job["metadata"]["name"],
+                "training.kubeflow.org/replica-type": rtype.lower(),
+                "training.kubeflow.org/replica-index": str(index),
+            }
+            self.api.create(
+                ns_path("services"),
+                {
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {
+                        "clusterIP": "None",
+                        "selector": selector,
+                        "ports": [{"name": "pytorchjob-port", "port": port}],
+                    },
+                },
+            )
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        alive = (
+            pod is not None
+            and not pod["metadata"].get("deletionTimestamp")
+            and pod["status"].get("phase") in ("Pending", "Running")
+        )
+        subsets = (
+            [{"addresses": [{"ip": ip}], "ports": [{"name": "pytorchjob-port", "port": port}]}] if ip and alive else []
+        )
+        current = self.api.get(ns_path("endpoints", name))
+        if current is None:
+            self.api.create(ns_path("endpoints"), {"metadata": {"name": name, "labels": labels}, "subsets": subsets})
+        elif (current.get("subsets") or []) != subsets:
+            self.api.call("PUT", ns_path("endpoints", name), {**current, "subsets": subsets})
+
+    # -- the reconcile of one job ---------------------------------------------------------------
+    def reconcile(self, raw: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        job = defaulted(raw)
+        name = job["metadata"]["name"]
+        mine = {p["metadata"]["name"]: p for p in pods if p["metadata"].get("labels", {}).get(JOB_LABEL) == name}
+        if job["metadata"].get("deletionTimestamp"):
+            self.finish_deletion(job, mine)
+            return
+        status = copy.deepcopy(job.get("status") or {})
+        ended = any(
+            c["type"] in ("Succeeded", "Failed") and c["status"] == "True" for c in status.get("conditions") or []
+        )
+        expected = expected_pods(job)
+        if not ended:
+            self.bind_claims(job)
+            ended = self.drive(job, expected, mine, status)
+        self.write_status(job, expected, mine, status)
+
+    def drive(
+        self, job: dict[str, Any], expected: list[tuple[str, str, int]], mine: dict[str, Any], status: dict[str, Any]
+    ) -> bool:
+        """Create, recreate and judge pods; True once the job has ended."""
+        backoff = job["spec"].get("runPolicy", {}).get("backoffLimit")
+        jname = job["metadata"]["name"]
+        aliases = {}
+        for pname, _, _ in expected:
+            pod = mine.get(pname)
+            ip = ((pod or {}).get("status") or {}).get("podIP")
+            if pod is not None and ip and not pod["metadata"].get("deletionTimestamp"):
+                aliases[pname] = ip
+        has_master = any(r == "Master" for _, r, _ in expected)
+        for pname, rtype, index in expected:
+            pod = mine.get(pname)
+            self.ensure_service(job, pname, rtype, index, pod)
+            if pod is None:
+                master = expected[0][0]
+                if rtype != "Master" and has_master and master not in aliases:
+                    continue  # the Service's endpoint (the DNS answer) is not there yet
+                self.api.create(
+                    ns_path("pods"), self.pod_body(job, rtype, index, {k: v for k, v in aliases.items() if k != pname})
+                )
+                log(f"created pod {pname} on {self.pod_node(job, pname)}")
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            phase = pod["status"].get("phase")
+            code = exit_code(pod)
+            policy = job["spec"]["pytorchReplicaSpecs"][rtype]["restartPolicy"]
+            if phase == "Succeeded" and (rtype == "Master" or not has_master):
+                if not has_master and not all(
+                    mine.get(n, {}).get("status", {}).get("phase") == "Succeeded" for n, _, _ in expected
+                ):
+                    continue
+                set_condition(
+                    status,
+                    "Succeeded",
+                    "PyTorchJobSucceeded",
+                    f"PyTorchJob {job['metadata']['name']} is successfully completed.",
+                )
+                log(f"job {job['metadata']['name']} succeeded")
+                return True
+            if phase == "Failed":
+                if backoff == 0 or not (policy == "ExitCode" and retries("ExitCode", code)):
+                    msg = f"PyTorchJob {jname} is failed because 1 {rtype} replica(s) failed (exit code {code})."
+                    set_condition(status, "Failed", "PyTorchJobFailed", msg)
+                    log(msg)
+                    return True
+                msg = f"PyTorchJob {jname} is restarting because 1 {rtype} replica(s) failed (exit code {code})."
+                set_condition(status, "Restarting", "PyTorchJobRestarting", msg)
+                log(f"{msg} deleting {pname}; its log: {self.keep_log(pod)}")
+                self.api.delete(ns_path("pods", pname), grace=0)
+            elif policy == "OnFailure" and backoff is not None and restarts(pod) > backoff:
+                set_condition(
+                    status,
+                    "Failed",
+                    "PyTorchJobFailed",
+                    f"PyTorchJob {jname} has failed because it has reached the specified backoff limit",
+                )
+                return True
+        if any(mine.get(n, {}).get("status", {}).get("phase") == "Running" for n, _, _ in expected):
+            running = [c for c in status.get("conditions") or [] if c["type"] == "Running" and c["status"] == "True"]
+            restarting = [
+                c for c in status.get("conditions") or [] if c["type"] == "Restarting" and c["status"] == "True"
+            ]
+            if not running or restarting:
+                set_condition(
+                    status, "Running", "PyTorchJobRunning", f"PyTorchJob {job['metadata']['name']} is running."
+                )
+        return False
+
+    def keep_log(self, pod: dict[str, Any]) -> Path:
+        """The log of a pod about to be deleted, kept in the state dir (the kubelet drops it)."""
+        meta = pod["metadata"]
+        path = self.state / "pod-logs" / f"{meta['name']}.{meta['uid']}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            url = f"{ns_path('pods', meta['name'])}/log?container=pytorch"
+            headers = {"Authorization": self.api.client.configuration.auth_settings()["BearerToken"]["value"]}
+            resp = self.api.client.rest_client.request(
+                "GET", self.api.client.configuration.host + url, headers=headers, _request_timeout=30
+            )
+            path.write_bytes(resp.read())
+        except Exception as exc:  # a log we cannot read must not stop the restart
+            path.write_text(f"log not readable: {exc}\n")
+        return path
+
+    def pod_node(self, job: dict[str, Any], pname: str) -> str:
+        order = [n for n, _, _ in expected_pods(job)]
+        return self.nodes[order.index(pname) % len(self.nodes)]
+
+    def write_status(
+        self, job: dict[str, Any], expected: list[tuple[str, str, int]], mine: dict[str, Any], status: dict[str, Any]
+    ) -> None:
+        if not status.get("conditions"):
+            set_condition(status, "Created", "PyTorchJobCreated", f"PyTorchJob {job['metadata']['name']} is created.")
+        counts: dict[str, dict[str, int]] = {}
+        for pname, rtype, _ in expected:
+            # every key, zeros included: a merge patch would keep a count this pass leaves out
+            c = counts.setdefault(rtype, {"active": 0, "succeeded": 0, "failed": 0})
+            phase = mine.get(pname, {}).get("status", {}).get("phase")
+            key = {"Running": "active", "Pending": "active", "Succeeded": "succeeded", "Failed": "failed"}.get(
+                phase or ""
+            )
+            if key:
+                c[key] = c.get(key, 0) + 1
+        status["replicaStatuses"] = counts
+        if status != (job.get("status") or {}):
+            status.setdefault("startTime", now())
+            if any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True" for c in status["conditions"]):
+                status.setdefault("completionTime", now())
+            self.api.patch(f"{ns_path('pytorchjobs', job['metadata']['name'])}/status", {"status": status})
+
+    def finish_deletion(self, job: dict[str, Any], mine: dict[str, Any]) -> None:
+        """The garbage collector's foreground deletion: pods first, then the job."""
+        for pname, pod in mine.items():
+            if not pod["metadata"].get("deletionTimestamp"):
+                log(f"job {job['metadata']['name']} deleted: deleting pod {pname}")
+                self.api.delete(ns_path("pods", pname))
+        if mine:
+            return
+        self.delete_services(job["metadata"]["name"])
+        if job["metadata"].get("finalizers"):
+            self.api.patch(ns_path("pytorchjobs", job["metadata"]["name"]), {"metadata": {"finalizers": None}})
+
+    def delete_services(self, job_name: str) -> None:
+        for kind in ("services", "endpoints"):
+            for obj in self.api.items(ns_path(kind), f"{JOB_LABEL}={job_name},{TIER_LABEL}=1"):
+                self.api.delete(ns_path(kind, obj["metadata"]["name"]))
+
+    # -- volumes --------------------------------------------------------------------------------
+    def bind_claims(self, job: dict[str, Any]) -> None:
+        for replica in job["spec"]["pytorchReplicaSpecs"].values():
+            for volume in replica["template"]["spec"].get("volumes") or []:
+                claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+                if claim:
+                    self.bind(claim)
+
+    def bind(self, claim: str) -> None:
+        pvc = self.api.get(ns_path("persistentvolumeclaims", claim))
+        if pvc is None or (pvc.get("status") or {}).get("phase") == "Bound" or pvc["metadata"].get("deletionTimestamp"):
+            return
+        pv_name = f"{NAMESPACE}-{claim}"
+        path = self.state / "volumes" / NAMESPACE / claim
+        path.mkdir(parents=True, exist_ok=True)
+        size = ((pvc["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+        modes = pvc["spec"].get("accessModes") or ["ReadWriteMany"]
+        claim_ref = {
+            "kind": "PersistentVolumeClaim",
+            "namespace": NAMESPACE,
+            "name": claim,
+            "uid": pvc["metadata"]["uid"],
+        }
+        self.api.create(
+            "/api/v1/persistentvolumes",
+            {
+                "metadata": {"name": pv_name, "labels": {TIER_LABEL: "1"}},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": modes,
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "hostPath": {"path": str(path), "type": "Directory"},
+                    "claimRef": claim_ref,
+                },
+            },
+        )
+        self.api.patch(f"/api/v1/persistentvolumes/{pv_name}", {"spec": {"claimRef": claim_ref}})
+        self.api.patch(f"/api/v1/persistentvolumes/{pv_name}/status", {"status": {"phase": "Bound"}})
+        self.api.patch(ns_path("persistentvolumeclaims", claim), {"spec": {"volumeName": pv_name}})
+        body = {"status": {"phase": "Bound", "accessModes": modes, "capacity": {"storage": size}}}
+        self.api.patch(f"{ns_path('persistentvolumeclaims', claim)}/status", body)
+        log(f"bound claim {claim} to {pv_name} ({path})")
+
+    def collect(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """Garbage: pods of jobs that are gone, deleted claims, volumes without their claim."""
+        uids = {j["metadata"]["uid"] for j in jobs}
+        names = {j["metadata"]["name"] for j in jobs}
+        for pod in pods:
+            owners = [o["uid"] for o in pod["metadata"].get("ownerReferences") or [] if o.get("kind") == "PyTorchJob"]
+            if owners and owners[0] not in uids and not pod["metadata"].get("deletionTimestamp"):
+                log(f"owner of pod {pod['metadata']['name']} is gone: deleting it")
+                self.api.delete(ns_path("pods", pod["metadata"]["name"]))
+        for svc in self.api.items(ns_path("services"), TIER_LABEL + "=1"):
+            if svc["metadata"]["labels"].get(JOB_LABEL) not in names:
+                self.delete_services(svc["metadata"]["labels"].get(JOB_LABEL, ""))
+        claims = {c["metadata"]["name"]: c for c in self.api.items(ns_path("persistentvolumeclaims"))}
+        for claim in claims.values():
+            if claim["metadata"].get("deletionTimestamp") and claim["metadata"].get("finalizers"):
+                users = [
+                    p
+                    for p in pods
+                    if any(
+                        (v.get("persistentVolumeClaim") or {}).get("claimName") == claim["metadata"]["name"]
+                        for v in p["spec"].get("volumes") or []
+                    )
+                ]
+                if not users:
+                    self.api.patch(
+                        ns_path("persistentvolumeclaims", claim["metadata"]["name"]), {"metadata": {"finalizers": None}}
+                    )
+        for pv in self.api.items("/api/v1/persistentvolumes", TIER_LABEL + "=1"):
+            ref = pv["spec"].get("claimRef") or {}
+            live = claims.get(ref.get("name", ""))
+            if live is None or live["metadata"]["uid"] != ref.get("uid"):
+                self.delete_volume(pv)
+
+    def delete_volume(self, pv: dict[str, Any]) -> None:
+        name = pv["metadata"]["name"]
+        path = Path((pv["spec"].get("hostPath") or {}).get("path", ""))
+        self.api.delete(f"/api/v1/persistentvolumes/{name}")
+        self.api.patch(f"/api/v1/persistentvolumes/{name}", {"metadata": {"finalizers": None}})
+        if path.is_relative_to(self.state / "volumes"):
+            shutil.rmtree(path, ignore_errors=True)
+        log(f"removed volume {name}")
+
+    # -- the loop -------------------------------------------------------------------------------
+    def ensure_namespace(self) -> None:
+        if self.api.get(f"/api/v1/namespaces/{NAMESPACE}") is None:
+            self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        if self.api.get(ns_path("serviceaccounts", "default")) is None:
+            self.api.create(
+                ns_path("serviceaccounts"), {"metadata": {"name": "default"}, "automountServiceAccountToken": False}
+            )
+
+    def once(self) -> None:
+        self.ensure_namespace()
+        jobs = self.api.items(ns_path("pytorchjobs"))
+        pods = self.api.items(ns_path("pods"))
+        for pvc in self.api.items(ns_path("persistentvolumeclaims")):
+            if (pvc.get("status") or {}).get("phase") != "Bound":
+                self.bind(pvc["metadata"]["name"])
+        for job in jobs:
+            try:
+                self.reconcile(job, pods)
+            except ApiException as exc:
+                log(f"reconcile of {job['metadata']['name']}: HTTP {exc.status}: {str(exc.body)[:300]}")
+        self.collect(jobs, pods)
+
+
+def exit_code(pod: dict[str, Any]) -> int:
+    for status in pod["status"].get("containerStatuses") or []:
+        if status["name"] == "pytorch":
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if "exitCode" in terminated:
+                return int(terminated["exitCode"])
+    return 128 + 9  # no container status (e.g. the node lost it): what a kill leaves
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    return sum(int(s.get("restartCount", 0)) for s in pod["status"].get("containerStatuses") or [])
+
+
+def set_condition(status: dict[str, Any], ctype: str, reason: str, message: str) -> None:
+    """The operator's updateJobConditions: the new condition last; Running and Restarting
+    exclude each other, and an ended job is no longer Running."""
+    conditions = status.setdefault("conditions", [])
+    stamp = now()
+    for c in conditions:
+        if (
+            ctype in ("Running", "Restarting", "Succeeded", "Failed")
+            and c["type"] in ("Running", "Restarting")
+            and c["type"] != ctype
+        ):
+            if c["status"] == "True":
+                c.update(status="False", lastUpdateTime=stamp, lastTransitionTime=stamp)
+    for c in conditions:
+        if c["type"] == ctype:
+            if c["status"] != "True" or c["message"] != message:
+                conditions.remove(c)
+                break
+            return
+    conditions.append(
+        {
+            "type": ctype,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastUpdateTime": stamp,
+            "lastTransitionTime": stamp,
+        }
+    )
+
+
+def cleanup(api: Api, nodes: list[str], phase: str) -> None:
+    """down.sh's API side. `pods`: the namespace and everything in it (there is no namespace
+    controller to empty it), and the volumes; `nodes`: the nodes, their leases and events."""
+    if phase == "pods":
+        ctl = Controller(api, Path("/nonexistent"), nodes, [])
+        for kind in (
+            "pytorchjobs",
+            "pods",
+            "persistentvolumeclaims",
+            "services",
+            "endpoints",
+            "serviceaccounts",
+            "events",
+        ):
+            for obj in api.items(ns_path(kind)):
+                path = ns_path(kind, obj["metadata"]["name"])
+                api.delete(path, grace=0)
+                if obj["metadata"].get("finalizers"):
+                    api.patch(path, {"metadata": {"finalizers": None}})
+        for pv in api.items("/api/v1/persistentvolumes", TIER_LABEL + "=1"):
+            ctl.delete_volume(pv)
+        api.delete(f"/api/v1/namespaces/{NAMESPACE}")
+        ns = api.get(f"/api/v1/namespaces/{NAMESPACE}")
+        if ns is not None:
+            ns["spec"]["finalizers"] = []
+            api.call("PUT", f"/api/v1/namespaces/{NAMESPACE}/finalize", ns)
+        return
+    for node in nodes:
+        api.delete(f"/api/v1/nodes/{node}")
+        api.delete(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+    for event in api.items("/api/v1/namespaces/default/events"):
+        if (event.get("involvedObject") or {}).get("name") in nodes:
+            api.delete(f"/api/v1/namespaces/default/events/{event['metadata']['name']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--state", required=True)
+    parser.add_argument("--nodes", required=True)
+    parser.add_argument("--mounts", default="")
+    parser.add_argument("--cleanup", choices=["pods", "nodes"])
+    parser.add_argument("--interval", type=float, default=0.5)
+    args = parser.parse_args()
+    api = Api(args.kubeconfig)
+    nodes = args.nodes.split(",")
+    if args.cleanup:
+        cleanup(api, nodes, args.cleanup)
+        return
+    mounts = dedupe([m for m in args.mounts.split(":") if m])
+    ctl = Controller(api, Path(args.state), nodes, mounts)
+    ctl.ensure_namespace()
+    (Path(args.state) / "controller.ready").touch()
+    log(f"watching PyTorchJobs in {NAMESPACE}; nodes {nodes}; runtime mounts {mounts}")
+    while True:
+        try:
+            ctl.once()
+        except Exception:  # the loop must survive a failed pass (an apiserver hiccup): log and go on
+            log(traceback.format_exc())
+        time.sleep(args.interval)
+
+
+def dedupe(paths: list[str]) -> list[str]:
+    """Drop paths under another one in the list: that mount brings them already."""
+    keep = []
+    for p in sorted(set(paths)):
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
+            keep.append(p)
+    return keep
+
+
+if __name__ == "__main__":
+    main()

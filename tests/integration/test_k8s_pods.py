@@ -1,0 +1,350 @@
+"""PyTorchJobs as Kubernetes runs them: `dist-jobs submit --backend k8s` to the real apiserver,
+the tier's controller (the training operator) makes the Pods, two real kubelets (in network
+namespaces of their own, so the pods of a job talk across a real network) run them in containerd,
+from an image imported without a registry (k8s/kubelet/up.sh).
+
+What the harness tier (test_k8s_operator.py) assumes is exercised here: the container's command
+and env after the kubelet's `$(VAR)`/`$$` expansion, /dev/shm from an emptyDir of medium Memory,
+the PVC mount, the SIGTERM and grace period of a pod deletion, exit codes as the kubelet reports
+them, and logs read through the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dist_jobs.cli import main
+from dist_jobs.constants import REQUEUE_EXIT_CODE
+from support import realpods_tier
+from support.tiers import require_tool, requires
+
+pytest.importorskip("kubernetes")
+from kubernetes import client, config
+
+pytestmark = [requires("realpods"), pytest.mark.slow]
+
+NS = realpods_tier.NAMESPACE
+TRAIN = {"image_size": 8, "fake_samples": 64, "epochs": 2, "batch_size": 8, "checkpoint_every_steps": 1}
+
+
+@pytest.fixture()
+def core() -> Iterator[client.CoreV1Api]:
+    with config.new_client_from_config(config_file=str(realpods_tier.kubeconfig())) as api:
+        yield client.CoreV1Api(api)
+
+
+@pytest.fixture()
+def custom() -> Iterator[client.CustomObjectsApi]:
+    with config.new_client_from_config(config_file=str(realpods_tier.kubeconfig())) as api:
+        yield client.CustomObjectsApi(api)
+
+
+@pytest.fixture()
+def claim(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh ReadWriteMany claim; the tier binds it to a volume shared by both nodes."""
+    name = f"ckpt-{uuid.uuid4().hex[:8]}"
+    body = {
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    core.create_namespaced_persistent_volume_claim(NS, body)
+    yield name
+    core.delete_namespaced_persistent_volume_claim(name, NS)
+
+
+def job_spec(name: str, claim: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "nodes": 2,
+        "gpus_per_node": 0,
+        "procs_per_node": 2,
+        "checkpoint_dir": "ckpt",
+        "image": realpods_tier.image(),
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"},
+        "train": dict(TRAIN),
+        # The claim is mounted where this host sees its volume, so `dist-jobs status` reads the
+        # run directory here as on a machine that mounts the same filesystem.
+        "k8s": {
+            "namespace": NS,
+            "pvc": claim,
+            "mount_path": str(realpods_tier.volume(claim)),
+            "cpu_request": "100m",
+            "shm_size": "256Mi",
+        },
+        **extra,
+    }
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main([*args[:1], "--backend", "k8s", "--kubeconfig", str(realpods_tier.kubeconfig()), *args[1:]])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture()
+def submit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> Iterator[Callable[[dict[str, Any]], str]]:
+    """`dist-jobs submit --backend k8s`; every job submitted is deleted (with its pods) afterwards."""
+    names: list[str] = []
+
+    def run(data: dict[str, Any]) -> str:
+        path = tmp_path / f"{data['name']}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        code, _, err = cli(capsys, "submit", str(path))
+        assert code == 0, err
+        names.append(data["name"])
+        return str(data["name"])
+
+    yield run
+    for name in names:
+        try:
+            custom.delete_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+    wait_for(lambda: not any(pods(core, n) for n in names), 120, "the deleted jobs' pods to go")
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.5)
+
+
+def pods(core: client.CoreV1Api, job: str) -> list[Any]:
+    return list(core.list_namespaced_pod(NS, label_selector=f"training.kubeflow.org/job-name={job}").items)
+
+
+def conditions(custom: client.CustomObjectsApi, job: str) -> list[dict[str, Any]]:
+    obj = custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)
+    return list((obj.get("status") or {}).get("conditions") or [])
+
+
+def ended(custom: client.CustomObjectsApi, job: str, timeout: float) -> list[dict[str, Any]]:
+    """The job's conditions once it has Succeeded or Failed."""
+
+    def check() -> list[dict[str, Any]] | None:
+        found = conditions(custom, job)
+        done = [c for c in found if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"]
+        return found if done else None
+
+    return wait_for(check, timeout, f"PyTorchJob {job} to end")  # type: ignore[no-any-return]
+
+
+def state(found: list[dict[str, Any]]) -> str:
+    return str([c for c in found if c["status"] == "True"][-1]["type"])
+
+
+def committed(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in run_dir.glob("step-*") if (p / "COMPLETE").exists())
+
+
+def logs(capsys: pytest.CaptureFixture[str], job: str, rank: int) -> str:
+    code, out, err = cli(capsys, "logs", f"k8s://{NS}/PyTorchJob/{job}", "--rank", str(rank))
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_two_node_job_trains_checkpoints_on_the_pvc_and_succeeds(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    job = submit(job_spec("rp-train", claim))
+    found = ended(custom, job, 240)
+    assert state(found) == "Succeeded", found
+    by_name = {p.metadata.name: p for p in pods(core, job)}
+    master, worker = by_name[f"{job}-master-0"], by_name[f"{job}-worker-0"]
+    # One pod per node, each with an address of its node's pod network, both exited 0 (kubelet's word).
+    assert (master.spec.node_name, worker.spec.node_name) == realpods_tier.NODES
+    assert master.status.pod_ip.startswith("10.78.16.") and worker.status.pod_ip.startswith("10.78.32.")
+    for pod in (master, worker):
+        terminated = pod.status.container_statuses[0].state.terminated
+        assert (pod.status.phase, terminated.exit_code) == ("Succeeded", 0), pod.status
+    # The worker found the master by the Service name the operator gives it (MASTER_ADDR unchanged).
+    line = "dist-jobs: rank {r}/4 node {n}/2 local {l}/2 master %s-master-0:23456 (torchrun, host %s-{p}-0)"
+    for rank, pod in ((0, "master"), (1, "worker")):
+        text = logs(capsys, job, rank)  # through the apiserver and the kubelet
+        for local in (0, 1):
+            want = (line % (job, job)).format(r=2 * rank + local, n=rank, l=local, p=pod)
+            assert want in text, text[-3000:]
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    assert committed(run_dir)[-1] == 4  # 64 samples / (4 ranks x 8) = 2 steps, 2 epochs
+    assert sorted(p.name for p in (run_dir / "step-4").glob("rank-*.pt")) == [f"rank-{r}.pt" for r in range(4)]
+    code, out, err = cli(capsys, "status", f"k8s://{NS}/PyTorchJob/{job}", "-o", "json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["state"] == "succeeded" and shown["progress"]["state"] == "finished", shown
+
+
+PROBE = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from torchrun
+total = torch.tensor([dist.get_rank() + 1])
+dist.all_reduce(total)
+shm = [line for line in open("/proc/mounts") if line.split()[1] == "/dev/shm"]
+names = ("DJ_DOLLAR", "DJ_REF", "DJ_DOUBLE", "DJ_QUOTES", "DJ_LINES", "MASTER_ADDR")
+report = {"rank": dist.get_rank(), "sum": int(total), "argv": sys.argv[1:], "shm": shm,
+          "env": {k: os.environ.get(k) for k in names}}
+print("PROBE " + json.dumps(report), flush=True)
+dist.destroy_process_group()
+"""
+
+VALUES = {
+    "DJ_DOLLAR": "a$b $HOME",
+    "DJ_REF": "$(HOME)/x and $(MASTER_ADDR)",
+    "DJ_DOUBLE": "$$ and $$(RANK)",
+    "DJ_QUOTES": 'it\'s "quoted" `and` \\back',
+    "DJ_LINES": "line one\nline two\n",
+}
+
+
+@pytest.mark.timeout(240)
+def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
+    submit: Any, claim: str, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    # The program itself (newlines, quotes) and its args pass the kubelet's expansion too. (No
+    # `$$` in args: torchrun's own `${local_rank}` macro (string.Template) turns it into `$`.)
+    data = job_spec("rp-env", claim, command=["python3", "-c", PROBE, "$(RANK)", "a$b", "a b"])
+    data["env"].update(VALUES)
+    data["train"] = {}
+    job = submit(data)
+    found = ended(custom, job, 180)
+    assert state(found) == "Succeeded", found
+    reports = []
+    for rank in (0, 1):
+        reports += [json.loads(m) for m in re.findall(r"^PROBE (.*)$", logs(capsys, job, rank), re.M)]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    for report in reports:
+        assert report["sum"] == 1 + 2 + 3 + 4  # all four ranks, across both nodes
+        assert report["argv"] == ["$(RANK)", "a$b", "a b"]
+        assert report["env"] == {**VALUES, "MASTER_ADDR": f"{job}-master-0"}
+        (line,) = report["shm"]
+        assert line.split()[0] == "tmpfs" and line.split()[2] == "tmpfs", line
+
+
+@pytest.mark.timeout(300)
+def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to delete a pod mid-run.
+    data = job_spec("rp-preempt", claim)
+    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
+    job = submit(data)
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    wait_for(lambda: committed(run_dir), 240, "a first checkpoint")
+    first_master = wait_for(lambda: [p for p in pods(core, job) if p.metadata.name.endswith("master-0")], 5, "master")
+    # What a preemption does: the pod is deleted, the kubelet sends SIGTERM and waits the grace period.
+    core.delete_namespaced_pod(f"{job}-worker-0", NS)
+    found = ended(custom, job, 240)
+    assert state(found) == "Succeeded", found
+    # Every rank stopped at one step boundary and committed; the master's entrypoint exited 200,
+    # which the kubelet reported and restartPolicy ExitCode retried.
+    obj = custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)
+    assert obj["status"]["replicaStatuses"]["Master"] == {"active": 0, "succeeded": 1, "failed": 0}, obj["status"]
+    restarting = [c["message"] for c in found if c["type"] == "Restarting"]
+    assert restarting and f"exit code {REQUEUE_EXIT_CODE}" in restarting[0], found
+    master = [p for p in pods(core, job) if p.metadata.name.endswith("master-0")][0]
+    assert master.metadata.uid != first_master[0].metadata.uid  # recreated, not restarted in place
+    text = logs(capsys, job, 0)
+    resumed = re.search(r"resumed from \S+: epoch 0, step (\d+) of \d+ in it, step (\d+) overall", text)
+    assert resumed is not None, text[-3000:]
+    assert 0 < int(resumed.group(2)) < 64
+    assert committed(run_dir)[-1] == 64
+    assert not (run_dir / "LOCK").exists()  # pod rank 0's entrypoint released the run directory
+
+
+def container_pid(pod: Any) -> int:
+    """The host pid of the pod's container (its PID 1: the entrypoint), from its node's containerd."""
+    cid = pod.status.container_statuses[0].container_id.split("://")[1]
+    node = realpods_tier.NODES.index(pod.spec.node_name) + 1
+    sock = realpods_tier.state_dir() / f"node{node}" / "ctd" / "containerd.sock"
+    ctr = require_tool("ctr")
+    tasks = subprocess.run([ctr, "-a", str(sock), "-n", "k8s.io", "tasks", "ls"], capture_output=True, text=True)
+    (pid,) = [line.split()[1] for line in tasks.stdout.splitlines() if line.startswith(cid)]
+    return int(pid)
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """SIGKILL to the master container's PID 1 (an OOM kill, a node loss): the kubelet reports 137,
+    retryable under ExitCode; the worker loses its peer and exits 200; both are recreated and resume."""
+    data = job_spec("rp-kill", claim)
+    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
+    job = submit(data)
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    wait_for(lambda: committed(run_dir), 240, "a first checkpoint")
+    (master,) = [p for p in pods(core, job) if p.metadata.name.endswith("master-0")]
+    os.kill(container_pid(master), signal.SIGKILL)
+    found = ended(custom, job, 240)
+    assert state(found) == "Succeeded", found
+    # The job keeps one Restarting condition (the latest); the operator's log has every decision.
+    decisions = (realpods_tier.state_dir() / "controller.log").read_text()
+    assert f"PyTorchJob {job} is restarting because 1 Master replica(s) failed (exit code 137)." in decisions
+    assert f"PyTorchJob {job} is restarting because 1 Worker replica(s) failed (exit code 200)." in decisions
+    text = logs(capsys, job, 0)
+    resumed = re.search(r"resumed from \S+: epoch 0, step (\d+) of \d+ in it, step (\d+) overall", text)
+    assert resumed is not None and 0 < int(resumed.group(2)) < 64, text[-3000:]
+    assert committed(run_dir)[-1] == 64
+
+
+@pytest.mark.timeout(180)
+def test_status_and_cancel_of_a_running_job(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    data = job_spec(
+        "rp-cancel", claim, command=["python3", "-c", "import time; print('up', flush=True); time.sleep(600)"]
+    )
+    data["train"] = {}
+    job = submit(data)
+    handle = f"k8s://{NS}/PyTorchJob/{job}"
+
+    def running() -> bool:
+        found = pods(core, job)
+        return (
+            len(found) == 2
+            and all(p.status.phase == "Running" for p in found)
+            and state(conditions(custom, job)) == "Running"
+        )
+
+    wait_for(running, 120, "both pods to run")
+    code, out, err = cli(capsys, "status", handle, "-o", "json")
+    assert code == 0 and json.loads(out)["state"] == "running", out + err
+    wait_for(lambda: "up" in logs(capsys, job, 1).split(), 60, "the worker's first line")
+    code, _, err = cli(capsys, "cancel", handle)
+    assert code == 0, err
+    wait_for(lambda: not pods(core, job), 90, "the cancelled job's pods to go")
+
+    def gone() -> bool:
+        try:
+            custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)
+        except client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 30, "the cancelled job to be deleted")
+    code, _, err = cli(capsys, "status", handle)
+    assert code != 0 and job in err, err
