@@ -127,11 +127,14 @@ def test_output_writes_through_a_symlink(tmp_path) -> None:
     assert (tmp_path / "real.sbatch").read_text().startswith("#!/bin/bash")
 
 
-def _wait_until_opened(pid: int, path: Path, timeout: float = 30.0) -> None:
-    """Until process `pid` holds `path` open (its /proc fd links name it)."""
+def _wait_until_reading(pid: int, path: Path, timeout: float = 30.0) -> None:
+    """Until process `pid` is a reader of the FIFO `path`: blocked in its open() waiting for a
+    writer (Linux's wchan `wait_for_partner`), or holding it open."""
     deadline = time.monotonic() + timeout
     while True:
         try:
+            if Path(f"/proc/{pid}/wchan").read_text() in ("wait_for_partner", "fifo_open"):
+                return
             if any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir()):
                 return
         except OSError:
@@ -144,7 +147,11 @@ def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> Non
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True) as reader:
-        _wait_until_opened(reader.pid, fifo)
+        try:
+            _wait_until_reading(reader.pid, fifo)
+        except AssertionError:
+            reader.kill()  # else leaving the block would wait for a cat blocked in open() forever
+            raise
         assert _render_to(str(fifo)).returncode == 0
         assert reader.communicate(timeout=30)[0].startswith("#!/bin/bash")
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced by a file
