@@ -9,23 +9,19 @@ time, so torch is imported only by the modules that train. `TrainConfig` is the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from dist_jobs.errors import Preempted
 from dist_jobs.spec.train import TrainConfig
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
-    from dist_jobs.train.loop import fit
-else:
+def __getattr__(name: str) -> Any:
+    """`fit` on first use (PEP 562): importing it imports torch."""
+    if name == "fit":
+        from dist_jobs.train.loop import fit
 
-    def __getattr__(name: str) -> Any:
-        """`fit` on first use: importing it imports torch."""
-        if name == "fit":
-            from dist_jobs.train.loop import fit
-
-            return fit
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return fit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Preempted", "TrainConfig", "fit"]

@@ -210,7 +210,7 @@ def test_call_local_keeps_the_exit_code_of_a_failed_function(tmp_path: Path, mon
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    cloudpickle = pytest.importorskip("cloudpickle")
+    cloudpickle = require_module("cloudpickle")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with pytest.raises(dist_jobs.DistJobsError) as caught:
         dist_jobs.call_local(dist_jobs.load_spec(data={"nodes": 1, "procs_per_node": 1}), _exits, 7)

@@ -28,10 +28,10 @@ import yaml
 from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
-from support.tiers import require_tool, requires
+from support.tiers import require_module, require_tool, requires
 
-pytest.importorskip("kubernetes")
-from kubernetes import client, config
+kubernetes = require_module("kubernetes")
+client, config = kubernetes.client, kubernetes.config
 
 pytestmark = [requires("realpods"), pytest.mark.slow]
 

@@ -104,7 +104,7 @@ def test_every_typed_error_is_listed_with_its_exit_code() -> None:
     table = gen.error_classes()
     assert "| `SpecError` | `dist_jobs.errors` | 2 |" in table
     assert f"| `LockLost` | `dist_jobs.rundir.lock` | {LOCK_LOST_EXIT_CODE} |" in table
-    assert f"| `Preempted` | `dist_jobs.train.loop` | {REQUEUE_EXIT_CODE} |" in table
+    assert f"| `Preempted` | `dist_jobs.errors` | {REQUEUE_EXIT_CODE} |" in table
 
 
 def test_every_page_exists_and_every_generator_a_page_names_is_known() -> None:

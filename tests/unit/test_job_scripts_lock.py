@@ -139,7 +139,8 @@ def test_a_batch_job_that_lost_its_lock_stops_writes_nothing_and_is_not_requeued
     record = thief.to_bytes().decode().strip()
     (stubs / "srun").write_text(
         f"#!/bin/sh\nprintf '%s' '{record}' > \"$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK\"\n"
-        f'while [ ! -e "{tmp_path}/scancelled" ]; do sleep 0.05; done\nexit 137\n'
+        # killed by the heartbeat's scancel (the stub records it); given up after 30 s either way
+        f'for _ in $(seq 600); do [ -e "{tmp_path}/scancelled" ] && break; sleep 0.05; done\nexit 137\n'
     )
     (stubs / "squeue").write_text("#!/bin/sh\necho 4242.batch; echo 4242.0\n")
     (stubs / "scancel").write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/scancelled"\n')
