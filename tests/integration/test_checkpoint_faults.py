@@ -56,16 +56,16 @@ print("finished", flush=True)
 
 
 def _kill_when_writing(proc: subprocess.Popen, partial: Path, deadline: float) -> None:
-    tmp = partial / ".shared.pt.tmp"
+    tmp = ".shared.pt.*.tmp"  # the atomic writer's temporary name: .<name>.<pid>.<random>.tmp
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if tmp.stat().st_size > (16 << 20):  # well inside the 512 MB write
+            if any(f.stat().st_size > (16 << 20) for f in partial.glob(tmp)):  # well inside the 512 MB write
                 proc.send_signal(signal.SIGKILL)
                 return
         except FileNotFoundError:
             pass
         time.sleep(0.002)
-    pytest.fail(f"never saw {tmp} growing (writer exited with {proc.poll()})")
+    pytest.fail(f"never saw {partial / tmp} growing (writer exited with {proc.poll()})")
 
 
 @pytest.mark.timeout(120)
