@@ -52,8 +52,6 @@ IN_A_CHILD: dict[str, frozenset[str]] = {
     ),
     "integration/test_local_preemption.py": ALL,
     "integration/test_notebook.py": ALL,  # the notebook trains; nbclient is a dev tool, not a test one
-    "integration/test_ranks_gloo.py": ALL,
-    "integration/test_shm_reduce.py": ALL,
     "integration/test_submitit.py": frozenset(
         {
             "test_train_task_under_the_local_executor_returns_every_ranks_metrics",
@@ -117,7 +115,18 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        names.update(_required(node))
     return names
+
+
+def _required(node: ast.stmt) -> set[str]:
+    """`require_module("torch")` (support.tiers) at module level imports it as surely as `import`."""
+    value = getattr(node, "value", None)
+    if not isinstance(value, ast.Call) or not value.args or not isinstance(value.args[0], ast.Constant):
+        return set()
+    func = value.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    return {str(value.args[0].value)} if name == "require_module" else set()
 
 
 def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:

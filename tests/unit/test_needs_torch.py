@@ -22,6 +22,8 @@ from support.paths import REPO
         ("from dist_jobs.spec import load_spec\nfrom dist_jobs.render import render\n", False),
         ("def test_x():\n    import torch\n", False),  # imported when the test runs: mark it torch
         ("from dist_jobs.train import __doc__\n", False),  # the package's __init__ is torch-free
+        ('from support.tiers import require_module\nrequire_module("torch")\n', True),
+        ('from support.tiers import require_module\nk8s = require_module("kubernetes")\n', False),
     ],
 )
 def test_a_file_needs_torch_when_importing_it_imports_torch(tmp_path: Path, source: str, needs: bool) -> None:
