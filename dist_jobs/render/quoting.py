@@ -114,6 +114,9 @@ def _emit(value: Any, flow: bool, sort: bool) -> str:
 
 def yaml_value(value: Any) -> str:
     """A YAML flow value (scalar, list or mapping) on one line that YAML 1.1 and 1.2 readers read back exactly."""
+    if isinstance(value, str) and "\n" in value:  # a block scalar is no one-line value: its last break counts
+        node = yaml.ScalarNode(_TAG["str"], value, style='"')
+        return yaml.serialize(node, Dumper=_Dumper, width=_WIDTH, allow_unicode=False).rstrip("\n")
     text = _emit(value, flow=True, sort=True).rstrip("\n")
     if text.endswith("\n..."):
         text = text[: -len("\n...")]

@@ -60,11 +60,13 @@ IN_A_CHILD: dict[str, frozenset[str]] = {
     ),
     "integration/test_train_exact.py": ALL,
     "integration/test_train_lock.py": ALL,
+    "unit/test_imports.py": frozenset({"test_the_trainer_is_one_import_and_importing_the_package_loads_no_torch"}),
     "unit/test_job_scripts_lock.py": frozenset(
         {
             "test_a_pod_that_lost_its_lock_kills_its_program_and_exits_6",
         }
     ),
+    "unit/test_train_strategy.py": ALL,  # placement and export run torch, in-process or in a child
     "unit/test_render_slurm.py": frozenset(
         {
             "test_home_in_folders_is_the_submitters_for_the_job_its_record_and_status",
@@ -77,6 +79,7 @@ IN_A_CHILD: dict[str, frozenset[str]] = {
             "test_job_json_names_the_run_directory_the_trainer_uses",
             "test_logs_before_the_job_wrote_any",
             "test_logs_follow_until_the_job_ends",
+            "test_logs_in_torchrun_mode_find_a_rank_by_its_prefix_not_the_nodes_file_name",
             "test_logs_in_torchrun_mode_read_the_node_file_of_the_rank",
             "test_logs_stitch_attempts_in_order",
             "test_sbatch_errors_become_clear_backend_errors",
