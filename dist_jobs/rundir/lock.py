@@ -182,9 +182,8 @@ def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_af
 class _Watch:
     """What a newcomer has seen of one holder while deciding whether it is alive."""
 
-    def __init__(self, seen: _Seen, started: float) -> None:
+    def __init__(self, seen: _Seen) -> None:
         self.first = seen
-        self.started = started
         self.asked: float | None = None  # when squeue was last asked about its job
         self.told = False  # the waiting message was given
 
@@ -293,7 +292,7 @@ def _acquire(
         if seen.holder is not None and inherited and seen.holder.token == inherited:
             return Lock(path, seen.holder, owned=False)
         if watch is None or not watch.same_holder(seen):
-            watch = _Watch(seen, time.monotonic())  # a new holder (or the first look): watch it afresh
+            watch = _Watch(seen)  # a new holder (or the first look): watch it afresh
         reason = _verdict(seen, watch, me, stale_after, on_wait, path)
         if reason is None:
             time.sleep(_poll_seconds(seen.holder))
