@@ -66,8 +66,13 @@ def test_python_api_submit_attach_from_another_process_wait_logs_result(tmp_path
 
 
 def test_cli_submit_wait_follow_exits_with_the_outcome_and_status_names_the_exit(tmp_path: Path) -> None:
+    # Rank 1 fails only once rank 0 has printed: opening a FIFO blocks until both ends are open.
+    fifo = tmp_path / "printed.fifo"
+    os.mkfifo(fifo)
     code = (
-        "import os; r = os.environ['RANK']; print('hello from', r, flush=True); raise SystemExit(3 if r == '1' else 0)"
+        "import os; r = os.environ['RANK']; print('hello from', r, flush=True)\n"
+        f"with open({str(fifo)!r}, 'w' if r == '0' else 'r') as f: pass\n"
+        "raise SystemExit(3 if r == '1' else 0)"
     )
     proc = dj("submit", "--backend", "local", "--name", "fails", "--nodes", "2", "--procs-per-node", "1",
               "--wait", "--follow", "--", "python3", "-c", code, cwd=tmp_path)  # fmt: skip
