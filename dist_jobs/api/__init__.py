@@ -179,6 +179,6 @@ def _call_failed(name: str, code: int) -> DistJobsError:
 
 def run_local(spec: JobSpec, workdir: Path | None = None) -> int:
     """Run the job here as local processes, to the end; the launcher's exit code."""
-    from dist_jobs.backends.local import LocalBackend
+    from dist_jobs.backends.local.launch import Launcher
 
-    return LocalBackend(workdir=workdir).run(spec)
+    return Launcher(workdir=workdir).run(spec)

@@ -44,12 +44,12 @@ def start_driver(manifest: Path, options: Mapping[str, Any]) -> None:
 
 def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
     """The detached driver of a local sweep: keeps `max_parallel` trials running until all have run."""
-    from dist_jobs.backends.local_jobs import LocalJobs
+    from dist_jobs.backends.local.jobs import LocalBackend
     from dist_jobs.spec import load_spec
 
     manifest = json.loads(manifest_path.read_text())
     workdir = Path(manifest["options"].get("workdir") or Path.cwd())
-    jobs = LocalJobs(workdir=workdir)
+    jobs = LocalBackend(workdir=workdir)
     pending = [load_spec(data=raw) for raw in manifest["specs"]]
     running: list[str] = []
     while pending or running:

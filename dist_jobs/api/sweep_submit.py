@@ -236,7 +236,7 @@ def _snapshot_overrides(spec_or_path: Any, overrides: dict[str, Any], options: M
     """`overrides` plus those that run every trial from one snapshot of the code, taken now
     (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns snapshots off."""
     from dist_jobs.backends import get_backend
-    from dist_jobs.backends.slurm_submit import snapshot_spec
+    from dist_jobs.backends.slurm.submit import snapshot_spec
     from dist_jobs.spec import load_spec
 
     raw, _ = _raw(spec_or_path)
@@ -268,7 +268,7 @@ def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict
         chosen = get_backend("slurm", **options)
         filename, payload = plan.payloads[0]
         array_id = chosen.submit(Prepared("slurm", plan.head, payload, filename))
-        from dist_jobs.backends.slurm_meta import record_trials
+        from dist_jobs.backends.slurm.meta import record_trials
 
         record_trials(chosen.jobs_dir, array_id, [s.run_id for s in plan.specs])  # type: ignore[attr-defined]
         cluster = chosen.cluster_name()  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ _WORDS: dict[str, JobState] = {
     "REQUEUE_FED": JobState.REQUEUED,
     "REQUEUED": JobState.REQUEUED,
     "RUNNING": JobState.RUNNING,
-    "COMPLETING": JobState.COMPLETING,  # slurm_faults says whether it was requeued
+    "COMPLETING": JobState.COMPLETING,  # slurm.faults says whether it was requeued
     "STAGE_OUT": JobState.RUNNING,
     "SIGNALING": JobState.RUNNING,
     "RESIZING": JobState.RUNNING,

@@ -139,7 +139,7 @@ def _ended(info: Any, fmt: str, stream: Any = None) -> int:
 
 def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
     if args.record:  # the detached run of `submit --backend local`
-        from dist_jobs.backends.local_jobs import run_recorded
+        from dist_jobs.backends.local.jobs import run_recorded
 
         return run_recorded(_load(args, command), Path(args.record))
     return api.run_local(_load(args, command))

@@ -125,7 +125,7 @@ def _drop_finalizers(kubeconfig: Path, name: str) -> None:
 def test_invalid_submission_lists_causes(kubeconfig: Path, tmp_path: Path) -> None:
     """The real apiserver's 422: each field cause on its own line, exit 1, no traceback."""
     from dist_jobs.backends.base import Prepared
-    from dist_jobs.backends.k8s import K8sBackend
+    from dist_jobs.backends.k8s.backend import K8sBackend
     from dist_jobs.errors import BackendError
     from dist_jobs.render import render
     from dist_jobs.spec.load import load_spec
@@ -211,7 +211,7 @@ def _trainjob_verbs(kubeconfig: Path, name: str) -> None:
     assert by_handle.returncode == 0 and json.loads(by_handle.stdout)["state"] == "pending", by_handle.stderr
     listed = dj(kubeconfig, "list", *tj)
     assert name in listed.stdout.split(), listed.stderr
-    from dist_jobs.backends.k8s import K8sBackend
+    from dist_jobs.backends.k8s.backend import K8sBackend
 
     stored = K8sBackend(namespace="default", kubeconfig=str(kubeconfig), kind="TrainJob")._get(name)
     (patch,) = stored["spec"]["runtimePatches"]  # the CRD keeps every setting dist-jobs carries there

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.local import plan
+from dist_jobs.backends.local.launch import plan
 from dist_jobs.ranks import resolve
 from dist_jobs.spec.load import load_spec
 from support.paths import PYTHON
@@ -164,10 +164,10 @@ def test_ctrl_c_stops_everything(tmp_path) -> None:
 
 
 def test_dry_run_plan_names_every_process(tmp_path) -> None:
-    from dist_jobs.backends.local import LocalBackend
+    from dist_jobs.backends.local.launch import Launcher
 
     spec = load_spec(data={"name": "x", "nodes": 2, "procs_per_node": 2})
-    payload = LocalBackend(workdir=tmp_path).prepare(spec).payload
+    payload = Launcher(workdir=tmp_path).prepare(spec).payload
     assert payload.count("# rank ") == 4 and "SLURM_PROCID=3" in payload
 
 
@@ -401,7 +401,7 @@ def test_a_launcher_that_lost_its_lock_ends_its_run(tmp_path: Path) -> None:
     ids=["done", "preempted", "failed-beside-a-checkpoint", "failed", "killed"],
 )
 def test_the_launchers_exit_code_says_what_happened(tmp_path: Path, codes: tuple[int, int], want: int) -> None:
-    from dist_jobs.backends.local_procs import ProcessGroup
+    from dist_jobs.backends.local.procs import ProcessGroup
 
     def program(code: int) -> list[str]:
         end = f"os.kill(os.getpid(), {-code})" if code < 0 else f"sys.exit({code})"

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from dist_jobs.backends.slurm_sbatch import parse_sbatch_test_only, sbatch_error
+from dist_jobs.backends.slurm.sbatch import parse_sbatch_test_only, sbatch_error
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.paths import REPO, TESTS

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm import SlurmBackend
-from dist_jobs.backends.slurm_output import SACCT_FIELDS, parse_sacct, sacct_job_state
+from dist_jobs.backends.slurm.backend import SlurmBackend
+from dist_jobs.backends.slurm.output import SACCT_FIELDS, parse_sacct, sacct_job_state
 from support.paths import REPO, TESTS
 
 VENV_BIN = Path(sys.executable).parent

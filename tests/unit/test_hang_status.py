@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from dist_jobs.backends.local_jobs import LocalJobs
-from dist_jobs.backends.slurm import SlurmBackend
+from dist_jobs.backends.local.jobs import LocalBackend
+from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.rundir.hang import HangRecord, write_hang
 from support.paths import TESTS
@@ -36,13 +36,13 @@ def _local_job(tmp_path: Path) -> Path:
 
 def test_a_local_job_ended_by_the_watchdog_reads_hang_and_an_older_record_is_not_its_cause(tmp_path: Path) -> None:
     run_dir = _local_job(tmp_path)
-    assert LocalJobs().status(str(run_dir)).detail == "preempted and checkpointed (exit 200)"
+    assert LocalBackend().status(str(run_dir)).detail == "preempted and checkpointed (exit 200)"
     started = (run_dir / "local" / "pid").stat().st_mtime
     write_hang(run_dir, HangRecord(rank=3, step=2, time=started - 3600))  # an earlier run's
-    assert LocalJobs().status(str(run_dir)).detail == "preempted and checkpointed (exit 200)"
+    assert LocalBackend().status(str(run_dir)).detail == "preempted and checkpointed (exit 200)"
     os.unlink(run_dir / "HANG")
     write_hang(run_dir, HangRecord(rank=1, step=6, time=started + 1))
-    status = LocalJobs().status(str(run_dir))
+    status = LocalBackend().status(str(run_dir))
     assert (status.state, status.detail) == ("PREEMPTED", "hang (rank 1) (exit 200)")
 
 

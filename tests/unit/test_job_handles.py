@@ -195,7 +195,7 @@ def test_list_gives_every_slurm_job_its_full_handle(tmp_path: Path) -> None:
 
 
 def test_slurm_handles_take_the_cluster_from_slurm_conf_before_scontrol(tmp_path: Path, monkeypatch) -> None:
-    from dist_jobs.backends.slurm import SlurmBackend
+    from dist_jobs.backends.slurm.backend import SlurmBackend
 
     conf = tmp_path / "slurm.conf"
     conf.write_text('# ClusterName=commented\nSlurmctldHost=ctl\n  clustername = "Alpha"  # kept lower case\n')

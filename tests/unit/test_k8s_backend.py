@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dist_jobs.backends import k8s_client
 from dist_jobs.backends.base import Prepared
-from dist_jobs.backends.k8s import MANAGED, K8sBackend, pytorchjob_selector, stamped
+from dist_jobs.backends.k8s import client as k8s_client
+from dist_jobs.backends.k8s.backend import MANAGED, K8sBackend, pytorchjob_selector, stamped
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path, prune_and_default
@@ -289,7 +289,7 @@ def test_an_untrusted_certificate_is_named_as_such(tmp_path: Any) -> None:
 
 
 def test_a_missing_namespace_says_to_create_it() -> None:
-    from dist_jobs.backends.k8s_errors import api_error
+    from dist_jobs.backends.k8s.errors import api_error
 
     class Missing(Exception):
         status = 404

@@ -1,4 +1,4 @@
-"""dist_jobs.backends.k8s_client: the kubeconfig read without the official loader gives the
+"""dist_jobs.backends.k8s.client: the kubeconfig read without the official loader gives the
 official loader's connection settings, and `dist-jobs submit` does not import the whole client."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dist_jobs.backends import k8s_client
+from dist_jobs.backends.k8s import client as k8s_client
 from support.paths import PYTHON, REPO
 from support.tiers import require_module
 
@@ -93,7 +93,7 @@ def test_a_missing_context_or_file_is_a_kubeconfig_error(tmp_path: Path) -> None
 
 PROBE = """
 import json, sys
-from dist_jobs.backends import k8s_client
+from dist_jobs.backends.k8s import client as k8s_client
 client = k8s_client.for_host("http://127.0.0.1:1")
 lean = sorted(m for m in sys.modules if m.startswith("kubernetes"))
 import kubernetes

@@ -30,7 +30,7 @@ def test_ranks_and_the_bottom_import_only_the_standard_library() -> None:
     for path in [
         *(REPO / "dist_jobs" / "ranks").glob("*.py"),
         *(REPO / "dist_jobs" / "rundir").glob("*.py"),  # job scripts run it before any environment is set up
-        REPO / "dist_jobs" / "backends" / "local_keeper.py",
+        REPO / "dist_jobs" / "backends" / "local" / "keeper.py",
         REPO / "dist_jobs" / "errors.py",
         REPO / "dist_jobs" / "constants.py",
         REPO / "dist_jobs" / "envnum.py",
@@ -95,7 +95,7 @@ def test_modules_and_functions_stay_small() -> None:
 
 def test_the_local_keeper_imports_nothing_of_dist_jobs() -> None:
     # It runs as a script under `python -I`, where the package is not importable, and must start fast.
-    tree = ast.parse((REPO / "dist_jobs" / "backends" / "local_keeper.py").read_text())
+    tree = ast.parse((REPO / "dist_jobs" / "backends" / "local" / "keeper.py").read_text())
     found = [
         node.lineno
         for node in ast.walk(tree)
@@ -104,4 +104,4 @@ def test_the_local_keeper_imports_nothing_of_dist_jobs() -> None:
         or isinstance(node, ast.Import)
         and any(a.name.startswith("dist_jobs") for a in node.names)
     ]
-    assert not found, f"local_keeper.py imports dist_jobs at lines {found}"
+    assert not found, f"keeper.py imports dist_jobs at lines {found}"

@@ -15,7 +15,7 @@ import pytest
 
 from dist_jobs.api.handle import Handle
 from dist_jobs.api.job import Job, JobInfo
-from dist_jobs.backends.local_jobs import LocalJobs
+from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.state import JobState
 from dist_jobs.cli.output import info_table
 from dist_jobs.rundir.progress import (
@@ -138,7 +138,7 @@ def test_a_running_job_whose_progress_went_quiet_shows_no_eta(tmp_path: Path, sl
     """The scheduler still says RUNNING (a node died, srun waits for it; a rank hangs), but the
     record is older than 3 of its own intervals and 30 s: no ETA, and how long it is quiet."""
     run = _local_job(tmp_path, sleeper.pid)
-    job = Job(Handle("local", str(run)), LocalJobs())
+    job = Job(Handle("local", str(run)), LocalBackend())
     write_progress(run, {**RECORD, "time": time.time() - 200.0, "every_s": 5.0})
     info = job.status()
     assert info.state is JobState.RUNNING and info.progress is not None
@@ -150,7 +150,7 @@ def test_a_running_job_whose_progress_went_quiet_shows_no_eta(tmp_path: Path, sl
 
 def test_local_status_carries_the_progress(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     run = _local_job(tmp_path, sleeper.pid)
-    job = Job(Handle("local", str(run)), LocalJobs())
+    job = Job(Handle("local", str(run)), LocalBackend())
     assert job.status().progress is None  # before the first log interval
     write_progress(run, RECORD)
     info = job.status()
@@ -160,7 +160,7 @@ def test_local_status_carries_the_progress(tmp_path: Path, sleeper: subprocess.P
 
 
 def test_slurm_status_reads_the_run_dir_recorded_at_submit(tmp_path: Path) -> None:
-    from dist_jobs.backends.slurm import SlurmBackend
+    from dist_jobs.backends.slurm.backend import SlurmBackend
     from dist_jobs.spec.load import load_spec
 
     squeue = "38|RUNNING|None|2|n[1-2]|0:01|UNLIMITED|2026-11-22T05:22:45|2026-11-22T05:22:56|debug|1|fx\n"
@@ -181,7 +181,7 @@ def test_slurm_status_reads_the_run_dir_recorded_at_submit(tmp_path: Path) -> No
 
 def _two_slurm_jobs(tmp_path: Path) -> tuple[Job, Job, Path]:
     """Jobs 38 and 39, submitted from here with one spec: they share a run directory."""
-    from dist_jobs.backends.slurm import SlurmBackend
+    from dist_jobs.backends.slurm.backend import SlurmBackend
     from dist_jobs.spec.load import load_spec
 
     ids = iter(["38\n", "39\n"])
@@ -242,8 +242,8 @@ def test_live_records_the_job_that_writes_it(tmp_path: Path, monkeypatch: pytest
 
 def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None:
     require_module("kubernetes")
-    from dist_jobs.backends import k8s_client
-    from dist_jobs.backends.k8s import K8sBackend
+    from dist_jobs.backends.k8s import client as k8s_client
+    from dist_jobs.backends.k8s.backend import K8sBackend
     from dist_jobs.spec.load import load_spec
     from support.k8s_offline.validate import crd_path
     from support.kube_standin import FakeKubeAPI

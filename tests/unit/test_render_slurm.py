@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.slurm import SlurmBackend
+from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.constants import REQUEUE_LIMIT_EXIT_CODE
 from dist_jobs.errors import SpecError
 from dist_jobs.render import render

@@ -6,9 +6,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from dist_jobs.backends.slurm import SlurmBackend
-from dist_jobs.backends.slurm_batchlog import finished_status, parse_batch_log
-from dist_jobs.backends.slurm_output import parse_sacct, sacct_job_state
+from dist_jobs.backends.slurm.backend import SlurmBackend
+from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log
+from dist_jobs.backends.slurm.output import parse_sacct, sacct_job_state
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"

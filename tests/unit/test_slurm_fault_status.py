@@ -9,10 +9,10 @@ from pathlib import Path
 
 from dist_jobs.api.handle import Handle
 from dist_jobs.api.job import Job
-from dist_jobs.backends.slurm import SlurmBackend
-from dist_jobs.backends.slurm_batchlog import finished_status, parse_batch_log
-from dist_jobs.backends.slurm_faults import SINFO_NODE_STATES, parse_node_states
-from dist_jobs.backends.slurm_output import parse_sacct, sacct_exit, sacct_job_state
+from dist_jobs.backends.slurm.backend import SlurmBackend
+from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log
+from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
+from dist_jobs.backends.slurm.output import parse_sacct, sacct_exit, sacct_job_state
 from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.cli.output import info_table
 from dist_jobs.rundir.attempts import Attempts, starts

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.slurm import SlurmBackend
-from dist_jobs.backends.slurm_limits import memory_mb, too_big
+from dist_jobs.backends.slurm.backend import SlurmBackend
+from dist_jobs.backends.slurm.limits import memory_mb, too_big
 from dist_jobs.errors import BackendError
 from dist_jobs.spec.load import load_spec
 from support.paths import TESTS

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.slurm_output import (
+from dist_jobs.backends.slurm.output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
@@ -26,7 +26,7 @@ from dist_jobs.backends.slurm_output import (
     parse_timestamp,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm_sbatch import parse_sbatch_job_id, parse_sbatch_test_only, sbatch_error
+from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, parse_sbatch_test_only, sbatch_error
 from dist_jobs.errors import BackendError
 from support.paths import TESTS
 from support.tiers import requires

@@ -73,7 +73,7 @@ def test_a_snapshot_spec_runs_from_the_copy_and_keeps_its_logs_and_checkpoints(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dist_jobs
-    from dist_jobs.backends.slurm_submit import snapshot_spec
+    from dist_jobs.backends.slurm.submit import snapshot_spec
 
     monkeypatch.setenv("PYTHONPATH", f"{project / 'pkg'}:/elsewhere")
     spec = dist_jobs.load_spec(data={"name": "r", "procs_per_node": 1, "snapshot": True})

@@ -363,7 +363,7 @@ def test_sweep_status_help() -> None:
 
 
 def test_array_task_record_names_the_trials_run_and_logs(tmp_path: Path) -> None:
-    from dist_jobs.backends.slurm_meta import job_meta, record_trials
+    from dist_jobs.backends.slurm.meta import job_meta, record_trials
 
     folder = tmp_path / "sw-41"
     folder.mkdir()
@@ -387,9 +387,9 @@ SACCT_CANCELLED_SWEEP = """\
 
 
 def test_an_array_task_that_never_started_is_found_in_the_arrays_record() -> None:
-    from dist_jobs.backends.slurm import SlurmBackend
-    from dist_jobs.backends.slurm_meta import array_task_key
-    from dist_jobs.backends.slurm_output import parse_sacct
+    from dist_jobs.backends.slurm.backend import SlurmBackend
+    from dist_jobs.backends.slurm.meta import array_task_key
+    from dist_jobs.backends.slurm.output import parse_sacct
 
     rows = parse_sacct(SACCT_CANCELLED_SWEEP)
     assert [array_task_key(rows, f"492_{i}") for i in range(4)] == ["492_0", "492_[1-2%1]", "492_[1-2%1]", "492_3"]
@@ -405,7 +405,7 @@ def test_an_array_task_that_never_started_is_found_in_the_arrays_record() -> Non
 def test_a_slurm_sweeps_status_asks_squeue_and_sacct_once_whatever_the_trial_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dist_jobs.backends.slurm as slurm
+    import dist_jobs.backends.slurm.backend as slurm
     from dist_jobs.api.sweep_status import Sweep
 
     queue = (

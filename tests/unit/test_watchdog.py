@@ -230,7 +230,7 @@ def test_a_late_wake_up_well_within_ten_checks_still_counts() -> None:
 
 
 def test_firing_leaves_the_hang_record_and_the_requeue_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dist_jobs.backends.local import _newer
+    from dist_jobs.backends.local.launch import _newer
     from dist_jobs.train.live import watchdog
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")

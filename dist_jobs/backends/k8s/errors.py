@@ -13,7 +13,7 @@ import json
 import ssl
 from typing import Any
 
-from dist_jobs.backends.k8s_client import CONNECT_S, READ_S
+from dist_jobs.backends.k8s.client import CONNECT_S, READ_S
 from dist_jobs.errors import BackendError
 
 # Each kind's API group, version and plural.

@@ -37,8 +37,8 @@ def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
     return checkpoint_root(spec, workdir).resolve() / spec.run_id
 
 
-class LocalJobs:
-    """The local backend's queue verbs; prepare and the foreground run are LocalBackend's."""
+class LocalBackend:
+    """The local backend's queue verbs; prepare and the foreground run are Launcher's."""
 
     name = "local"
 
@@ -47,14 +47,14 @@ class LocalJobs:
         self.workdir = workdir or Path.cwd()
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        from dist_jobs.backends.local import LocalBackend
+        from dist_jobs.backends.local.launch import Launcher
 
-        return LocalBackend(self.out, self.workdir).prepare(spec)
+        return Launcher(self.out, self.workdir).prepare(spec)
 
     def run(self, spec: JobSpec) -> int:
-        from dist_jobs.backends.local import LocalBackend
+        from dist_jobs.backends.local.launch import Launcher
 
-        return LocalBackend(self.out, self.workdir).run(spec)
+        return Launcher(self.out, self.workdir).run(spec)
 
     def submit(self, prepared: Prepared) -> str:
         import msgspec
@@ -155,10 +155,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    from dist_jobs.backends.local import LocalBackend
+    from dist_jobs.backends.local.launch import Launcher
 
     code = 130
-    backend = LocalBackend(workdir=workdir)
+    backend = Launcher(workdir=workdir)
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)

@@ -1,6 +1,6 @@
 """Run a set of processes as one job: prefixed output, one end for all of them, no orphans.
 
-Each process runs under a keeper (local_keeper.py, Linux) in its own session, so that a
+Each process runs under a keeper (keeper.py, Linux) in its own session, so that a
 terminal's Ctrl-C reaches only us. SIGINT, SIGTERM and SIGHUP to the launcher all mean the
 same: every process gets the job's preemption signal (the training checkpoints at the next step
 boundary and exits with REQUEUE_EXIT_CODE), whatever is left after the grace period is killed,
@@ -38,7 +38,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 GRACE_SECONDS = 30.0
 POLL_SECONDS = 0.05  # how often a launcher outside the main thread (no signal handlers) looks
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-KEEPER = Path(__file__).with_name("local_keeper.py")
+KEEPER = Path(__file__).with_name("keeper.py")
 # The keeper needs prctl (parent-death signal, child subreaper) and /proc: Linux.
 USE_KEEPER = sys.platform.startswith("linux")
 

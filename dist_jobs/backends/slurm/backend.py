@@ -1,8 +1,8 @@
 """SLURM backend: sbatch/squeue/sacct/scancel through an injectable command runner.
 
 `prepare()` renders; `submit()` writes a job directory (spec copy, the exact script, job.json)
-and runs `sbatch --parsable` on those same bytes (slurm_submit.py). Output parsing lives in the
-pure functions of `slurm_output.py`, tested on real captured output.
+and runs `sbatch --parsable` on those same bytes (submit.py). Output parsing lives in the
+pure functions of `output.py`, tested on real captured output.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.slurm_logs import attempt_files, ranks_logged, stitch, stitch_all
-from dist_jobs.backends.slurm_meta import array_task_key, job_meta
-from dist_jobs.backends.slurm_output import (
+from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
+from dist_jobs.backends.slurm.meta import array_task_key, job_meta
+from dist_jobs.backends.slurm.output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
@@ -85,7 +85,7 @@ def _in_snapshot(spec: JobSpec) -> bool:
 
 def _check_controller(stderr: str) -> None:
     """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
-    from dist_jobs.backends.slurm_sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
+    from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
 
     if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
         said = stderr.strip()
@@ -106,7 +106,7 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> str:
-        from dist_jobs.backends.slurm_submit import snapshot_spec, submit  # the query verbs do without it
+        from dist_jobs.backends.slurm.submit import snapshot_spec, submit  # the query verbs do without it
 
         if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
@@ -163,7 +163,7 @@ class SlurmBackend:
         (array tasks asked for by their array's id), however many there are. A job squeue has
         dropped that sacct does not list yet (an array task that just ended, before slurmdbd
         has its record) reads UNKNOWN: the next poll finds it."""
-        from dist_jobs.backends.slurm_meta import array_member
+        from dist_jobs.backends.slurm.meta import array_member
 
         listed = self._squeue_many(job_ids)
         queued = {j: listed[k] for j in job_ids if (k := array_member(listed, j)) in listed}
@@ -186,7 +186,7 @@ class SlurmBackend:
 
     def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
         """A job squeue has forgotten: sacct's `state`, told with its batch log and run directory."""
-        from dist_jobs.backends.slurm_batchlog import finished_status  # an ended job's alone
+        from dist_jobs.backends.slurm.batchlog import finished_status  # an ended job's alone
         from dist_jobs.rundir.attempts import starts
         from dist_jobs.rundir.hang import read_hang
 
@@ -224,7 +224,7 @@ class SlurmBackend:
         """A job whose nodes are being cleaned up: requeued or ended (sacct, unless `acct` is
         given), and which node holds it up (sinfo). Either answer may be missing: the status is
         still told."""
-        from dist_jobs.backends.slurm_faults import SINFO_NODE_STATES, completing_status, parse_node_states
+        from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, completing_status, parse_node_states
 
         if acct is None:
             try:

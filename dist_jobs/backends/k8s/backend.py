@@ -1,9 +1,9 @@
-"""Kubernetes backend on the official `kubernetes` client's REST layer (k8s_client).
+"""Kubernetes backend on the official `kubernetes` client's REST layer (client.py).
 
 Creates PyTorchJobs (or TrainJobs) with fieldValidation=Strict: by default the apiserver prunes
 an unknown field silently and the Python client never shows the warning. Each submission stamps
 its pods with an annotation (the restart counter's key, dist_jobs.rundir.attempts). API errors
-become messages (k8s_errors). Logs are found by the labels the operator puts on its pods, so a pod
+become messages (errors.py). Logs are found by the labels the operator puts on its pods, so a pod
 rank means the same thing as the operator's RANK env (Master = 0, Worker i = i + 1; without a
 Master, as in elastic jobs, Worker i = i).
 """
@@ -20,9 +20,9 @@ from typing import Any
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
-from dist_jobs.backends.k8s_client import KubeClient, KubeconfigError, in_cluster, load
-from dist_jobs.backends.k8s_errors import APIS, api_error, handle, no_config, not_started, unreachable
-from dist_jobs.backends.k8s_ranks import completion_index, waiting_reason, with_ranks
+from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
+from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
+from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec

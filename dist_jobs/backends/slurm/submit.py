@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
-from dist_jobs.backends.slurm_limits import SINFO_FORMAT, TOO_BIG, too_big
-from dist_jobs.backends.slurm_sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
+from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
+from dist_jobs.backends.slurm.sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
 from dist_jobs.errors import BackendError
 from dist_jobs.spec.paths import expand_home
 

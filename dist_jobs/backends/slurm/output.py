@@ -1,4 +1,4 @@
-"""Parse what squeue and sacct print (Slurm 22.05), as pure functions (sbatch: slurm_sbatch).
+"""Parse what squeue and sacct print (Slurm 22.05), as pure functions (sbatch: sbatch.py).
 
 The format strings are module constants so the backend asks for exactly the columns these
 parsers expect. Every parser is tested against output captured from a real cluster
@@ -213,7 +213,7 @@ def _exit_code(text: str) -> tuple[int | None, int | None]:
 def sacct_exit(code: int | None, sig: int | None) -> str:
     """sacct's ExitCode `code:signal` in words. 22.05 prints the code modulo 128: a batch script's
     `exit 200` (REQUEUE_EXIT_CODE) and `exit 72` both read 72:0, 143 reads 15:0 (the real code is
-    in the batch log, slurm_batchlog). 72 is told as both: 200 is the one dist-jobs means."""
+    in the batch log, batchlog.py). 72 is told as both: 200 is the one dist-jobs means."""
     if not sig and code is not None and code + 128 == REQUEUE_EXIT_CODE:
         return f"{describe_exit(REQUEUE_EXIT_CODE)}, or exit {code}: sacct shows both as {code}"
     return describe_exit(code, sig)

@@ -1,6 +1,6 @@
 """The keeper of one local rank: whatever happens to the launcher, the rank's whole tree dies with it.
 
-local_procs runs `python -I local_keeper.py FD -- CMD...` (as a script: it imports nothing of
+procs.py runs `python -I keeper.py FD -- CMD...` (as a script: it imports nothing of
 dist-jobs, so it starts in milliseconds). The keeper
 
 - becomes a child subreaper, so every process CMD starts and orphans (torchrun's workers, which

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
-from dist_jobs.backends.local_procs import ProcessGroup
+from dist_jobs.backends.local.procs import ProcessGroup
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import free_port
@@ -133,7 +133,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
     return procs
 
 
-class LocalBackend:
+class Launcher:
     name = "local"
 
     def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
@@ -166,7 +166,7 @@ class LocalBackend:
         return Prepared("local", spec, "".join(lines), "local-plan.txt")
 
     def run(self, spec: JobSpec) -> int:
-        """Run to completion under the run directory's lock; the exit code is local_procs' (0, 200
+        """Run to completion under the run directory's lock; the exit code is procs.py (0, 200
         preempted and checkpointed, 128+N stopped by signal N, or the first failure's code)."""
         use_gpus, note = self._gpu_mode(spec)
         if note:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm_output import SacctJobState, SlurmJob
+from dist_jobs.backends.slurm.output import SacctJobState, SlurmJob
 
 # For `sinfo --noheader --Node --nodes NODES --format SINFO_NODE_STATES`: one line per node.
 SINFO_NODE_STATES = "%N|%T|%E|%H"

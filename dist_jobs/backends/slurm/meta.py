@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dist_jobs.backends.slurm_output import SacctRow
+from dist_jobs.backends.slurm.output import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
 
 JOB_JSON = "job.json"

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm_output import SacctJobState, sacct_exit
+from dist_jobs.backends.slurm.output import SacctJobState, sacct_exit
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HangRecord
