@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.api.handle import FORMS, is_handle
-from dist_jobs.api.handle import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
-from dist_jobs.api.verbs import attach, backend, job_handle, submit
+from dist_jobs.api.verbs import attach, backend, submit
+from dist_jobs.backends.handle import FORMS, is_handle
+from dist_jobs.backends.handle import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, Preempted, UsageError
 
@@ -102,7 +102,7 @@ def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
             f"{job_id!r} is a bare job id: which backend runs it?", f"pass --backend, or a handle: {FORMS}"
         )
     chosen = _backend(backend_name, **options)
-    return Job(job_handle(backend_name, job_id, chosen), chosen)
+    return Job(chosen.handle(job_id), chosen)
 
 
 def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobInfo:
@@ -110,20 +110,9 @@ def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobI
 
 
 def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
-    """Jobs dist-jobs submitted that the backend still knows (SLURM: yours in the queue)."""
-    if backend == "k8s" and "kind" not in options:
-        return [*list_jobs("k8s", kind="PyTorchJob", **options), *_trainjobs(options)]
-    chosen = _backend(backend, **options)
-    return [info_of(Job(job_handle(backend, s.job_id, chosen), chosen).handle, s) for s in chosen.list()]
-
-
-def _trainjobs(options: dict[str, Any]) -> list[JobInfo]:
-    try:
-        return list_jobs("k8s", kind="TrainJob", **options)
-    except DistJobsError as exc:
-        if "404 page not found" in exc.message:  # no TrainJob CRD on this cluster: none to list
-            return []
-        raise
+    """Jobs dist-jobs submitted that the backend still knows (SLURM: yours in the queue;
+    Kubernetes: PyTorchJobs and TrainJobs unless `kind` is given)."""
+    return [info_of(s.handle, s) for s in _backend(backend, **options).list()]
 
 
 def cancel(job_id: str, backend_name: str | None = None, **options: Any) -> None:

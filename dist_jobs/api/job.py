@@ -15,10 +15,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.api.handle import Handle
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState
 from dist_jobs.constants import WAIT_EXIT_CODES
-from dist_jobs.errors import BackendError, DistJobsError
+from dist_jobs.errors import DistJobsError
 
 if TYPE_CHECKING:
     from dist_jobs.backends import Backend, JobStatus
@@ -95,8 +95,6 @@ class Job:
 
     @property
     def handle(self) -> str:
-        if self._handle.backend == "slurm" and not self._handle.cluster:
-            self._handle = dataclasses.replace(self._handle, cluster=self._backend.cluster_name())  # type: ignore[attr-defined]
         return str(self._handle)
 
     @property
@@ -108,25 +106,16 @@ class Job:
         return self.handle
 
     def __repr__(self) -> str:
-        # runs nothing: a SLURM handle whose cluster is not known yet shows the bare id
-        if self._handle.backend == "slurm" and not self._handle.cluster:
-            return f"Job(slurm job {self.id})"
-        return f"Job({str(self._handle)!r})"
-
-    def _key(self) -> tuple[str, str, str, str]:
-        h = self._handle
-        return (h.backend, h.job_id, h.namespace, h.kind or ("PyTorchJob" if h.backend == "k8s" else ""))
+        return f"Job({str(self._handle)!r})"  # runs nothing: the handle is known
 
     def __eq__(self, other: object) -> bool:
-        """The same job: the same backend, id (and Kubernetes namespace and kind); a SLURM
-        cluster counts once both handles know theirs."""
+        """The same job: the same handle (backend, id and where it lives)."""
         if not isinstance(other, Job):
             return NotImplemented
-        clusters = {self._handle.cluster, other._handle.cluster} - {""}
-        return self._key() == other._key() and len(clusters) <= 1
+        return self._handle == other._handle
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(self._handle)
 
     def status(self) -> JobInfo:
         """The scheduler's state, with the run's live progress where its run directory is readable."""
@@ -161,14 +150,10 @@ class Job:
         from dist_jobs.rundir.checkpoints import newest_committed
         from dist_jobs.rundir.progress import owned_by, read_progress
 
-        find = getattr(self._backend, "run_dir", None)
-        owner = getattr(self._backend, "owner", None)
-        if find is None:
-            return None
         try:
-            run_dir = find(self.id)
+            run_dir = self._backend.run_dir(self.id)
             progress = read_progress(run_dir)
-            if progress is None or not owned_by(progress, owner(self.id) if owner else None):
+            if progress is None or not owned_by(progress, self._backend.owner(self.id)):
                 return None
         except DistJobsError:
             return None
@@ -228,14 +213,8 @@ class Job:
         JobFailed if it failed or was cancelled, so no earlier run's result passes for its own."""
         from dist_jobs.rundir.result import read_result
 
-        find = getattr(self._backend, "run_dir", None)
-        if find is None:
-            raise BackendError(
-                f"{self.handle}: its run directory is on the job's volume, not readable from here",
-                "read <checkpoint_dir>/<run>/result.json from a pod that mounts the PVC",
-            )
         self.wait(timeout, raise_on_failure=True)
-        return read_result(find(self.id))
+        return read_result(self._backend.run_dir(self.id))
 
 
 def wait_all(
@@ -275,23 +254,21 @@ def wait_all(
 
 def statuses(jobs: Sequence[Job]) -> list[JobInfo | DistJobsError]:
     """Each job's JobInfo (or the error asking for it raised), one scheduler query per backend
-    object where the backend answers for many jobs at once (`statuses(ids)`)."""
+    object (a SLURM backend answers for many jobs with one squeue and one sacct)."""
     out: list[JobInfo | DistJobsError | None] = [None] * len(jobs)
     groups: dict[int, list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(id(job._backend), []).append(i)
     for members in groups.values():
         backend = jobs[members[0]]._backend
-        batch = getattr(backend, "statuses", None)
-        if batch is None or len(members) == 1:
-            for i in members:
-                out[i] = _one(jobs[i])
+        if len(members) == 1:
+            out[members[0]] = _one(jobs[members[0]])
             continue
         try:
-            found = batch([jobs[i].id for i in members])
-        except DistJobsError as exc:
+            found = backend.statuses([jobs[i].id for i in members])
+        except DistJobsError:  # one job it cannot find (a trial not started yet) must not hide the others
             for i in members:
-                out[i] = exc
+                out[i] = _one(jobs[i])
             continue
         for i in members:
             out[i] = jobs[i].info_from(found[jobs[i].id])

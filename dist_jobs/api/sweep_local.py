@@ -57,7 +57,7 @@ def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
         while pending and len(running) < manifest["max_parallel"]:
             spec = pending.pop(0)
             try:
-                running.append(jobs.submit(jobs.prepare(spec)))
+                running.append(jobs.submit(jobs.prepare(spec)).job_id)
             except DistJobsError as exc:  # one trial that cannot start must not stop the others
                 print(f"dist-jobs sweep: trial {spec.run_id} not started: {exc}", flush=True)
         time.sleep(poll)

@@ -235,7 +235,7 @@ def sweep(
 def _snapshot_overrides(spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
     """`overrides` plus those that run every trial from one snapshot of the code, taken now
     (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns snapshots off."""
-    from dist_jobs.backends import get_backend
+    from dist_jobs.backends.slurm import SlurmBackend
     from dist_jobs.backends.slurm.submit import snapshot_spec
     from dist_jobs.spec import load_spec
 
@@ -243,8 +243,8 @@ def _snapshot_overrides(spec_or_path: Any, overrides: dict[str, Any], options: M
     base = load_spec(data=raw, overrides=overrides)
     if base.snapshot is False:
         return overrides
-    slurm = get_backend("slurm", **options)
-    snapped = snapshot_spec(base, slurm.cwd, slurm.jobs_dir)  # type: ignore[attr-defined]
+    slurm = SlurmBackend(**options)
+    snapped = snapshot_spec(base, slurm.cwd, slurm.jobs_dir)
     fields = {k: getattr(snapped, k) for k in ("workdir", "log_dir", "checkpoint_dir")}
     paths = {"env.PYTHONPATH": snapped.env["PYTHONPATH"]} if "PYTHONPATH" in snapped.env else {}
     return {**overrides, **fields, **paths, "snapshot": True}
@@ -259,20 +259,20 @@ def _absolute(folder: str, base: Path, workdir: str | None) -> Path:
 
 
 def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict[str, Any]) -> list[str | None]:
-    from dist_jobs.backends import Prepared, get_backend
+    from dist_jobs.backends import Prepared
     from dist_jobs.spec.sweep import trial_name
 
     count = len(plan.specs)
     if plan.backend == "slurm":
         assert plan.head is not None
-        chosen = get_backend("slurm", **options)
-        filename, payload = plan.payloads[0]
-        array_id = chosen.submit(Prepared("slurm", plan.head, payload, filename))
+        from dist_jobs.backends.slurm import SlurmBackend
         from dist_jobs.backends.slurm.meta import record_trials
 
-        record_trials(chosen.jobs_dir, array_id, [s.run_id for s in plan.specs])  # type: ignore[attr-defined]
-        cluster = chosen.cluster_name()  # type: ignore[attr-defined]
-        return [f"slurm://{cluster}/{array_id}_{i}" for i in range(count)]
+        chosen = SlurmBackend(**options)
+        filename, payload = plan.payloads[0]
+        array = chosen.submit(Prepared("slurm", plan.head, payload, filename))
+        record_trials(chosen.jobs_dir, array.job_id, [s.run_id for s in plan.specs])
+        return [str(chosen.handle(f"{array.job_id}_{i}")) for i in range(count)]
     if plan.backend == "local" and plan.max_parallel and plan.max_parallel < count:
         import msgspec
 

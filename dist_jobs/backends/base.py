@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
+from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
@@ -22,10 +24,6 @@ def checkpoint_root(spec: JobSpec, workdir: Path) -> Path:
     """The spec's checkpoint_dir as the trainer reads it: `~` expanded on this host (as the SLURM
     script and job_env have it), a relative one below `workdir` (where the job runs). Every
     backend that finds a run directory starts here."""
-    from pathlib import Path  # a verb that finds no run directory does without it
-
-    from dist_jobs.spec.paths import expand_home
-
     root = Path(expand_home(spec.checkpoint_dir))
     return root if root.is_absolute() else workdir / root
 
@@ -49,6 +47,7 @@ class JobStatus:
     # The JobState value where the word alone cannot say it (SLURM's COMPLETING of a requeued
     # job is "requeued"); "" lets the word decide (backends.state.normalise).
     normal: str = ""
+    handle: str = ""  # the job's handle where the backend lists it (list()): slurm://c/12, k8s://ns/KIND/name
 
     @property
     def job_state(self) -> JobState:
@@ -61,16 +60,33 @@ class JobStatus:
 
 
 class Backend(Protocol):
+    """What every backend provides. A job is named by its handle (`handle()`, what `submit()`
+    returns); the other verbs take the job's id within the backend (Handle.job_id)."""
+
     name: str
 
     def prepare(self, spec: JobSpec) -> Prepared: ...
 
-    def submit(self, prepared: Prepared) -> str: ...
+    def submit(self, prepared: Prepared) -> Handle: ...
+
+    def handle(self, job_id: str) -> Handle: ...
 
     def status(self, job_id: str) -> JobStatus: ...
+
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """Each job's status, asking the scheduler as few times as it can (SLURM: once)."""
+        ...
 
     def list(self) -> list[JobStatus]: ...
 
     def cancel(self, job_id: str) -> None: ...
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]: ...
+
+    def run_dir(self, job_id: str) -> Path:
+        """`<checkpoint_dir>/<run>` as this host sees it; BackendError where it cannot say."""
+        ...
+
+    def owner(self, job_id: str) -> str | None:
+        """The job as its trainer names itself in progress.json (None: whoever wrote it)."""
+        ...

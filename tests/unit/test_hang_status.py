@@ -65,7 +65,7 @@ def _slurm_job(tmp_path: Path) -> tuple[SlurmBackend, Path]:
     folder.mkdir(parents=True)
     meta = {"job_id": "104", "run": run, "log_dir": str(tmp_path / "logs"), "run_dir": str(run_dir)}
     (folder / "job.json").write_text(json.dumps(meta))
-    return SlurmBackend(runner=Sacct(), jobs_dir=tmp_path / "runs", cwd=tmp_path), run_dir
+    return SlurmBackend(runner=Sacct(), jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c"), run_dir
 
 
 def test_a_slurm_job_whose_last_attempt_hung_reads_hang_and_not_for_another_attempt_or_job(tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import dist_jobs
-from dist_jobs.api.handle import Handle, parse_handle
 from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
 from dist_jobs.backends.base import JobStatus
+from dist_jobs.backends.handle import Handle, parse_handle
 from dist_jobs.backends.state import JobState, describe_exit, normalise
-from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.result import read_result, write_result
 from support.paths import PYTHON, REPO
 
@@ -98,13 +98,19 @@ class Scripted:
     def cancel(self, job_id: str) -> None:
         self.cancelled.append(job_id)
 
-    def cluster_name(self) -> str:
-        return "c1"
+    def handle(self, job_id: str) -> Handle:
+        return Handle("slurm", job_id, cluster="c1")
+
+    def run_dir(self, job_id: str) -> Path:
+        raise BackendError(f"job {job_id} was not submitted from here", "attach from where you submitted it")
+
+    def owner(self, job_id: str) -> str | None:
+        return None
 
 
 def test_wait_polls_until_the_job_ends_and_status_keeps_the_schedulers_word() -> None:
     backend = Scripted(["PENDING", "RUNNING", "RUNNING", "FAILED"])
-    job = Job(Handle("slurm", "42"), backend)  # type: ignore[arg-type]
+    job = Job(backend.handle("42"), backend)
     info = job.wait(poll=0.0)
     assert (info.state, info.word, info.detail, info.ranks) == (JobState.FAILED, "FAILED", "exit 3", {1: "exit 3"})
     assert backend.asked == 4
@@ -113,14 +119,14 @@ def test_wait_polls_until_the_job_ends_and_status_keeps_the_schedulers_word() ->
 
 
 def test_wait_times_out_with_the_state_it_saw() -> None:
-    job = Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING"]))  # type: ignore[arg-type]
+    job = Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING"]))
     with pytest.raises(WaitTimeout) as caught:
         job.wait(timeout=0.2, poll=0.05)
     assert "still running after 0.2 s" in caught.value.message and caught.value.exit_code == 4
 
 
 def test_follow_merges_every_rank_with_a_prefix() -> None:
-    job = Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING"]))  # type: ignore[arg-type]
+    job = Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING"]))
     assert sorted(job.follow([0, 1, 2])) == [f"[rank {r}] line of rank {r}" for r in range(3)]
 
 
@@ -237,7 +243,7 @@ def stale(tmp_path: Path) -> Path:
 
 def test_result_of_a_failed_job_raises_instead_of_returning_an_earlier_runs_metrics(stale: Path) -> None:
     backend = Ended(["RUNNING", "FAILED"], "rank 1 failed first: exit 3 on n2; rank 0: cancelled", stale)
-    job = Job(Handle("slurm", "43", cluster="c"), backend)  # type: ignore[arg-type]
+    job = Job(Handle("slurm", "43", cluster="c"), backend)
     with pytest.raises(dist_jobs.JobFailed) as caught:
         job.result(timeout=5)
     failed = caught.value
@@ -248,7 +254,7 @@ def test_result_of_a_failed_job_raises_instead_of_returning_an_earlier_runs_metr
 
 def test_result_of_a_job_cancelled_before_it_started_raises(stale: Path) -> None:
     backend = Ended(["PENDING", "CANCELLED"], "cancelled while pending: it never started", stale)
-    job = Job(Handle("slurm", "44", cluster="c"), backend)  # type: ignore[arg-type]
+    job = Job(Handle("slurm", "44", cluster="c"), backend)
     with pytest.raises(dist_jobs.JobFailed) as caught:
         job.result()
     assert caught.value.state is JobState.CANCELLED and caught.value.exit_code == 3 and caught.value.rank is None
@@ -256,7 +262,7 @@ def test_result_of_a_job_cancelled_before_it_started_raises(stale: Path) -> None
 
 def test_a_signal_is_told_apart_from_an_exit_code(stale: Path) -> None:
     backend = Ended(["FAILED"], "killed by SIGKILL (exit 137)", stale)
-    job = Job(Handle("slurm", "45", cluster="c"), backend)  # type: ignore[arg-type]
+    job = Job(Handle("slurm", "45", cluster="c"), backend)
     info = job.wait()  # the default keeps today's behaviour: the final info, no error
     assert info.state is JobState.FAILED
     with pytest.raises(dist_jobs.JobFailed) as caught:
@@ -265,25 +271,20 @@ def test_a_signal_is_told_apart_from_an_exit_code(stale: Path) -> None:
 
 
 def test_result_of_a_job_that_succeeded_is_read_after_the_end(stale: Path) -> None:
-    job = Job(Handle("slurm", "46", cluster="c"), Ended(["RUNNING", "COMPLETED"], "", stale))  # type: ignore[arg-type]
+    job = Job(Handle("slurm", "46", cluster="c"), Ended(["RUNNING", "COMPLETED"], "", stale))
     assert job.result(timeout=5) == {"train_loss": 0.01}
 
 
 def test_job_state_done_equality_and_a_repr_that_asks_no_scheduler() -> None:
-    class NoScheduler(Scripted):
-        def cluster_name(self) -> str:
-            raise AssertionError("repr must run no scheduler command")
-
-    backend = NoScheduler(["RUNNING", "COMPLETED"])
-    job = Job(Handle("slurm", "42"), backend)  # type: ignore[arg-type]
-    assert repr(job) == "Job(slurm job 42)" and backend.asked == 0
+    backend = Scripted(["RUNNING", "COMPLETED"])
+    job = Job(Handle("slurm", "42", cluster="c1"), backend)
+    assert repr(job) == "Job('slurm://c1/42')" and backend.asked == 0
     assert job.state is JobState.RUNNING and backend.asked == 1
     assert job.done() and backend.asked == 2
-    same = Job(Handle("slurm", "42", cluster="c1"), backend)  # type: ignore[arg-type]
+    same = Job(backend.handle("42"), backend)  # a bare id: the backend makes its handle
     assert job == same and hash(job) == hash(same) and len({job, same}) == 1
-    assert job != Job(Handle("slurm", "43"), backend)  # type: ignore[arg-type]
-    assert Job(Handle("slurm", "42", cluster="a"), backend) != same  # type: ignore[arg-type]
-    assert repr(same) == "Job('slurm://c1/42')"
+    assert job != Job(Handle("slurm", "43", cluster="c1"), backend)
+    assert Job(Handle("slurm", "42", cluster="a"), backend) != same  # another cluster's job 42
 
 
 def test_the_wait_backs_off_from_two_seconds_to_at_least_ten() -> None:
@@ -317,7 +318,7 @@ def test_job_wait_and_sweep_wait_share_one_loop(monkeypatch: pytest.MonkeyPatch,
         return real(check, timeout, expired, 0.0)
 
     monkeypatch.setattr(polling, "poll_until", spy)
-    Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING", "COMPLETED"])).wait()  # type: ignore[arg-type]
+    Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING", "COMPLETED"])).wait()
     sweep = Sweep({"name": "s", "backend": "local", "trials": []}, tmp_path / "sweep.json")
     assert sweep.wait() == []
     assert calls == ["poll_until", "poll_until"]

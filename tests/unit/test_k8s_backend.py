@@ -93,7 +93,7 @@ def test_submit_creates_with_strict_field_validation_and_stores_the_rendered_man
     api: FakeKubeAPI, backend: K8sBackend
 ) -> None:
     prepared = _prepared(backend)
-    assert backend.submit(prepared) == JOB
+    assert backend.submit(prepared).job_id == JOB
     (post,) = _posts(api)
     assert post.path == f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}"
     assert post.query == {"fieldValidation": ["Strict"]}
@@ -117,7 +117,7 @@ def test_server_dry_run_is_checked_but_stores_nothing(api: FakeKubeAPI, backend:
     assert "dryRun=All" in backend.server_dry_run(prepared)
     assert api.store == {}
     assert _posts(api)[-1].query == {"fieldValidation": ["Strict"], "dryRun": ["All"]}
-    assert backend.submit(prepared) == JOB  # the dry run did not take the name
+    assert backend.submit(prepared).job_id == JOB  # the dry run did not take the name
 
 
 def test_server_dry_run_reports_what_a_real_create_would(backend: K8sBackend) -> None:
@@ -462,7 +462,7 @@ def test_logs_of_a_pod_that_has_not_started_is_an_error_not_silence(api: FakeKub
 def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, backend: K8sBackend) -> None:
     prepared = _prepared(backend, ELASTIC)
     assert "Master" not in yaml.safe_load(prepared.payload)["spec"]["pytorchReplicaSpecs"]
-    job = backend.submit(prepared)
+    job = backend.submit(prepared).job_id
     _operator_pod(api, job, "worker", 0, "w0\n")
     _operator_pod(api, job, "worker", 1, "w1\n")
     assert list(backend.logs(job, rank=0)) == ["w0"]
@@ -505,7 +505,7 @@ def test_follow_errors_are_translated_too() -> None:
 
 def test_trainjob_submit_picks_the_kind_from_the_manifest(api: FakeKubeAPI, backend: K8sBackend) -> None:
     assert backend.kind == "PyTorchJob"
-    job = backend.submit(_prepared(backend, TRAINJOB))
+    job = backend.submit(_prepared(backend, TRAINJOB)).job_id
     assert _posts(api)[-1].path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"
     assert ("trainjobs", "ml", job) in api.store
 
@@ -539,7 +539,7 @@ def test_trainjob_submit_picks_the_kind_from_the_manifest(api: FakeKubeAPI, back
 
 def test_trainjob_logs_pick_the_node_pod_by_completion_index(api: FakeKubeAPI) -> None:
     trainer = _backend(api.url, kind="TrainJob", namespace="ml")
-    job = trainer.submit(_prepared(trainer, TRAINJOB))
+    job = trainer.submit(_prepared(trainer, TRAINJOB)).job_id
     for index, suffix in ((0, "x7k2p"), (1, "b9qzt")):
         name = f"{job}-node-0-{index}-{suffix}"
         api.pods[("ml", name)] = {

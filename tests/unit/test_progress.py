@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from dist_jobs.api.handle import Handle
 from dist_jobs.api.job import Job, JobInfo
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.state import JobState
 from dist_jobs.cli.output import info_table
@@ -169,9 +169,9 @@ def test_slurm_status_reads_the_run_dir_recorded_at_submit(tmp_path: Path) -> No
     def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0, answers[argv[0]], "")
 
-    slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
     spec = load_spec(data={"name": "fx", "nodes": 2, "procs_per_node": 2, "checkpoint_dir": "ck"})
-    assert slurm.submit(slurm.prepare(spec)) == "38"
+    assert str(slurm.submit(slurm.prepare(spec))) == "slurm://c/38"
     job = Job(Handle("slurm", "38", cluster="c"), slurm)
     assert job.progress() is None
     write_progress(tmp_path / "ck" / spec.run_id, RECORD)
@@ -193,9 +193,9 @@ def _two_slurm_jobs(tmp_path: Path) -> tuple[Job, Job, Path]:
         line = f"{job}|RUNNING|None|2|n[1-2]|0:01|UNLIMITED|2026-11-22T05:22:45|2026-11-22T05:22:56|debug|0|fx\n"
         return subprocess.CompletedProcess(argv, 0, line, "")
 
-    slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
     spec = load_spec(data={"name": "fx", "nodes": 2, "procs_per_node": 2, "checkpoint_dir": "ck"})
-    assert [slurm.submit(slurm.prepare(spec)) for _ in range(2)] == ["38", "39"]
+    assert [slurm.submit(slurm.prepare(spec)).job_id for _ in range(2)] == ["38", "39"]
     jobs = [Job(Handle("slurm", i, cluster="c"), slurm) for i in ("38", "39")]
     return jobs[0], jobs[1], tmp_path / "ck" / spec.run_id
 
@@ -257,7 +257,7 @@ def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None
     }
     with FakeKubeAPI([crd_path("PyTorchJob"), crd_path("TrainJob")]) as api:
         k8s = K8sBackend(api_client=k8s_client.for_host(api.url))
-        name = k8s.submit(k8s.prepare(load_spec(data={**data, "k8s": {"pvc": "ckpt"}})))
+        name = k8s.submit(k8s.prepare(load_spec(data={**data, "k8s": {"pvc": "ckpt"}}))).job_id
         job = Job(Handle("k8s", name, namespace="default", kind="PyTorchJob"), k8s)
         assert k8s.run_dir(name) == tmp_path / "ck" / name
         assert job.status().progress is None  # nothing there yet (or a volume this host lacks)
@@ -271,7 +271,7 @@ def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None
         assert job.progress() is None  # another job's, sharing the run directory
         trainer = K8sBackend(api_client=k8s_client.for_host(api.url), kind="TrainJob", namespace="ml")
         spec = load_spec(data={**data, "name": "tj", "k8s": {"api": "trainjob", "namespace": "ml", "pvc": "ckpt"}})
-        tj = trainer.submit(trainer.prepare(spec))
+        tj = trainer.submit(trainer.prepare(spec)).job_id
         assert trainer.run_dir(tj) == tmp_path / "ck" / tj
 
 

@@ -218,9 +218,9 @@ def test_home_in_folders_is_the_submitters_for_the_job_its_record_and_status(tmp
     def sbatch(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0, "4242\n", "")
 
-    backend = SlurmBackend(runner=sbatch, cwd=cwd)
+    backend = SlurmBackend(runner=sbatch, cwd=cwd, cluster="c")
     prepared = backend.prepare(spec)
-    assert backend.submit(prepared) == "4242"
+    assert str(backend.submit(prepared)) == "slurm://c/4242"
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     proc, calls = run_script(prepared.payload, cwd, stubs, {"HOME": str(node_home)})
     assert proc.returncode == 0, proc.stderr

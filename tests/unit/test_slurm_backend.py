@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.backend import SlurmBackend, run_command
 from dist_jobs.backends.slurm.output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
 from dist_jobs.errors import BackendError, UsageError
@@ -83,12 +84,12 @@ class FakeRunner:
 
 
 def backend(tmp_path: Path, runner: FakeRunner) -> SlurmBackend:
-    return SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    return SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
 
 
 def submit(tmp_path: Path, runner: FakeRunner, **spec: object) -> tuple[SlurmBackend, str]:
     slurm = backend(tmp_path, runner)
-    return slurm, slurm.submit(slurm.prepare(load_spec(data={**SPEC, **spec})))
+    return slurm, slurm.submit(slurm.prepare(load_spec(data={**SPEC, **spec}))).job_id
 
 
 # --- submit -----------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def test_submit_writes_the_job_dir_and_parses_the_id(tmp_path: Path) -> None:
 
     slurm = backend(tmp_path, FakeRunner(sbatch=sbatch))
     prepared = slurm.prepare(load_spec(data=SPEC))
-    assert slurm.submit(prepared) == "26"
+    assert slurm.submit(prepared) == Handle("slurm", "26", cluster="c")
     (call,) = slurm.run.calls  # type: ignore[attr-defined]
     assert call[:3] == ["sbatch", "--parsable", f"--chdir={tmp_path}"]
     assert seen["script"] == prepared.payload
@@ -122,7 +123,7 @@ def test_job_json_names_the_run_directory_the_trainer_uses(tmp_path: Path, monke
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the trainer expands `~` the same way
     slurm = backend(tmp_path, FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), "")))
     for given, want in (("~/ckpts", tmp_path / "home" / "ckpts"), ("ckpts", tmp_path / "ckpts")):
-        job_id = slurm.submit(slurm.prepare(load_spec(data={**SPEC, "checkpoint_dir": given})))
+        job_id = slurm.submit(slurm.prepare(load_spec(data={**SPEC, "checkpoint_dir": given}))).job_id
         meta = json.loads((tmp_path / "runs" / f"{RUN}-{job_id}" / "job.json").read_text())
         assert meta["run_dir"] == str(want / RUN), given
         shutil.rmtree(tmp_path / "runs" / f"{RUN}-{job_id}")
@@ -514,8 +515,8 @@ def _array_acct(array: int, ended: range) -> str:
 
 
 def test_one_squeue_and_one_sacct_answer_for_a_hundred_array_tasks(tmp_path: Path) -> None:
-    from dist_jobs.api.handle import Handle
     from dist_jobs.api.job import Job, statuses
+    from dist_jobs.backends.handle import Handle
 
     calls: list[list[str]] = []
 
@@ -524,7 +525,7 @@ def test_one_squeue_and_one_sacct_answer_for_a_hundred_array_tasks(tmp_path: Pat
         out = _array_queue(500, range(5, 10), range(10, 100)) if argv[0] == "squeue" else _array_acct(500, range(5))
         return subprocess.CompletedProcess(argv, 0, out, "")
 
-    backend = SlurmBackend(runner=runner, jobs_dir=tmp_path)
+    backend = SlurmBackend(runner=runner, jobs_dir=tmp_path, cluster="c")
     jobs = [Job(Handle("slurm", f"500_{i}", cluster="c"), backend) for i in range(100)]  # type: ignore[arg-type]
     infos = statuses(jobs)
     assert [c[0] for c in calls] == ["squeue", "sacct"]
@@ -543,7 +544,7 @@ def test_logs_show_every_rank_by_default_each_line_with_its_rank(tmp_path: Path)
     (jobs / "r-71" / "job.json").write_text(json.dumps(meta))
     for attempt, rank, text in [(0, 0, "a0 r0\n"), (0, 1, "a0 r1\n"), (1, 0, "a1 r0\n"), (1, 1, "a1 r1\n")]:
         (logs / f"r-71-attempt{attempt}-rank{rank}.out").write_text(text)
-    backend = SlurmBackend(runner=lambda argv: subprocess.CompletedProcess(argv, 1, "", ""), jobs_dir=jobs)
+    backend = SlurmBackend(runner=lambda argv: subprocess.CompletedProcess(argv, 1, "", ""), jobs_dir=jobs, cluster="c")
     lines = [line for line in backend.logs("71") if "==>" not in line]
     assert lines == ["[rank 0] a0 r0", "[rank 0] a1 r0", "[rank 1] a0 r1", "[rank 1] a1 r1"]
     assert [line for line in backend.logs("71", rank=1) if "==>" not in line] == ["a0 r1", "a1 r1"]

@@ -70,7 +70,7 @@ def _submitted(tmp_path: Path, job_id: str, run: str, batchlog: str) -> SlurmBac
     folder = tmp_path / "runs" / f"{run}-{job_id}"
     folder.mkdir(parents=True)
     (folder / "job.json").write_text(json.dumps({"job_id": job_id, "run": run, "log_dir": str(tmp_path / "logs")}))
-    return SlurmBackend(runner=Runner(job_id), jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    return SlurmBackend(runner=Runner(job_id), jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
 
 
 class Runner:

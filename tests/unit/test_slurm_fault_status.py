@@ -7,8 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from dist_jobs.api.handle import Handle
 from dist_jobs.api.job import Job
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log
 from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
@@ -53,7 +53,7 @@ def submitted(tmp_path: Path, job_id: str, runner: Runner, batchlog: str = "") -
     folder.mkdir(parents=True)
     meta = {"job_id": job_id, "run": "fx", "log_dir": str(logs), "run_dir": str(run)}
     (folder / "job.json").write_text(json.dumps(meta))
-    return SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path)
+    return SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
 
 
 # --- a node died: the job is requeued, SLURM waits for the node --------------------------------

@@ -398,7 +398,7 @@ def test_an_array_task_that_never_started_is_found_in_the_arrays_record() -> Non
         out = SACCT_CANCELLED_SWEEP if argv[0] == "sacct" and argv[argv.index("--jobs") + 1] == "492" else ""
         return subprocess.CompletedProcess(argv, 0 if argv[0] == "sacct" else 1, out, "")
 
-    backend = SlurmBackend(runner=runner)
+    backend = SlurmBackend(runner=runner, cluster="c")
     assert [backend.status(f"492_{i}").state for i in range(3)] == ["CANCELLED"] * 3
 
 

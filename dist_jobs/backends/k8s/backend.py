@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
 from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
@@ -58,14 +60,16 @@ class K8sBackend:
         context: str | None = None,
         kubeconfig: str | None = None,
         api_client: KubeClient | None = None,
-        kind: str = "PyTorchJob",
+        kind: str | None = None,
     ) -> None:
-        if kind not in APIS:
+        if kind is not None and kind not in APIS:
             raise UsageError(f"unknown Kubernetes job kind {kind!r}", f"use one of {', '.join(APIS)}")
         self.namespace = namespace
         self._context, self._kubeconfig = context, kubeconfig
         self._client = api_client
-        self.kind = kind
+        # A bare name is a PyTorchJob's; list() shows every kind unless one was asked for.
+        self.kind = kind or "PyTorchJob"
+        self._kinds = (kind,) if kind else tuple(APIS)
         self._seen: dict[str, dict[str, Any]] = {}  # the last object _get returned, by name
 
     @property
@@ -78,8 +82,8 @@ class K8sBackend:
         """--namespace, else the kubeconfig context's namespace, else `default` (kubectl's order)."""
         return self.namespace or self.client.namespace or "default"
 
-    def namespace_in_use(self) -> str:  # what a job handle (k8s://NS/KIND/NAME) records
-        return self._ns()
+    def handle(self, job_id: str) -> Handle:
+        return Handle("k8s", job_id, namespace=self._ns(), kind=self.kind)
 
     @contextlib.contextmanager
     def _translated(self, what: str, job: tuple[str, str, str] | None = None) -> Iterator[None]:
@@ -118,9 +122,12 @@ class K8sBackend:
         what = f"create {kind} {namespace}/{job[2]}"
         return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
 
-    def submit(self, prepared: Prepared) -> str:
+    def submit(self, prepared: Prepared) -> Handle:
         created = self._create(prepared, dry_run=False)
-        return str(created["metadata"]["name"])
+        meta = created["metadata"]  # where _create put it, as the manifest (not self.kind) decides
+        return Handle(
+            "k8s", str(meta["name"]), namespace=str(meta.get("namespace") or self._ns()), kind=created["kind"]
+        )
 
     def server_dry_run(self, prepared: Prepared) -> str:
         if self._client is None and not (self._kubeconfig or self._context):
@@ -160,11 +167,28 @@ class K8sBackend:
         label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
         return with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
 
-    def list(self) -> list[JobStatus]:
-        group, _, plural = APIS[self.kind]
-        path = self._objects(self.kind, self._ns())
-        found = self._call(f"list {plural}.{group} in {self._ns()}", "GET", path, query={"labelSelector": MANAGED})
-        return [job_status(item) for item in found.get("items", [])]
+    def statuses(self, job_ids: builtins.list[str]) -> dict[str, JobStatus]:
+        return {job_id: self.status(job_id) for job_id in job_ids}  # the apiserver has no batch read
+
+    def list(self) -> builtins.list[JobStatus]:
+        out = []
+        for kind in self._kinds:
+            group, _, plural = APIS[kind]
+            path, what = self._objects(kind, self._ns()), f"list {plural}.{group} in {self._ns()}"
+            try:
+                found = self._call(what, "GET", path, query={"labelSelector": MANAGED})
+            except BackendError as exc:
+                if len(self._kinds) > 1 and "404 page not found" in exc.message:
+                    continue  # this cluster has no such CRD: none of that kind to list
+                raise
+            for item in found.get("items", []):
+                status = job_status(item)
+                out.append(
+                    dataclasses.replace(
+                        status, handle=str(Handle("k8s", status.job_id, namespace=self._ns(), kind=kind))
+                    )
+                )
+        return out
 
     def cancel(self, job_id: str) -> None:
         # Foreground: the job stays (Terminating) until its pods are gone, so a resubmit under the

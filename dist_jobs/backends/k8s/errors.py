@@ -13,6 +13,7 @@ import json
 import ssl
 from typing import Any
 
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import CONNECT_S, READ_S
 from dist_jobs.errors import BackendError
 
@@ -53,7 +54,7 @@ NOT_SERVED = "404 page not found"
 
 def handle(kind: str, namespace: str, name: str) -> str:
     """The job's handle, for hints: a bare name would be looked up as a PyTorchJob."""
-    return f"k8s://{namespace}/{kind}/{name}"
+    return str(Handle("k8s", name, namespace=namespace, kind=kind))
 
 
 def api_error(

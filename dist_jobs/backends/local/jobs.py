@@ -9,6 +9,7 @@ its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
@@ -56,7 +58,7 @@ class LocalBackend:
 
         return Launcher(self.out, self.workdir).run(spec)
 
-    def submit(self, prepared: Prepared) -> str:
+    def submit(self, prepared: Prepared) -> Handle:
         import msgspec
         import yaml
 
@@ -85,10 +87,20 @@ class LocalBackend:
         _write(folder / PID, str(proc.pid))
         # Reap it if this process outlives it (a notebook): no zombie that looks alive.
         threading.Thread(target=proc.wait, daemon=True).start()
-        return str(folder.parent)
+        return self.handle(str(folder.parent))
+
+    def handle(self, job_id: str) -> Handle:
+        """A local job's id is its run directory: the handle names it absolutely."""
+        return Handle("local", str(Path(job_id).resolve()))
 
     def run_dir(self, job_id: str) -> Path:
         return Path(job_id)
+
+    def owner(self, job_id: str) -> str | None:
+        return None  # the run directory is the job: whoever wrote its progress is it
+
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        return {job_id: self.status(job_id) for job_id in job_ids}
 
     def status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
@@ -108,7 +120,8 @@ class LocalBackend:
 
     def list(self) -> list[JobStatus]:
         root = (self.workdir / "checkpoints").resolve()
-        return [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
+        found = [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
+        return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 
     def cancel(self, job_id: str) -> None:
         folder = _folder(job_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_task_key, job_meta
 from dist_jobs.backends.slurm.output import (
@@ -95,23 +96,29 @@ def _check_controller(stderr: str) -> None:
 class SlurmBackend:
     name = "slurm"
 
-    def __init__(self, runner: Runner | None = None, jobs_dir: Path | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self, runner: Runner | None = None, jobs_dir: Path | None = None, cwd: Path | None = None, cluster: str = ""
+    ) -> None:
         self.run = runner or run_command
         self.cwd = cwd or Path.cwd()
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
+        self._cluster = cluster  # from a handle; else asked once, when a handle is made
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.render import render
 
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
-    def submit(self, prepared: Prepared) -> str:
+    def submit(self, prepared: Prepared) -> Handle:
         from dist_jobs.backends.slurm.submit import snapshot_spec, submit  # the query verbs do without it
 
         if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
             prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
-        return submit(prepared, self.run, self.cwd, self.jobs_dir)
+        return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir))
+
+    def handle(self, job_id: str) -> Handle:
+        return Handle("slurm", job_id, cluster=self.cluster_name())
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
@@ -129,7 +136,7 @@ class SlurmBackend:
 
     def cluster_name(self) -> str:
         """ClusterName from slurm.conf, for handles (slurm://<cluster>/<id>); 'default' if unknown."""
-        if not hasattr(self, "_cluster"):
+        if not self._cluster:
             # this host's slurm.conf first (unless a test's runner stands in): scontrol costs ~4 ms
             found = conf_cluster_name() if self.run is run_command else None
             if found is None:
@@ -281,7 +288,14 @@ class SlurmBackend:
         if proc.returncode != 0:
             raise BackendError(f"squeue failed: {proc.stderr.strip()}", "is slurmctld up? try `sinfo`")
         return [
-            JobStatus(j.job_id, j.name, j.state, "" if j.reason == "None" else j.reason, {"nodes": j.nodelist})
+            JobStatus(
+                j.job_id,
+                j.name,
+                j.state,
+                "" if j.reason == "None" else j.reason,
+                {"nodes": j.nodelist},
+                handle=str(self.handle(j.job_id)),
+            )
             for j in parse_squeue(proc.stdout)
         ]
 

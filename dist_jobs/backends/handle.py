@@ -1,4 +1,5 @@
-"""Job handles: one printable string that names a job on any backend.
+"""Job handles: one printable string that names a job on any backend (each backend makes its
+jobs' handles: `Backend.handle(job_id)`; this module is their one grammar).
 
     slurm://<cluster>/<job id>
     k8s://<namespace>/<kind>/<name>        (kind: PyTorchJob or TrainJob)
@@ -34,6 +35,15 @@ class Handle:
             return f"k8s://{self.namespace or 'default'}/{self.kind or 'PyTorchJob'}/{self.job_id}"
         return f"local://{self.job_id}"
 
+    def options(self) -> dict[str, str]:
+        """What the handle tells its backend's constructor beyond the id (Kubernetes: where the
+        job lives and what kind it is; SLURM: its cluster, so printing the handle asks nothing)."""
+        if self.backend == "k8s":
+            return {"namespace": self.namespace, "kind": self.kind}
+        if self.backend == "slurm":
+            return {"cluster": self.cluster}
+        return {}
+
 
 def is_handle(text: str) -> bool:
     return "://" in text
@@ -53,10 +63,3 @@ def parse_handle(text: str) -> Handle:
     if scheme == "local" and rest.startswith("/"):
         return Handle("local", str(Path(rest)))
     raise UsageError(f"{text!r} is not a job handle", f"a handle looks like {FORMS}")
-
-
-def handle_for(backend: str, job_id: str, cluster: str = "", namespace: str = "", kind: str = "") -> Handle:
-    """The handle of a bare id given with --backend (a local id is its run directory)."""
-    if backend == "local":
-        return Handle("local", str(Path(job_id).resolve()))
-    return Handle(backend, job_id, cluster=cluster, namespace=namespace, kind=kind)
