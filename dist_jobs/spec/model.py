@@ -185,8 +185,9 @@ class JobSpec(_Section, frozen=True):
     snapshot: Annotated[
         bool | None,
         doc(
-            "SLURM: run a copy of the code as it is at submit (git-tracked and untracked unignored files, "
-            "uncommitted changes included) from the job's own folder, on every attempt; default: on for sweeps"
+            "SLURM and local: run a copy of the code as it is at submit (git-tracked and untracked unignored "
+            "files, uncommitted changes included) from the job's own folder, on every attempt; default: on for "
+            "sweeps"
         ),
     ] = None
     checkpoint_dir: Annotated[Text, doc("shared checkpoint root (relative: to workdir / the PVC mount)")] = (

@@ -9,6 +9,8 @@ its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor t
 
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
+CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 
 
@@ -68,8 +71,9 @@ class LocalBackend:
                 "wait for it, cancel it, or pick another --name",
             )
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in (EXIT, CANCELLED, PID, FIRST):
+        for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
             (folder / stale).unlink(missing_ok=True)
+        spec = _snapshot(spec, self.workdir, folder)
         (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
         argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
         with (folder / LOG).open("wb") as log:
@@ -91,6 +95,9 @@ class LocalBackend:
         return Path(job_id)
 
     def status(self, job_id: str) -> JobStatus:
+        return _with_code(self._status(job_id), _folder(job_id))
+
+    def _status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
         name = folder.parent.name
         code = _read_int(folder / EXIT)
@@ -135,6 +142,33 @@ class LocalBackend:
             if not running:
                 return
             time.sleep(0.5)
+
+
+def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:
+    """`spec` to run from a snapshot of the code in `workdir`, taken now into the job's `folder`
+    (as SLURM does: dist_jobs.backends.snapshot), its record kept for status; a spec that runs
+    from one already (a sweep's trial) keeps it."""
+    if not spec.snapshot:
+        return spec
+    from dist_jobs.backends.snapshot import in_copy, read, spec_in_copy
+
+    if not in_copy(spec):
+        spec = spec_in_copy(spec, workdir, folder)
+    _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
+    return spec
+
+
+def _with_code(status: JobStatus, folder: Path) -> JobStatus:
+    """`code`: the snapshot the job runs (commit, uncommitted changes), as SLURM's status has it."""
+    try:
+        record = json.loads((folder / CODE).read_text())
+    except (OSError, ValueError):
+        return status
+    if not isinstance(record, dict):
+        return status
+    from dist_jobs.backends.snapshot import describe
+
+    return dataclasses.replace(status, extra={**status.extra, "code": describe(record)})
 
 
 def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:
