@@ -107,10 +107,15 @@ class K8sBackend:
 
     def prepare(self, spec: JobSpec) -> Prepared:
         suffix = "trainjob" if spec.k8s.api == "trainjob" else "pytorchjob"
-        return Prepared("k8s", spec, render(spec, "k8s"), f"{spec.run_id}.{suffix}.yaml")
+        payload = render(spec, "k8s")
+        if spec.snapshot:  # the code of this folder, as a ConfigMap after the job (backends.k8s.code)
+            from dist_jobs.backends.k8s.code import with_code
+
+            payload = with_code(spec, payload, Path.cwd())
+        return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml")
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
-        body = stamped(yaml.safe_load(prepared.payload), uuid.uuid4().hex[:12])
+        body = stamped(next(d for d in yaml.safe_load_all(prepared.payload) if d), uuid.uuid4().hex[:12])
         kind = body["kind"]  # the manifest decides: a TrainJob spec goes to trainjobs whatever self.kind is
         namespace = body["metadata"].get("namespace") or self._ns()
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
@@ -120,7 +125,33 @@ class K8sBackend:
 
     def submit(self, prepared: Prepared) -> str:
         created = self._create(prepared, dry_run=False)
+        if prepared.spec.snapshot:
+            self._create_code(prepared, created, dry_run=False)
         return str(created["metadata"]["name"])
+
+    def _create_code(self, prepared: Prepared, job: dict[str, Any], dry_run: bool) -> None:
+        """The snapshot's ConfigMap, owned by the `job` just created; if it cannot be made, the
+        job goes too (its pods would wait for the volume forever)."""
+        from dist_jobs.backends.k8s.code import owned, split
+
+        code = split(prepared.payload)[1]
+        if code is None:
+            return
+        body = owned(code, job)
+        namespace, name = body["metadata"]["namespace"], job["metadata"]["name"]
+        query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        try:
+            self._call(f"create ConfigMap {namespace}/{body['metadata']['name']}", "POST", path, query=query, body=body)
+        except BackendError:
+            if not dry_run:
+                with contextlib.suppress(BackendError):
+                    self._call(
+                        f"delete {job['kind']} {namespace}/{name}",
+                        "DELETE",
+                        self._objects(job["kind"], namespace, name),
+                    )
+            raise
 
     def server_dry_run(self, prepared: Prepared) -> str:
         if self._client is None and not (self._kubeconfig or self._context):
@@ -128,7 +159,9 @@ class K8sBackend:
                 _ = self.client  # builds the client: raises when no cluster is configured
             except BackendError as exc:  # no cluster configured: the rendered manifest is the dry run
                 return f"skipped ({exc.message})"
-        self._create(prepared, dry_run=True)
+        created = self._create(prepared, dry_run=True)
+        if prepared.spec.snapshot:
+            self._create_code(prepared, created, dry_run=True)
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
