@@ -352,6 +352,8 @@ def test_a_snapshot_is_a_configmap_owned_by_its_job(kubeconfig: Path, tmp_path: 
         assert set(code.binary_data) == {"code.tar.gz"}
         volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
         assert {"name": "dist-jobs-snapshot", "configMap": {"name": f"{name}-code"}} in volumes
+        shown = dj(kubeconfig, "status", "-o", "json", sub.stdout.strip())
+        assert json.loads(shown.stdout)["extra"]["code"] == f"snapshot (no git commit) in ConfigMap {name}-code"
     finally:
         dj(kubeconfig, "cancel", "--backend", "k8s", name, "--namespace", "default")
         _drop_finalizers(kubeconfig, name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +117,10 @@ class K8sBackend:
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
         body = stamped(next(d for d in yaml.safe_load_all(prepared.payload) if d), uuid.uuid4().hex[:12])
+        if prepared.spec.snapshot:  # the commit it runs, for status
+            from dist_jobs.backends.k8s.code import annotated
+
+            body = annotated(body, prepared.payload)
         kind = body["kind"]  # the manifest decides: a TrainJob spec goes to trainjobs whatever self.kind is
         namespace = body["metadata"].get("namespace") or self._ns()
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
@@ -191,7 +196,11 @@ class K8sBackend:
     def status(self, job_id: str) -> JobStatus:
         obj = self._get(job_id)
         label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
-        return with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
+        status = with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
+        from dist_jobs.backends.k8s.code import code_line
+
+        code = code_line(obj)  # submitted with a snapshot: the commit it runs, as on SLURM
+        return dataclasses.replace(status, extra={**status.extra, "code": code}) if code else status
 
     def list(self) -> list[JobStatus]:
         group, _, plural = APIS[self.kind]

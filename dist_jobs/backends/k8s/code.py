@@ -95,3 +95,26 @@ def owned(configmap: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
     out = {**configmap, "metadata": {**configmap["metadata"], "namespace": meta["namespace"]}}
     out["metadata"]["ownerReferences"] = [owner]
     return out
+
+
+CODE_ANNOTATION = "dist-jobs/code"  # on the job: what `status` shows as its code
+
+
+def annotated(job: dict[str, Any], payload: str) -> dict[str, Any]:
+    """The job `job` to create, naming the snapshot it runs (commit, uncommitted changes) for status."""
+    from dist_jobs.backends.snapshot import describe
+
+    code = split(payload)[1]
+    if code is None:
+        return job
+    notes = code["metadata"]["annotations"]
+    record = {"commit": notes.get("dist-jobs/commit"), "dirty": notes.get("dist-jobs/dirty") == "true"}
+    record["dir"] = f"ConfigMap {code['metadata']['name']}"
+    job["metadata"].setdefault("annotations", {})[CODE_ANNOTATION] = describe(record)
+    return job
+
+
+def code_line(job: dict[str, Any]) -> str | None:
+    """What `annotated` recorded on a created job; None for a job without a snapshot."""
+    found = ((job.get("metadata") or {}).get("annotations") or {}).get(CODE_ANNOTATION)
+    return found if isinstance(found, str) else None
