@@ -26,8 +26,13 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS"
 HELD = 'read line < "$GATE" && exec python3 train.py'
 
 
-def dj(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **ENV}
+def environ(proj: Path) -> dict[str, str]:
+    """This shell's environment, with the project's lib/ on PYTHONPATH (as a user's venv would)."""
+    return {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([ENV["PYTHONPATH"], str(proj / "lib")])}
+
+
+def dj(*args: str, cwd: Path, proj: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = environ(proj) if proj else {**os.environ, **ENV}
     return subprocess.run(
         [PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
     )
@@ -39,16 +44,23 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def project(tmp_path: Path) -> Path:
-    """A git repo whose train.py, as submitted, has an uncommitted change."""
+    """A git repo whose train.py, as submitted, has an uncommitted change; it imports lib/version.py
+    from PYTHONPATH."""
     proj = tmp_path / "proj"
-    proj.mkdir()
+    (proj / "lib").mkdir(parents=True)
+    (proj / "lib" / "version.py").write_text("V = 'lib as submitted'\n")
     (proj / "train.py").write_text("print('committed version')\n")
     (proj / ".gitignore").write_text("checkpoints/\n")
     git(proj, "init", "-q")
     git(proj, "add", "-A")
     git(proj, "commit", "-qm", "first")
-    (proj / "train.py").write_text("print('submitted version')\n")
+    (proj / "train.py").write_text("import version\nprint('submitted version', version.V)\n")
     return proj
+
+
+def edit(proj: Path) -> None:
+    (proj / "train.py").write_text("print('edited after submit')\n")
+    (proj / "lib" / "version.py").write_text("V = 'lib edited'\n")
 
 
 def gate(path: Path) -> Path:
@@ -74,7 +86,7 @@ def release(fifo: Path, timeout: float = 120.0) -> None:
 
 def submit_held(proj: Path, fifo: Path, name: str, *flags: str) -> str:
     proc = dj("submit", "--backend", "local", "--name", name, "--procs-per-node", "1", "--env", f"GATE={fifo}",
-              *flags, "--", "sh", "-c", HELD, cwd=proj)  # fmt: skip
+              *flags, "--", "sh", "-c", HELD, cwd=proj, proj=proj)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.splitlines()[0]
 
@@ -84,20 +96,25 @@ def test_submit_with_snapshot_runs_the_code_as_submitted_and_without_it_as_found
     head = git(proj, "rev-parse", "HEAD").strip()
     handle = submit_held(proj, gate(tmp_path / "gate"), "snap", "--snapshot")
     plain = submit_held(proj, gate(tmp_path / "gate-plain"), "plain")
-    (proj / "train.py").write_text("print('edited after submit')\n")  # while both jobs wait at their gates
+    edit(proj)  # while both jobs wait at their gates
     release(tmp_path / "gate")
     release(tmp_path / "gate-plain")
     assert dj("wait", handle, cwd=proj).returncode == 0 and dj("wait", plain, cwd=proj).returncode == 0
     logs = dj("logs", handle, cwd=proj).stdout
-    assert "[rank 0] submitted version" in logs and "edited" not in logs
+    assert "[rank 0] submitted version lib as submitted" in logs and "edited" not in logs  # lib/ too
     status = json.loads(dj("status", "-o", "json", handle, cwd=tmp_path).stdout)
     copy = proj / "checkpoints" / "snap" / "local" / "snapshots"
     code = status["extra"]["code"]
     assert code.startswith(f"snapshot of {head[:12]} (with uncommitted changes) in {copy.resolve()}/snap-"), code
     assert f"code: snapshot of {head[:12]}" in dj("status", handle, cwd=tmp_path).stdout
     # The job's record runs the same copy again: its spec names it as the working directory.
-    recorded = (proj / "checkpoints" / "snap" / "local" / "spec.yaml").read_text()
-    assert f"workdir: {code.rsplit(' in ', 1)[1]}" in recorded
+    recorded = proj / "checkpoints" / "snap" / "local" / "spec.yaml"
+    assert f"workdir: {code.rsplit(' in ', 1)[1]}" in recorded.read_text()
+    again = subprocess.Popen([PYTHON, "-m", "dist_jobs", "run", "--backend", "local", str(recorded)],
+                             cwd=proj, env=environ(proj), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    release(tmp_path / "gate")
+    assert again.communicate(timeout=120)[0].count("submitted version lib as submitted") == 1
+    assert again.returncode == 0
     # Without --snapshot nothing changes: the job runs the script as it is when it gets there.
     assert "[rank 0] edited after submit" in dj("logs", plain, cwd=proj).stdout
     assert "code" not in json.loads(dj("status", "-o", "json", plain, cwd=tmp_path).stdout)["extra"]
@@ -108,7 +125,7 @@ def test_run_with_snapshot_starts_the_ranks_in_a_copy_of_the_code(tmp_path: Path
     proj = project(tmp_path)
     show = "import os; print('cwd', os.getcwd()); exec(open('train.py').read())"
     proc = dj("run", "--backend", "local", "--name", "fg", "--procs-per-node", "1", "--snapshot",
-              "--", "python3", "-c", show, cwd=proj)  # fmt: skip
+              "--", "python3", "-c", show, cwd=proj, proj=proj)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     copies = proj.resolve() / "checkpoints" / "fg" / "local" / "snapshots"
     assert f"cwd {copies}/fg-" in proc.stdout and "submitted version" in proc.stdout
@@ -120,15 +137,15 @@ def test_a_local_sweep_runs_every_trial_from_the_snapshot_taken_at_submit(
     proj = project(tmp_path)
     gates = [gate(tmp_path / "gate0"), gate(tmp_path / "gate1")]
     monkeypatch.chdir(proj)
-    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])  # the driver and its trials import dist_jobs
+    monkeypatch.setenv("PYTHONPATH", environ(proj)["PYTHONPATH"])  # the driver and its trials import dist_jobs
     spec = {"name": "sw", "procs_per_node": 1, "command": ["sh", "-c", HELD], "env": {"OMP_NUM_THREADS": "1"}}
     # One trial at a time: the driver starts trial 1 only after trial 0 ended, long after the edit.
     sweep = dist_jobs.sweep(spec, grid={"env.GATE": [str(g) for g in gates]}, max_parallel=1, backend="local")
-    (proj / "train.py").write_text("print('edited after submit')\n")
+    edit(proj)
     for fifo in gates:
         release(fifo)
     for job in sweep.jobs:
         assert job.wait(timeout=120, poll=0.2).word == "COMPLETED"
-        assert "[rank 0] submitted version" in "\n".join(job.logs())
+        assert "[rank 0] submitted version lib as submitted" in "\n".join(job.logs())
     codes = {job.status().extra["code"] for job in sweep.jobs}
     assert len(codes) == 1 and f"in {proj.resolve()}/checkpoints/sw/snapshots/sw-" in codes.pop()
