@@ -149,3 +149,19 @@ def test_a_local_sweep_runs_every_trial_from_the_snapshot_taken_at_submit(
         assert "[rank 0] submitted version lib as submitted" in "\n".join(job.logs())
     codes = {job.status().extra["code"] for job in sweep.jobs}
     assert len(codes) == 1 and f"in {proj.resolve()}/checkpoints/sw/snapshots/sw-" in codes.pop()
+
+
+def test_too_much_code_is_refused_and_the_last_job_of_the_run_keeps_its_record(tmp_path: Path) -> None:
+    proj = project(tmp_path)
+    first = dj("submit", "--backend", "local", "--name", "big", "--procs-per-node", "1", "--wait", "--", "true",
+               cwd=proj, proj=proj)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    with (proj / "weights.bin").open("wb") as fh:  # sparse: its size counts, no disk is used
+        fh.truncate(300 * 2**20)
+    refused = dj("submit", "--backend", "local", "--name", "big", "--procs-per-node", "1", "--snapshot", "--", "true",
+                 cwd=proj, proj=proj)  # fmt: skip
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "more than the 256 MiB limit (biggest: weights.bin (300 MiB)" in refused.stderr
+    assert "add them to .gitignore" in refused.stderr
+    status = json.loads(dj("status", "-o", "json", first.stdout.splitlines()[0], cwd=tmp_path).stdout)
+    assert status["word"] == "COMPLETED"  # the refused submit removed nothing of the job before it

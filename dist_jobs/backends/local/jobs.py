@@ -71,9 +71,13 @@ class LocalBackend:
                 "wait for it, cancel it, or pick another --name",
             )
         folder.mkdir(parents=True, exist_ok=True)
+        spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
         for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
             (folder / stale).unlink(missing_ok=True)
-        spec = _snapshot(spec, self.workdir, folder)
+        if spec.snapshot:  # its record (commit, uncommitted changes), for status
+            from dist_jobs.backends.snapshot import read
+
+            _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
         (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
         argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
         with (folder / LOG).open("wb") as log:
@@ -146,16 +150,13 @@ class LocalBackend:
 
 def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:
     """`spec` to run from a snapshot of the code in `workdir`, taken now into the job's `folder`
-    (as SLURM does: dist_jobs.backends.snapshot), its record kept for status; a spec that runs
-    from one already (a sweep's trial) keeps it."""
+    (as SLURM does: dist_jobs.backends.snapshot); a spec that runs from one already (a sweep's
+    trial) keeps it."""
     if not spec.snapshot:
         return spec
-    from dist_jobs.backends.snapshot import in_copy, read, spec_in_copy
+    from dist_jobs.backends.snapshot import in_copy, spec_in_copy
 
-    if not in_copy(spec):
-        spec = spec_in_copy(spec, workdir, folder)
-    _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
-    return spec
+    return spec if in_copy(spec) else spec_in_copy(spec, workdir, folder)
 
 
 def _with_code(status: JobStatus, folder: Path) -> JobStatus:
