@@ -199,10 +199,10 @@ def sweep(
     overrides: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Sweep:
-    """Submit a sweep; a Sweep with `.jobs` (one Job per trial) and `.status()`. On SLURM every
-    trial runs from one snapshot of the code (unless the spec says `snapshot: false`)."""
-    if backend == "slurm":
-        overrides = _snapshot_overrides(spec_or_path, dict(overrides or {}), options)
+    """Submit a sweep; a Sweep with `.jobs` (one Job per trial) and `.status()`. On SLURM and
+    locally every trial runs from one snapshot of the code (unless the spec says `snapshot: false`)."""
+    if backend in ("slurm", "local"):
+        overrides = _snapshot_overrides(spec_or_path, dict(overrides or {}), options, backend)
     plan = plan_sweep(spec_or_path, grid or {}, random, seed, max_parallel, backend, overrides, **options)
     base_dir = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
     first = plan.head or plan.specs[0]
@@ -232,19 +232,30 @@ def sweep(
     return Sweep(manifest, root / MANIFEST)
 
 
-def _snapshot_overrides(spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+def _snapshot_overrides(
+    spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any], backend: str = "slurm"
+) -> dict[str, Any]:
     """`overrides` plus those that run every trial from one snapshot of the code, taken now
-    (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns snapshots off."""
-    from dist_jobs.backends.slurm import SlurmBackend
-    from dist_jobs.backends.slurm.submit import snapshot_spec
+    (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns snapshots off. SLURM
+    keeps it in its jobs dir; a local sweep in its own folder, `<checkpoint_dir>/NAME/snapshots/`
+    (a local driver starts trials later: each must not take a copy of its own)."""
+    from dist_jobs.backends.base import checkpoint_root
+    from dist_jobs.backends.snapshot import spec_in_copy
     from dist_jobs.spec import load_spec
 
     raw, _ = _raw(spec_or_path)
     base = load_spec(data=raw, overrides=overrides)
     if base.snapshot is False:
         return overrides
-    slurm = SlurmBackend(**options)
-    snapped = snapshot_spec(base, slurm.cwd, slurm.jobs_dir)
+    if backend == "slurm":
+        from dist_jobs.backends.slurm import SlurmBackend
+        from dist_jobs.backends.slurm.submit import snapshot_spec
+
+        slurm = SlurmBackend(**options)
+        snapped = snapshot_spec(base, slurm.cwd, slurm.jobs_dir)
+    else:  # local: the code is the folder the trials would start in (LocalBackend's workdir)
+        code = Path(options.get("workdir") or Path.cwd())
+        snapped = spec_in_copy(base, code, checkpoint_root(base, code).resolve() / base.name)
     fields = {k: getattr(snapped, k) for k in ("workdir", "log_dir", "checkpoint_dir")}
     paths = {"env.PYTHONPATH": snapped.env["PYTHONPATH"]} if "PYTHONPATH" in snapped.env else {}
     return {**overrides, **fields, **paths, "snapshot": True}

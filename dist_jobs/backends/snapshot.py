@@ -18,9 +18,12 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dist_jobs.errors import UsageError
+
+if TYPE_CHECKING:
+    from dist_jobs.spec import JobSpec
 
 RECORD = "SNAPSHOT.json"
 LIMIT_BYTES = 256 * 1024 * 1024
@@ -35,13 +38,7 @@ def take(source: Path, jobs_dir: Path, run: str, exclude: list[Path], limit: int
     """Copy the code in `source` to a new folder under `jobs_dir`; its record (folder, commit,
     dirty, files, bytes). `exclude`: folders never copied (the job's checkpoints, logs, jobs dir)."""
     source = source.resolve()
-    skip = [p.resolve() for p in exclude]
-    git = _git_files(source)
-    files = git[0] if git is not None else _walk(source)
-    files = [f for f in files if not any(_inside(source / f, s) for s in skip)]
-    size = sum(_size(source / f) for f in files)
-    if size > limit:
-        raise _too_big(source, files, size, limit, git is not None)
+    files, commit, dirty, size = listing(source, exclude, limit)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest = jobs_dir / "snapshots" / f"{run}-{stamp}-{os.getpid()}"
     n = 0
@@ -51,11 +48,24 @@ def take(source: Path, jobs_dir: Path, run: str, exclude: list[Path], limit: int
     for rel in files:
         _copy(source / rel, dest / rel)
     dest.mkdir(parents=True, exist_ok=True)
-    commit, dirty = (git[1], git[2]) if git is not None else (None, None)
     record = {"dir": str(dest), "source": str(source), "commit": commit, "dirty": dirty, "files": len(files)}
     record["bytes"] = size
     (dest / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def listing(source: Path, exclude: list[Path], limit: int) -> tuple[list[str], str | None, bool | None, int]:
+    """What a snapshot of `source` (resolved) holds: (files relative to it, commit, dirty, bytes);
+    more than `limit` bytes raises the size guard's UsageError."""
+    skip = [p.resolve() for p in exclude]
+    git = _git_files(source)
+    files = git[0] if git is not None else _walk(source)
+    files = [f for f in files if not any(_inside(source / f, s) for s in skip)]
+    size = sum(_size(source / f) for f in files)
+    if size > limit:
+        raise _too_big(source, files, size, limit, git is not None)
+    commit, dirty = (git[1], git[2]) if git is not None else (None, None)
+    return files, commit, dirty, size
 
 
 def read(workdir: Path) -> dict[str, Any] | None:
@@ -73,6 +83,43 @@ def describe(record: dict[str, Any]) -> str:
     if record.get("dirty"):
         what += " (with uncommitted changes)"
     return f"{what} in {record.get('dir')}"
+
+
+def spec_in_copy(spec: JobSpec, workdir: Path, jobs_dir: Path) -> JobSpec:
+    """`spec` to run from a snapshot of the code in `workdir`, taken now under `jobs_dir`: the copy
+    becomes its workdir; its log and checkpoint folders stay where they were (made absolute), and
+    PYTHONPATH entries inside the code point into the copy. Every backend that copies the code
+    to a folder uses it (SLURM, local)."""
+    import msgspec
+
+    from dist_jobs.backends.base import checkpoint_root
+    from dist_jobs.spec.paths import expand_home
+
+    logs = Path(expand_home(spec.log_dir))
+    logs = logs if logs.is_absolute() else workdir / logs
+    checkpoints = checkpoint_root(spec, workdir)
+    record = take(workdir, jobs_dir, spec.run_id, exclude=[jobs_dir, logs, checkpoints])
+    env = dict(spec.env)
+    if "PYTHONPATH" not in env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            _into(Path(entry), workdir.resolve(), Path(record["dir"]))
+            for entry in os.environ["PYTHONPATH"].split(os.pathsep)
+        )
+    return msgspec.structs.replace(
+        spec, workdir=record["dir"], log_dir=str(logs), checkpoint_dir=str(checkpoints), env=env
+    )
+
+
+def in_copy(spec: JobSpec) -> bool:
+    """Whether `spec` already runs from a snapshot (a sweep's trials share the sweep's one)."""
+    return spec.workdir is not None and read(Path(spec.workdir)) is not None
+
+
+def _into(entry: Path, source: Path, copy: Path) -> str:
+    try:
+        return str(copy / entry.resolve().relative_to(source))
+    except ValueError:
+        return str(entry)
 
 
 def _git(source: Path, *args: str) -> subprocess.CompletedProcess[bytes] | None:

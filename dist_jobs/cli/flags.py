@@ -27,7 +27,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--time", "time", "time limit: minutes, HH:MM:SS or D-HH:MM:SS"),
     Flag("--launcher", "launcher", "srun (one task per process) or torchrun (one task per node)"),
     Flag("--workdir", "workdir", "working directory of the job"),
-    Flag("--snapshot", "snapshot", "SLURM: run a copy of the code as it is now, on every attempt", "true"),
+    Flag("--snapshot", "snapshot", "run a copy of the code as it is now, on every attempt", "true"),
     Flag("--checkpoint-dir", "checkpoint_dir", "shared checkpoint root"),
     Flag("--log-dir", "log_dir", "log folder"),
     Flag("--master-port", "master_port", "fixed master port (default: derived from the job id)"),

@@ -26,6 +26,27 @@ from dist_jobs.spec.k8s_names import k8s_name
 DEFAULT_PORT = 23456  # the operator's default for pytorchjob-port
 
 
+# `snapshot: true`: the code as submitted travels in a ConfigMap (`<job>-code`, a gzipped tar that
+# `dist-jobs submit` makes: dist_jobs.backends.k8s.code), mounted read-only; the pod entrypoint
+# unpacks it into an emptyDir of the pod and runs the program there, on every start of the pod.
+SNAPSHOT_KEY = "code.tar.gz"
+SNAPSHOT_MOUNT = "/dist-jobs/snapshot"
+CODE_DIR = "/dist-jobs/code"
+
+
+# Run by the pod entrypoint after its start is counted, with `snapshot`: a snapshot that cannot be
+# unpacked fails the job (exit 2: no restart mends it). Every start of the pod unpacks it again.
+UNPACK = (
+    'python3 -c \'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], **({"filter": "data"}'
+    ' if hasattr(tarfile, "data_filter") else {}))\' "$DIST_JOBS_SNAPSHOT" "$DIST_JOBS_CODE_DIR"'
+    ' && cd "$DIST_JOBS_CODE_DIR" || exit 2\n'
+)
+
+
+def snapshot_configmap(spec: JobSpec) -> str:
+    return f"{k8s_name(spec)}-code"
+
+
 PATCH_MANAGER = "dist-jobs"  # runtimePatches entries are keyed by their manager
 TRAINJOB_STEP = "node"  # the torch runtime's replicatedJob and container name
 
@@ -45,6 +66,8 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
     values = job_env(spec, "k8s", checkpoint_path(spec))
     # The job across replaced pods: who may take over the run directory lock (dist_jobs.rundir).
     values.setdefault("DIST_JOBS_LOCK_OWNER", f"k8s:{spec.k8s.api}/{spec.k8s.namespace}/{k8s_name(spec)}")
+    if spec.snapshot:  # the pod entrypoint unpacks the first into the second and runs from there
+        values |= {"DIST_JOBS_SNAPSHOT": f"{SNAPSHOT_MOUNT}/{SNAPSHOT_KEY}", "DIST_JOBS_CODE_DIR": CODE_DIR}
     env: list[dict[str, Any]] = [{"name": k, "value": kubelet_literal(v)} for k, v in values.items()]
     # `dist-jobs submit` stamps each submission on the pods (the attempts counter's key); from the
     # downward API, so `kubectl apply` of the same file works too (the value is then empty).
@@ -59,6 +82,9 @@ def container_command(spec: JobSpec) -> list[str]:
     text = (template_dir() / "pod-entrypoint.sh").read_text().replace("@REQUEUE@", str(REQUEUE_EXIT_CODE))
     text = text.replace("@LOCKLOST@", str(LOCK_LOST_EXIT_CODE))
     wrapper = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
+    if spec.snapshot:  # after the first line, which counts this start of the pod
+        first, rest = wrapper.split("\n", 1)
+        wrapper = f"{first}\n{UNPACK}{rest}"
     if spec.k8s.launch == "direct":
         # One python per pod: the launcher turns the operator's pod RANK and WORLD_SIZE into the
         # whole env:// set (LOCAL_RANK, LOCAL_WORLD_SIZE, ...) before the program runs.
@@ -91,6 +117,11 @@ def _volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     if spec.k8s.pvc:
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": spec.k8s.pvc}})
         mounts.append({"name": "shared", "mountPath": spec.k8s.mount_path})
+    if spec.snapshot:
+        volumes.append({"name": "dist-jobs-snapshot", "configMap": {"name": snapshot_configmap(spec)}})
+        volumes.append({"name": "dist-jobs-code", "emptyDir": {}})
+        mounts.append({"name": "dist-jobs-snapshot", "mountPath": SNAPSHOT_MOUNT, "readOnly": True})
+        mounts.append({"name": "dist-jobs-code", "mountPath": CODE_DIR})
     return volumes, mounts
 
 
@@ -158,6 +189,11 @@ def _header(spec: JobSpec) -> list[str]:
     header = header_lines(spec, "Apply with: kubectl apply -f THIS_FILE  (or: dist-jobs submit --backend k8s job.yaml)")
     if not spec.k8s.pvc:
         header.append("WARNING: no k8s.pvc: checkpoints stay inside the pod and are lost when it restarts.")
+    if spec.snapshot:
+        header.append(
+            f"snapshot: the pods run the code in ConfigMap {snapshot_configmap(spec)}, which `dist-jobs submit` "
+            "makes from the code at submit (see submit --dry-run)"
+        )
     return header
 
 

@@ -185,8 +185,9 @@ class JobSpec(_Section, frozen=True):
     snapshot: Annotated[
         bool | None,
         doc(
-            "SLURM: run a copy of the code as it is at submit (git-tracked and untracked unignored files, "
-            "uncommitted changes included) from the job's own folder, on every attempt; default: on for sweeps"
+            "run a copy of the code as it is at submit (git-tracked and untracked unignored files, uncommitted "
+            "changes included) on every attempt: SLURM and local from the job's own folder, Kubernetes from a "
+            "ConfigMap the job owns (at most 1 MiB compressed); default: on for SLURM and local sweeps"
         ),
     ] = None
     checkpoint_dir: Annotated[Text, doc("shared checkpoint root (relative: to workdir / the PVC mount)")] = (

@@ -4,6 +4,7 @@ real v1.20.2 apiserver (patched for kubernetes#99804) with the PyTorchJob, Train
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -321,3 +322,40 @@ def test_a_hung_rank_through_the_real_apiserver_and_the_operator_harness(
     finally:
         dj(kubeconfig, "cancel", handle)
         _drop_finalizers(kubeconfig, name)
+
+
+def test_a_snapshot_is_a_configmap_owned_by_its_job(kubeconfig: Path, tmp_path: Path) -> None:
+    """submit --snapshot: the real apiserver takes the job and then its code ConfigMap, which
+    names the job (its uid) as owner, so the garbage collector removes it with the job."""
+    from kubernetes import client
+
+    name = f"snap-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "train.py").write_text("print('submitted')\n")
+    argv = ["submit", "--backend", "k8s", "--name", name, "--namespace", "default", "--image", "x/y:1"]
+    argv += ["--procs-per-node", "1", "--snapshot", "--kubeconfig", str(kubeconfig), "--", "python3", "train.py"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = [PYTHON, "-m", "dist_jobs", *argv]
+    dry = subprocess.run(
+        [*run[:4], "--dry-run", *run[4:]], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
+    assert dry.returncode == 0 and "accepted by the apiserver" in dry.stderr, dry.stderr
+    sub = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert sub.returncode == 0, sub.stderr
+    try:
+        with apiserver_tier.kube_client() as api:
+            job = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "kubeflow.org", "v1", "default", "pytorchjobs", name
+            )
+            code = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-code", "default")
+        owner = code.metadata.owner_references[0]
+        assert (owner.kind, owner.name, owner.uid) == ("PyTorchJob", name, job["metadata"]["uid"])
+        assert set(code.binary_data) == {"code.tar.gz"}
+        volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+        assert {"name": "dist-jobs-snapshot", "configMap": {"name": f"{name}-code"}} in volumes
+        shown = dj(kubeconfig, "status", "-o", "json", sub.stdout.strip())
+        assert json.loads(shown.stdout)["extra"]["code"] == f"snapshot (no git commit) in ConfigMap {name}-code"
+    finally:
+        dj(kubeconfig, "cancel", "--backend", "k8s", name, "--namespace", "default")
+        _drop_finalizers(kubeconfig, name)
+        with apiserver_tier.kube_client() as api, contextlib.suppress(client.ApiException):
+            client.CoreV1Api(api).delete_namespaced_config_map(f"{name}-code", "default")  # no garbage collector here

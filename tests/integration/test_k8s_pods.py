@@ -348,3 +348,49 @@ def test_status_and_cancel_of_a_running_job(
     wait_for(gone, 30, "the cancelled job to be deleted")
     code, _, err = cli(capsys, "status", handle)
     assert code != 0 and job in err, err
+
+
+@pytest.mark.timeout(240)
+def test_a_snapshot_job_runs_the_code_as_submitted_on_every_pod(
+    submit: Any,
+    claim: str,
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    capsys: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The code is not in the image: submit --snapshot sends this folder as it is now, in a
+    # ConfigMap the job owns; editing it after submit changes nothing the pods run.
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "__init__.py").write_text("")
+    (code / "pkg" / "version.py").write_text("VERSION = 'submitted'\n")
+    (code / "train.py").write_text(
+        "import os\nfrom pkg.version import VERSION\n"
+        "print('SNAP', VERSION, os.getcwd(), 'rank', os.environ['RANK'], flush=True)\n"
+    )
+    monkeypatch.chdir(code)  # the snapshot is of the folder submit runs in
+    data = job_spec("rp-snap", claim, command=["python3", "train.py"], snapshot=True)
+    data["train"] = {}
+    job = submit(data)
+    try:
+        (code / "pkg" / "version.py").write_text("VERSION = 'edited'\n")
+        found = ended(custom, job, 180)
+        assert state(found) == "Succeeded", found
+        seen = []
+        for rank in (0, 1):
+            text = logs(capsys, job, rank)
+            assert "edited" not in text, text[-3000:]
+            seen += re.findall(r"^SNAP submitted /dist-jobs/code rank (\d)$", text, re.M)
+        assert sorted(seen) == ["0", "1", "2", "3"]  # every process of both pods ran the submitted code
+        configmap = core.read_namespaced_config_map(f"{job}-code", NS)
+        owner = configmap.metadata.owner_references[0]
+        uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)["metadata"]["uid"]
+        assert (owner.kind, owner.name, owner.uid) == ("PyTorchJob", job, uid)
+    finally:
+        try:  # the garbage collector removes it with the job where one runs; this tier may have none
+            core.delete_namespaced_config_map(f"{job}-code", NS)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise

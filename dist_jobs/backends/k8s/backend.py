@@ -23,6 +23,7 @@ import yaml
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
+from dist_jobs.backends.k8s.code import annotated, code_line, owned, split, with_code
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
 from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, UsageError
@@ -111,10 +112,15 @@ class K8sBackend:
 
     def prepare(self, spec: JobSpec) -> Prepared:
         suffix = "trainjob" if spec.k8s.api == "trainjob" else "pytorchjob"
-        return Prepared("k8s", spec, render(spec, "k8s"), f"{spec.run_id}.{suffix}.yaml")
+        payload = render(spec, "k8s")
+        if spec.snapshot:  # the code of this folder, as a ConfigMap after the job (backends.k8s.code)
+            payload = with_code(spec, payload, Path.cwd())
+        return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml")
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
-        body = stamped(yaml.safe_load(prepared.payload), uuid.uuid4().hex[:12])
+        body = stamped(next(d for d in yaml.safe_load_all(prepared.payload) if d), uuid.uuid4().hex[:12])
+        if prepared.spec.snapshot:  # the commit it runs, for status
+            body = annotated(body, prepared.payload)
         kind = body["kind"]  # the manifest decides: a TrainJob spec goes to trainjobs whatever self.kind is
         namespace = body["metadata"].get("namespace") or self._ns()
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
@@ -124,10 +130,33 @@ class K8sBackend:
 
     def submit(self, prepared: Prepared) -> Handle:
         created = self._create(prepared, dry_run=False)
+        if prepared.spec.snapshot:
+            self._create_code(prepared, created, dry_run=False)
         meta = created["metadata"]  # where _create put it, as the manifest (not self.kind) decides
-        return Handle(
-            "k8s", str(meta["name"]), namespace=str(meta.get("namespace") or self._ns()), kind=created["kind"]
-        )
+        namespace = str(meta.get("namespace") or self._ns())
+        return Handle("k8s", str(meta["name"]), namespace=namespace, kind=str(created["kind"]))
+
+    def _create_code(self, prepared: Prepared, job: dict[str, Any], dry_run: bool) -> None:
+        """The snapshot's ConfigMap, owned by the `job` just created; if it cannot be made, the
+        job goes too (its pods would wait for the volume forever)."""
+        code = split(prepared.payload)[1]
+        if code is None:
+            return
+        body = owned(code, job)
+        namespace, name = body["metadata"]["namespace"], job["metadata"]["name"]
+        query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        try:
+            self._call(f"create ConfigMap {namespace}/{body['metadata']['name']}", "POST", path, query=query, body=body)
+        except BackendError:
+            if not dry_run:
+                with contextlib.suppress(BackendError):
+                    self._call(
+                        f"delete {job['kind']} {namespace}/{name}",
+                        "DELETE",
+                        self._objects(job["kind"], namespace, name),
+                    )
+            raise
 
     def server_dry_run(self, prepared: Prepared) -> str:
         if self._client is None and not (self._kubeconfig or self._context):
@@ -135,7 +164,9 @@ class K8sBackend:
                 _ = self.client  # builds the client: raises when no cluster is configured
             except BackendError as exc:  # no cluster configured: the rendered manifest is the dry run
                 return f"skipped ({exc.message})"
-        self._create(prepared, dry_run=True)
+        created = self._create(prepared, dry_run=True)
+        if prepared.spec.snapshot:
+            self._create_code(prepared, created, dry_run=True)
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
@@ -165,7 +196,10 @@ class K8sBackend:
     def status(self, job_id: str) -> JobStatus:
         obj = self._get(job_id)
         label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
-        return with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
+        status = with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
+
+        code = code_line(obj)  # submitted with a snapshot: the commit it runs, as on SLURM
+        return dataclasses.replace(status, extra={**status.extra, "code": code}) if code else status
 
     def statuses(self, job_ids: builtins.list[str]) -> dict[str, JobStatus]:
         return {job_id: self.status(job_id) for job_id in job_ids}  # the apiserver has no batch read
@@ -183,11 +217,8 @@ class K8sBackend:
                 raise
             for item in found.get("items", []):
                 status = job_status(item)
-                out.append(
-                    dataclasses.replace(
-                        status, handle=str(Handle("k8s", status.job_id, namespace=self._ns(), kind=kind))
-                    )
-                )
+                handle = Handle("k8s", status.job_id, namespace=self._ns(), kind=kind)
+                out.append(dataclasses.replace(status, handle=str(handle)))
         return out
 
     def cancel(self, job_id: str) -> None:

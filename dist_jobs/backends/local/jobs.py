@@ -10,6 +10,7 @@ its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor t
 
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
+CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 
 
@@ -70,8 +72,13 @@ class LocalBackend:
                 "wait for it, cancel it, or pick another --name",
             )
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in (EXIT, CANCELLED, PID, FIRST):
+        spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
+        for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
             (folder / stale).unlink(missing_ok=True)
+        if spec.snapshot:  # its record (commit, uncommitted changes), for status
+            from dist_jobs.backends.snapshot import read
+
+            _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
         (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
         argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
         with (folder / LOG).open("wb") as log:
@@ -103,6 +110,9 @@ class LocalBackend:
         return {job_id: self.status(job_id) for job_id in job_ids}
 
     def status(self, job_id: str) -> JobStatus:
+        return _with_code(self._status(job_id), _folder(job_id))
+
+    def _status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
         name = folder.parent.name
         code = _read_int(folder / EXIT)
@@ -148,6 +158,30 @@ class LocalBackend:
             if not running:
                 return
             time.sleep(0.5)
+
+
+def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:
+    """`spec` to run from a snapshot of the code in `workdir`, taken now into the job's `folder`
+    (as SLURM does: dist_jobs.backends.snapshot); a spec that runs from one already (a sweep's
+    trial) keeps it."""
+    if not spec.snapshot:
+        return spec
+    from dist_jobs.backends.snapshot import in_copy, spec_in_copy
+
+    return spec if in_copy(spec) else spec_in_copy(spec, workdir, folder)
+
+
+def _with_code(status: JobStatus, folder: Path) -> JobStatus:
+    """`code`: the snapshot the job runs (commit, uncommitted changes), as SLURM's status has it."""
+    try:
+        record = json.loads((folder / CODE).read_text())
+    except (OSError, ValueError):
+        return status
+    if not isinstance(record, dict):
+        return status
+    from dist_jobs.backends.snapshot import describe
+
+    return dataclasses.replace(status, extra={**status.extra, "code": describe(record)})
 
 
 def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:

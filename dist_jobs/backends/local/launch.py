@@ -172,15 +172,16 @@ class Launcher:
         if note:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
-        procs = plan(spec, self.workdir, free_port(), job_id, use_gpus)
+        spec, workdir = _code(spec, self.workdir)
+        procs = plan(spec, workdir, free_port(), job_id, use_gpus)
         try:
-            checkpoint_root(spec, self.workdir).mkdir(parents=True, exist_ok=True)
+            checkpoint_root(spec, workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(
                 f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
                 "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
             ) from None
-        run_dir = checkpoint_root(spec, self.workdir) / spec.run_id
+        run_dir = checkpoint_root(spec, workdir) / spec.run_id
         group = ProcessGroup(
             self.out,
             grace=spec.preemption.grace_seconds,
@@ -202,9 +203,21 @@ class Launcher:
             if lock.took_over:
                 print(f"dist-jobs: took over the lock of {run_dir}: {lock.took_over}", file=self.out, flush=True)
             token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
-            code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=self.workdir)
+            code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=workdir)
         self.first_failure = group.first_failure
         return code
+
+
+def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:
+    """The spec and the folder its ranks start in: with `snapshot`, a copy of the code (taken by
+    `submit`, or now for a foreground run, into `<run dir>/local/`), else `workdir`."""
+    if not spec.snapshot:
+        return spec, workdir
+    from dist_jobs.backends.snapshot import in_copy, spec_in_copy
+
+    if not in_copy(spec):
+        spec = spec_in_copy(spec, workdir, checkpoint_root(spec, workdir).resolve() / spec.run_id / "local")
+    return spec, Path(spec.workdir or workdir)
 
 
 def _newer(path: Path, since: float) -> bool:

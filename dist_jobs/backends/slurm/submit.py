@@ -121,33 +121,7 @@ def _missing_dirs(path: Path) -> list[Path]:
 
 
 def snapshot_spec(spec: JobSpec, cwd: Path, jobs_dir: Path) -> JobSpec:
-    """`spec` to run from a snapshot of its working directory's code (dist_jobs.backends.snapshot):
-    the copy becomes its workdir; its log and checkpoint folders stay where they were (made
-    absolute), and PYTHONPATH entries inside the code point into the copy."""
-    import os
+    """`spec` to run from a snapshot of its working directory's code (snapshot.spec_in_copy)."""
+    from dist_jobs.backends.snapshot import spec_in_copy
 
-    import msgspec
-
-    from dist_jobs.backends.snapshot import take
-
-    workdir = workdir_of(spec, cwd)
-    logs = Path(expand_home(spec.log_dir))
-    logs = logs if logs.is_absolute() else workdir / logs
-    checkpoints = checkpoint_root(spec, workdir)
-    record = take(workdir, jobs_dir, spec.run_id, exclude=[jobs_dir, logs, checkpoints])
-    env = dict(spec.env)
-    if "PYTHONPATH" not in env and os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(
-            _into(Path(entry), workdir.resolve(), Path(record["dir"]))
-            for entry in os.environ["PYTHONPATH"].split(os.pathsep)
-        )
-    return msgspec.structs.replace(
-        spec, workdir=record["dir"], log_dir=str(logs), checkpoint_dir=str(checkpoints), env=env
-    )
-
-
-def _into(entry: Path, source: Path, copy: Path) -> str:
-    try:
-        return str(copy / entry.resolve().relative_to(source))
-    except ValueError:
-        return str(entry)
+    return spec_in_copy(spec, workdir_of(spec, cwd), jobs_dir)
