@@ -72,8 +72,9 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     amp: Literal["none", "bf16", "fp16"] = "none"
     sync_bn: bool = False
     shm_allreduce: Annotated[
-        bool, Meta(description="CPU ranks on one host all-reduce gradients through /dev/shm, not loopback TCP")
-    ] = True
+        bool,
+        Meta(description="CPU ranks on one host all-reduce gradients through /dev/shm, not loopback TCP (opt-in)"),
+    ] = False
     workers: Annotated[int, Meta(ge=0, description="DataLoader workers per process")] = 0
     seed: int = 0
     deterministic: bool = False

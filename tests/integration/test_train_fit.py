@@ -74,8 +74,8 @@ def _two_ranks(tmp_path: Path, name: str, *args: str, logs: list[str] | None = N
 def test_gradients_through_shared_memory_train_the_model_gloo_trains(tmp_path: Path) -> None:
     """Both ranks on this host: fit() all-reduces through /dev/shm, and two ranks get gloo's bits."""
     logs: list[str] = []
-    shared = _two_ranks(tmp_path, "shared", logs=logs)
-    gloo = _two_ranks(tmp_path, "gloo", "--no-shm-allreduce", logs=logs)
+    shared = _two_ranks(tmp_path, "shared", "--shm-allreduce", logs=logs)
+    gloo = _two_ranks(tmp_path, "gloo", logs=logs)  # the default: gloo's own all-reduce
     assert "gradients: all-reduced through shared memory (2 ranks on this host" in logs[0]
     assert "through shared memory" not in logs[1]
     for a, b in zip(shared, gloo):
