@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,16 @@ class Live:
     """Rank 0's progress.json and metrics.jsonl; every method does nothing when `folder` is None."""
 
     def __init__(
-        self, folder: Path | None, total_steps: int, attempt: int, guard: Guard | None = None, owner: str | None = None
+        self,
+        folder: Path | None,
+        total_steps: int,
+        attempt: int,
+        guard: Guard | None = None,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.monotonic,  # the ETA's pace; a test gives its own
     ) -> None:
         self.folder = folder
+        self.clock = clock
         self.guard = guard or Guard()
         self.total = total_steps
         self.attempt = attempt
@@ -70,7 +77,7 @@ class Live:
         self._written: float | None = None  # when the previous record was written (unix time)
 
     def start(self, step: int) -> None:
-        self._mark = (time.monotonic(), step)
+        self._mark = (self.clock(), step)
 
     def update(self, step: int, epoch: int, values: Mapping[str, float], *, finished: bool = False) -> None:
         """Record `values` (the latest of each metric is kept) and rewrite the progress file."""
@@ -78,7 +85,7 @@ class Live:
             return
         fresh = {k: float(v) for k, v in values.items() if k not in _NOT_METRICS}
         self.metrics.update(fresh)
-        now, wall = time.monotonic(), time.time()
+        now, wall = self.clock(), time.time()
         if "samples_per_s" in values:
             self._rate = float(values["samples_per_s"])
         record: dict[str, object] = {

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,18 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return state
 
 
+def carrying(marker: str) -> list[int]:
+    """The pids of the processes whose environment holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
 def stop_at(proc: subprocess.Popen[str], step: int, sig: signal.Signals = signal.SIGTERM) -> list[str]:
     """Read the launcher's output until rank 0 logged `step`; then send the launcher `sig`."""
     assert proc.stdout is not None
@@ -137,20 +150,23 @@ def test_a_rerun_after_the_launcher_was_sigkilled_resumes_from_the_last_checkpoi
     the issue saw), and the next run takes the dead launcher's lock over and resumes from the
     newest committed checkpoint, losing only the steps after it."""
     run_dir = tmp_path / "ckpt" / "exact"
+    marker = f"djtest-{uuid.uuid4().hex}"  # in the environment of every process of this run
     proc = subprocess.Popen(
         command("srun"),
         cwd=tmp_path,
-        env=env(DJ_TEST_STEP_DELAY="0.2"),
+        env=env(DJ_TEST_STEP_DELAY="0.2", DJ_TEST_MARKER=marker),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     stop_at(proc, 9, signal.SIGKILL)
     proc.wait()
-    time.sleep(1.0)
+    # Every rank and keeper dies with the launcher; once none is left, nothing can commit more.
+    deadline = time.monotonic() + 10
+    while alive := carrying(marker):
+        assert time.monotonic() < deadline, f"a rank outlived its launcher: pids {alive}"
+        time.sleep(0.05)
     newest = committed(run_dir)[-1]
-    time.sleep(4.0)  # a rank still alive would go on (4 steps a second) and commit step-12, step-16, ...
-    assert committed(run_dir)[-1] == newest, "a rank outlived its launcher"
     again = subprocess.run(command("srun"), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr
     assert "took over the lock" in again.stdout and f"resumed from {run_dir / f'step-{newest}'}" in again.stdout

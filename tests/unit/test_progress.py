@@ -82,9 +82,9 @@ def test_describe_is_one_line_with_every_field() -> None:
 
 
 def test_live_writes_progress_and_history_with_an_eta(tmp_path: Path) -> None:
-    live = Live(tmp_path, total_steps=100, attempt=2)
+    ticks = iter([100.0, 105.0, 110.0, 115.0])  # the clock at start and at each update
+    live = Live(tmp_path, total_steps=100, attempt=2, clock=lambda: next(ticks))
     live.start(0)
-    time.sleep(0.05)
     live.update(10, 0, {"loss": 2.0, "lr": 0.1, "samples": 640.0, "samples_per_s": 500.0})
     live.checkpoint_step = 10
     live.update(20, 1, {"eval_loss": 1.5})
@@ -93,7 +93,7 @@ def test_live_writes_progress_and_history_with_an_eta(tmp_path: Path) -> None:
     assert got["metrics"] == {"loss": 2.0, "lr": 0.1, "eval_loss": 1.5}  # the latest of each
     assert (got["step"], got["total_steps"], got["epoch"], got["attempt"]) == (20, 100, 1, 2)
     assert (got["samples_per_s"], got["checkpoint_step"], got["state"]) == (500.0, 10, "running")
-    assert isinstance(got["eta_s"], float) and got["eta_s"] > 0
+    assert got["eta_s"] == 40.0  # 80 steps left at the last interval's pace: 10 steps in 5 s
     assert [r["metrics"] for r in read_history(tmp_path)] == [{"loss": 2.0, "lr": 0.1}, {"eval_loss": 1.5}]
     live.update(100, 4, {}, finished=True)
     assert (read_progress(tmp_path) or {})["state"] == "finished"

@@ -89,7 +89,10 @@ def test_the_trainers_help_describes_switches_too(capsys: pytest.CaptureFixture[
         TrainConfig.from_argv(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
     assert done.value.code == 0
-    assert "--shm-allreduce, --no-shm-allreduce CPU ranks on one host all-reduce gradients through /dev/shm, not loopback TCP (opt-in)" in text
+    assert (
+        "--shm-allreduce, --no-shm-allreduce CPU ranks on one host all-reduce gradients through /dev/shm, "
+        "not loopback TCP (opt-in)" in text
+    )
     assert "--scale-lr, --no-scale-lr scale lr by global batch / 256" in text
 
 
