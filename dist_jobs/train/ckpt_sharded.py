@@ -2,9 +2,11 @@
 
 Same run-directory format and protocol as checkpoint.py: `.step-<N>.partial/` gets the DCP files
 (`__<rank>_0.distcp` per rank, `.metadata` from rank 0) next to `shared.pt` (position, schedule,
-scaler, config: no tensors of the model) and each rank's `rank-<r>.pt` (its RNG); rank 0 writes
-COMPLETE and renames the folder once every rank's part is in, fenced by the run-directory lock
-before each write. `shared.pt` says `"format": "dcp"`.
+scaler, config: no tensors of the model) and each rank's `rank-<r>.pt` (its RNG, and the size and
+CRC32 of the DCP files it wrote: latest() checks them, so a torn or flipped shard makes the ranks
+fall back to the previous checkpoint); rank 0 writes COMPLETE and renames the folder once every
+rank's part is in, fenced by the run-directory lock before each write. `shared.pt` says
+`"format": "dcp"`.
 
 Saving is collective (DCP gathers the ranks' write plans), over a gloo group of its own: an
 asynchronous save (train.async_checkpoint, `dcp.async_save`) finishes on a thread while the
@@ -18,6 +20,7 @@ size wrote them (resharding), and a DDP run loads one into its whole model. A DD
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -32,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from dist_jobs.rundir.checkpoints import COMPLETE
 from dist_jobs.rundir.lock import LockLost
+from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
 
 FORMAT = "dcp"
@@ -71,9 +75,18 @@ class ShardedCheckpointer(Checkpointer):
             self._shards = (step, state)
         super().save(step, shared, rank_state)
 
-    def _before_commit(self, step: int) -> None:
-        """The shards, after this rank's own files: once DCP's collective finish returns on rank
-        0, every rank's files are in, so its commit finds them without polling."""
+    def _write_others(self, step: int) -> dict[str, dict[str, Any]]:
+        """The shards (DCP's collective save), then the size and CRC32 of the files this rank
+        wrote, for its rank file: DCP's files carry no checksum of their own."""
+        self._write_shards(step)
+        partial = self._partial(step)
+        # DCP names each rank's files by its rank in the save's group (all ranks, in order).
+        names = [n for n in os.listdir(partial) if n.startswith(f"__{self.rank}_") and n.endswith(".distcp")]
+        if self.rank == 0:  # DCP's coordinator wrote the metadata once every rank's files were in
+            names.append(METADATA)
+        return {name: disk.digest(partial / name) for name in sorted(names)}
+
+    def _write_shards(self, step: int) -> None:
         pending, self._shards = self._shards, None
         if pending is None or pending[0] != step:
             raise CheckpointError(f"step {step}: its shards were not staged", hint="call save() with sharded state")

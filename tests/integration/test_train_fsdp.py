@@ -69,9 +69,9 @@ def last_step(launch: Launch) -> int:
     return max((int(m.group(1)) for m in STEP_RE.finditer(launch.text())), default=0)
 
 
-def run(root: Path, world: int, strategy: str = "fsdp") -> list[Launch]:
+def run(root: Path, world: int, strategy: str = "fsdp", *extra: str) -> list[Launch]:
     root.mkdir(parents=True, exist_ok=True)
-    launches = start_ranks(job(root.parent / "ckpt", world, strategy), root, world=world)
+    launches = start_ranks(job(root.parent / "ckpt", world, strategy, *extra), root, world=world)
     codes = wait_all(launches, timeout=150)
     assert codes == [0] * world, launches[0].text()[-3000:]
     return launches
@@ -133,6 +133,34 @@ def test_sigterm_mid_epoch_then_resume_on_the_same_world_is_bit_identical(
     assert_bit_identical(final["model"], reference["model"], "model")
     assert_bit_identical(final["optimizer"], reference["optimizer"], "optimizer")
     assert_bit_identical(final["shared"]["scheduler"], reference["shared"]["scheduler"], "scheduler")
+
+
+DAMAGES = [("truncate", "__0_0.distcp"), ("flip", "__1_0.distcp"), ("flip", ".metadata")]
+
+
+@pytest.mark.parametrize(("damage", "name"), DAMAGES)
+def test_a_damaged_dcp_file_in_the_newest_checkpoint_falls_back_to_the_previous_one(
+    reference: dict[str, Any], tmp_path: Path, damage: str, name: str
+) -> None:
+    """Every rank resumes from step-10, the rank that checked the file says which one is damaged,
+    and the run ends on the uninterrupted run's bits (it rewrites step-14)."""
+    run_dir = tmp_path / "ckpt" / "fsdp"
+    shutil.copytree(reference["dir"], run_dir, ignore=shutil.ignore_patterns("LOCK*"))
+    path = run_dir / f"step-{TOTAL}" / name
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        del data[len(data) // 2 :]
+    else:
+        data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    resumed = run(tmp_path / "logs", 2)
+    logs = "".join(launch.text() for launch in resumed)
+    said = rf"checkpoint {re.escape(str(path.parent))} is unusable on rank \d: {re.escape(name)} is damaged"
+    assert re.search(said, logs), logs[-3000:]
+    assert f"resumed from {run_dir / 'step-10'}" in resumed[0].text()
+    final = newest_state(run_dir)
+    assert final["shared"]["step"] == TOTAL
+    assert_bit_identical(final["model"], reference["model"], "model")
 
 
 def test_resharded_2_to_4_then_4_to_2_continues_the_loss(
