@@ -135,6 +135,24 @@ def test_sigterm_mid_epoch_then_resume_on_the_same_world_is_bit_identical(
     assert_bit_identical(final["shared"]["scheduler"], reference["shared"]["scheduler"], "scheduler")
 
 
+def test_on_4_ranks_a_resume_is_bit_identical_too(tmp_path: Path) -> None:
+    """The uninterrupted 4-rank run's own step-5 checkpoint, resumed alone on 4 ranks, ends on the
+    same bits as that run (2 steps later: model, AdamW state, schedule, data position, RNG)."""
+    short = ("--max-steps", "7")
+    run(tmp_path / "whole" / "logs", 4, "fsdp", *short)
+    reference = newest_state(tmp_path / "whole" / "ckpt" / "fsdp")
+    assert reference["shared"]["step"] == 7 and reference["shared"]["world_size"] == 4
+    run_dir = copy_run(tmp_path / "whole", tmp_path / "again")
+    shutil.rmtree(run_dir / "step-7")
+    resumed = run(tmp_path / "again" / "logs", 4, "fsdp", *short)
+    assert f"resumed from {run_dir / 'step-5'}" in resumed[0].text()
+    final = newest_state(run_dir)
+    assert final["shared"]["step"] == 7
+    assert_bit_identical(final["model"], reference["model"], "model")
+    assert_bit_identical(final["optimizer"], reference["optimizer"], "optimizer")
+    assert_bit_identical(final["shared"]["scheduler"], reference["shared"]["scheduler"], "scheduler")
+
+
 DAMAGES = [("truncate", "__0_0.distcp"), ("flip", "__1_0.distcp"), ("flip", ".metadata")]
 
 
