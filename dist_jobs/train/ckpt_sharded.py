@@ -14,13 +14,15 @@ training thread runs collectives on the default group. With it, training is bloc
 the copy of this rank's shards to CPU memory.
 
 Loading goes through DCP too: each rank reads the byte ranges of its own shards, whatever world
-size wrote them (resharding), and a DDP run loads one into its whole model. A DDP checkpoint
+size wrote them (resharding), and a DDP run loads one into its whole model (load_sharded says why
+without DCP's planning collectives). A DDP checkpoint
 (whole state in shared.pt) loads into an FSDP model by slicing each rank's part out of it.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -36,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from dist_jobs.rundir.checkpoints import COMPLETE
 from dist_jobs.rundir.lock import LockLost
 from dist_jobs.train import ckpt_async as disk
-from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
+from dist_jobs.train.checkpoint import Agree, Checkpointer, CheckpointError
 
 FORMAT = "dcp"
 METADATA = ".metadata"
@@ -116,13 +118,30 @@ def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[st
     return {"model": model_state, "optimizer": optim_state}
 
 
-def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, keep: Any = None) -> None:
+def load_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, keep: Any = None, agree: Agree | None = None
+) -> None:
     """Load a DCP checkpoint into a sharded (FSDP) or whole (DDP) model and its optimizer, in place.
 
     `keep(optimizer, saved_state)` rewrites the loaded optimizer state before it is set (to keep
-    this run's fused/foreach choice). Collective: every rank calls it."""
+    this run's fused/foreach choice). Every rank calls it with `agree` (ckpt_read.Agree).
+
+    Each rank plans and reads its part alone (DCP's no_dist): DCP's collective planning would
+    only gather the plans and hand each rank back its own (DefaultLoadPlanner, FileSystemReader),
+    and latest() has already agreed on this checkpoint and verified its files. One all_reduce
+    instead makes every rank fail when one could not read its part, as DCP's collectives would."""
     state = sharded_state(model, optimizer)
-    dcp.load(state, checkpoint_id=folder)
+    failed: Exception | None = None
+    try:
+        with warnings.catch_warnings():  # DCP warns that no_dist means one process: here it means no planning round
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=folder, no_dist=True)
+    except Exception as exc:
+        failed = exc
+    if agree is not None and agree([int(failed is not None)])[0] and failed is None:
+        raise RuntimeError(f"another rank could not read its part of {folder} (its log says why)")
+    if failed is not None:
+        raise failed
     optim_state = keep(optimizer, state["optimizer"]) if keep else state["optimizer"]
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state)
 

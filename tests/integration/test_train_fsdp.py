@@ -389,3 +389,30 @@ def test_fit_materialises_a_users_meta_model_and_recomputes_blocks_with_activati
     assert not any(p.is_meta for p in model.parameters())
     assert all(torch.isfinite(p.full_tensor()).all() for p in model.parameters())  # type: ignore[attr-defined]
     assert CountingBlock.calls == 3 * 2 * (2 if checkpointing else 1)  # 3 blocks, 2 steps, + the recomputation
+
+
+def test_each_rank_file_vouches_for_its_dcp_files_and_a_load_fails_on_every_rank_together(tmp_path: Path) -> None:
+    """rank-0.pt records size and CRC32 of the shards rank 0 wrote and of DCP's .metadata; a rank
+    that read its shards still raises when another rank could not (the all_reduce agrees)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from dist_jobs.train.ckpt_async import digest
+    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, load_sharded, sharded_state
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = fully_shard(nn.Linear(4, 4))
+        optimizer = torch.optim.AdamW(model.parameters())
+        ckpt = ShardedCheckpointer(tmp_path, rank=0, world_size=1)
+        ckpt.save(1, {"step": 1}, {"rank": 0}, sharded_state(model, optimizer))
+        ckpt.close()
+        folder = tmp_path / "step-1"
+        files = torch.load(folder / "rank-0.pt", weights_only=True)["files"]
+        assert files == {name: digest(folder / name) for name in ("__0_0.distcp", ".metadata")}
+        load_sharded(model, optimizer, folder, agree=lambda flags: flags)
+        with pytest.raises(RuntimeError, match="another rank could not read its part"):
+            load_sharded(model, optimizer, folder, agree=lambda flags: [1])
+    finally:
+        dist.destroy_process_group()
