@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from dist_jobs.rundir.checkpoints import COMPLETE
@@ -52,7 +54,7 @@ class ShardedCheckpointer(Checkpointer):
     def __init__(self, directory: Path, **kw: Any) -> None:
         super().__init__(directory, **kw)
         self.group: Any = dist.new_group(backend="gloo")
-        self._shards: tuple[int, Future[Any] | dict[str, Any]] | None = None
+        self._shards: tuple[int, Future[Any] | dict[str, Any], Any] | None = None
 
     def save(
         self,
@@ -70,34 +72,29 @@ class ShardedCheckpointer(Checkpointer):
         self.fence(f"write rank {self.rank}'s shards of checkpoint step-{step}")
         partial.mkdir(parents=True, exist_ok=True)
         state = dict(sharded)
+        writer = FileSystemWriter(partial)
+        writer.fs = Checksummed()
         if self.async_write:  # copies the shards to CPU now; the writing and DCP's gather run on a thread
-            future = dcp.async_save(state, storage_writer=FileSystemWriter(partial), process_group=self.group)
-            self._shards = (step, future if isinstance(future, Future) else future.upload_completion)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            self._shards = (step, future if isinstance(future, Future) else future.upload_completion, writer)
         else:
-            self._shards = (step, state)
+            self._shards = (step, state, writer)
         super().save(step, shared, rank_state)
 
     def _write_others(self, step: int) -> dict[str, dict[str, Any]]:
         """The shards (DCP's collective save), then the size and CRC32 of the files this rank
-        wrote, for its rank file: DCP's files carry no checksum of their own."""
-        self._write_shards(step)
-        partial = self._partial(step)
-        # DCP names each rank's files by its rank in the save's group (all ranks, in order).
-        names = [n for n in os.listdir(partial) if n.startswith(f"__{self.rank}_") and n.endswith(".distcp")]
-        if self.rank == 0:  # DCP's coordinator wrote the metadata once every rank's files were in
-            names.append(METADATA)
-        return {name: disk.digest(partial / name) for name in sorted(names)}
-
-    def _write_shards(self, step: int) -> None:
+        wrote through DCP (its shards; rank 0 also the metadata), for its rank file: DCP's files
+        carry no checksum of their own."""
         pending, self._shards = self._shards, None
         if pending is None or pending[0] != step:
             raise CheckpointError(f"step {step}: its shards were not staged", hint="call save() with sharded state")
         try:
-            shards = pending[1]
+            shards, writer = pending[1], pending[2]
             if isinstance(shards, Future):
                 shards.result()
             else:
-                dcp.save(shards, storage_writer=FileSystemWriter(self._partial(step)), process_group=self.group)
+                dcp.save(shards, storage_writer=writer, process_group=self.group)
+            return dict(writer.fs.digests)
         except (CheckpointError, LockLost):
             raise
         except Exception as exc:
@@ -110,6 +107,42 @@ class ShardedCheckpointer(Checkpointer):
         super().close()
         if self._shards is not None and isinstance(self._shards[1], Future):
             self._shards[1].result()  # a save that never reached the writer: do not leave its thread behind
+
+
+class Checksummed(FileSystem):
+    """DCP's local file system, noting the size and CRC32 of each file as DCP writes it, so that
+    vouching for the shards costs no second read of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, dict[str, Any]] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as raw:
+            if "w" not in mode:
+                yield raw
+                return
+            out = _Counted(cast(IO[bytes], raw))
+            yield out
+        self.digests[Path(path).name] = {"size": out.size, "crc32": f"{out.crc:08x}"}
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)  # DCP writes its metadata under a temporary name first
+        self.digests[Path(new_path).name] = self.digests.pop(Path(path).name)
+
+
+class _Counted(disk.HashingFile):
+    """What DCP's writer calls on a stream besides write() and flush()."""
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        self.raw.close()
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
