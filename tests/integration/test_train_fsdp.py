@@ -242,6 +242,23 @@ def test_export_gives_a_plain_model_the_trained_outputs(reference: dict[str, Any
     )
 
 
+def test_export_refuses_a_checkpoint_with_a_damaged_shard(reference: dict[str, Any], tmp_path: Path) -> None:
+    """Whichever rank wrote the damaged shard (rank 0's here), export says so instead of writing
+    a model from it; an older step still exports."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference["dir"], run_dir, ignore=shutil.ignore_patterns("LOCK*"))
+    shard = run_dir / f"step-{TOTAL}" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    cli = [PYTHON, "-m", "dist_jobs", "export", str(run_dir), "-o", str(tmp_path / "model.pt")]
+    done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "__0_0.distcp is damaged" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "model.pt").exists()
+    older = subprocess.run([*cli, "--step", "10"], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert older.returncode == 0, older.stderr
+
+
 @pytest.fixture
 def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "DIST_JOBS_CHECKPOINT_DIR"):
