@@ -193,7 +193,7 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
     def our_load() -> None:
         loaded = ours.latest(max_over_ranks)
         assert loaded is not None
-        load_sharded(model, optimizer, loaded.path)
+        load_sharded(model, optimizer, loaded.path, agree=max_over_ranks)
 
     for step in range(rounds):
         state = sharded_state(model, optimizer)

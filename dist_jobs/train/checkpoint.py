@@ -9,7 +9,9 @@ then prunes. A crash at any point leaves the previous complete checkpoint as the
 Resuming: each rank verifies only the files it loads (`shared.pt` and its own), and the ranks
 agree with one all_reduce per checkpoint tried whether all of them could, so a bad part on any
 rank makes every rank fall back to the same older checkpoint. A rank opens a constant number of
-files, whatever the world size (ckpt_read's marker format).
+files, whatever the world size (ckpt_read's marker format). A rank file may list other files its
+rank wrote (a sharded checkpoint's DCP files) with their size and CRC32: that rank checks them
+too, and in a smaller world than the one that wrote it, rank r also those of ranks r + W, r + 2W...
 
 Loads use `torch.load(weights_only=True)` only (unpickling runs code): save() refuses the rest.
 """
@@ -34,7 +36,17 @@ from dist_jobs.rundir.checkpoints import COMPLETE, LATEST, committed_steps
 from dist_jobs.rundir.lock import LockLost
 from dist_jobs.train import ckpt_async as disk
 from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
-from dist_jobs.train.ckpt_read import SHARED, Agree, encode_marker, load_verified, newest_agreed, read_marker, unusable
+from dist_jobs.train.ckpt_read import (
+    FILES,
+    SHARED,
+    Agree,
+    encode_marker,
+    load_verified,
+    newest_agreed,
+    read_marker,
+    unusable,
+    verify_files,
+)
 
 __all__ = ["COMPLETE", "Agree", "CheckpointError", "Checkpointer", "Loaded"]
 
@@ -225,10 +237,12 @@ class Checkpointer:
             with open_dir(partial) as handle:
                 if self.rank == 0:
                     files[SHARED] = disk.write_atomic(partial / SHARED, lambda f: torch.save(shared, f))
+                # The rank file comes last: it records the size and CRC32 of this rank's other files.
+                others = self._write_others(step)
+                mine = {**rank_state, FILES: others} if others else rank_state
                 name = f"rank-{self.rank}.pt"
-                files[name] = disk.write_atomic(partial / name, lambda f: torch.save(rank_state, f))
+                files[name] = disk.write_atomic(partial / name, lambda f: torch.save(mine, f))
                 os.fsync(handle)
-            self._before_commit(step)
             if self.rank == 0:
                 self._commit(step, files)
         except (CheckpointError, LockLost):
@@ -243,9 +257,10 @@ class Checkpointer:
                 hint="check the volume; the previous checkpoint is intact",
             ) from exc
 
-    def _before_commit(self, step: int) -> None:
-        """What must be in the folder besides the files above before rank 0 commits it (a
-        subclass's sharded state); this rank's files are in already."""
+    def _write_others(self, step: int) -> dict[str, dict[str, Any]]:
+        """A subclass's files of this rank besides shared.pt and its rank file (sharded state),
+        written before the rank file: their size and CRC32 by name, which the rank file records."""
+        return {}
 
     def _commit(self, step: int, files: dict[str, dict[str, Any]]) -> None:
         partial = self._partial(step)
@@ -319,4 +334,11 @@ class Checkpointer:
             raise ValueError(f"{COMPLETE} says step {marker.step}")
         shared = load_verified(folder / SHARED, marker.shared)
         mine = None if marker.mine is None else load_verified(folder / f"rank-{self.rank}.pt", marker.mine)
+        if isinstance(mine, dict) and FILES in mine:
+            verify_files(folder, mine[FILES], f"rank-{self.rank}.pt")
+            # A smaller world than the one that wrote it: rank r also checks ranks r + W, r + 2W, ...
+            for other in range(self.rank + self.world_size, marker.world_size, self.world_size):
+                name = f"rank-{other}.pt"
+                theirs = load_verified(folder / name, read_marker(folder / COMPLETE, other).mine or {})
+                verify_files(folder, theirs.get(FILES, {}), name)
         return Loaded(step=step, path=folder, shared=shared, rank_state=mine, world_size=marker.world_size)

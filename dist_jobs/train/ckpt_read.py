@@ -12,6 +12,9 @@ torch.load(mmap=True) maps those same pages, so the tensors are not copied into 
 (page faults on fresh memory cost more than the copy); load_state_dict then copies them into
 the live model, once. Loading stays weights_only=True.
 
+A rank's file may also vouch for other files of the folder that rank wrote (DCP's shards, under
+FILES: name -> size and CRC32): verify_files() checks them, one read pass each, before they count.
+
 newest_agreed() is how the ranks settle on one checkpoint, each having checked only its part.
 """
 
@@ -36,6 +39,7 @@ SHARED = "shared.pt"
 RECORD = 64  # bytes per rank record; "rank-4294967295.pt" + a 20-digit size + 8 hex digits fit
 MAP_FROM = 1 << 20  # files this large or larger are memory-mapped; smaller ones are read whole
 _HEAD_MAX = 4096  # the JSON line is ~200 bytes; a longer one means the file is not ours
+FILES = "files"  # key of a rank's file: {name: {"size", "crc32"}} of the other files that rank wrote
 
 # Element-wise maximum of a few ints over all ranks: one all_reduce (distributed.max_over_ranks).
 Agree = Callable[[list[int]], list[int]]
@@ -170,13 +174,27 @@ def load_verified(path: Path, want: Mapping[str, Any]) -> Any:
     return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
 
 
-def _check(path: Path, size: int, crc: int | None, want: Mapping[str, Any]) -> None:
+def verify_files(folder: Path, records: Any, by: str) -> None:
+    """Size and CRC32 of each file `records` (a FILES entry of the verified rank file `by`) lists:
+    the size before reading, then the CRC32 through a memory map, whose pages a load then reuses."""
+    if not isinstance(records, dict):
+        raise ValueError(f"{by} lists its files as {type(records).__name__}, not a dict")
+    for name, want in records.items():
+        # A name only vouches for a file of this folder, never picks one elsewhere.
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise ValueError(f"{by} lists {name!r}, which is not a file name")
+        path = folder / name
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            _check(path, size, None, want, by)
+            _check(path, size, crc32_file(f.fileno(), size), want, by)
+
+
+def _check(path: Path, size: int, crc: int | None, want: Mapping[str, Any], by: str = "COMPLETE") -> None:
     """crc None: the size alone (checked before the file is read)."""
     got = f"{size} bytes" + ("" if crc is None else f" with crc32 {crc:08x}")
     if size != want["size"] or (crc is not None and f"{crc:08x}" != want["crc32"]):
-        raise ValueError(
-            f"{path.name} is damaged: {got}, COMPLETE says {want['size']} bytes with crc32 {want['crc32']}"
-        )
+        raise ValueError(f"{path.name} is damaged: {got}, {by} says {want['size']} bytes with crc32 {want['crc32']}")
 
 
 def open_regular(path: Path) -> IO[bytes]:

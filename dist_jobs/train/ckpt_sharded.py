@@ -2,9 +2,11 @@
 
 Same run-directory format and protocol as checkpoint.py: `.step-<N>.partial/` gets the DCP files
 (`__<rank>_0.distcp` per rank, `.metadata` from rank 0) next to `shared.pt` (position, schedule,
-scaler, config: no tensors of the model) and each rank's `rank-<r>.pt` (its RNG); rank 0 writes
-COMPLETE and renames the folder once every rank's part is in, fenced by the run-directory lock
-before each write. `shared.pt` says `"format": "dcp"`.
+scaler, config: no tensors of the model) and each rank's `rank-<r>.pt` (its RNG, and the size and
+CRC32 of the DCP files it wrote: latest() checks them, so a torn or flipped shard makes the ranks
+fall back to the previous checkpoint); rank 0 writes COMPLETE and renames the folder once every
+rank's part is in, fenced by the run-directory lock before each write. `shared.pt` says
+`"format": "dcp"`.
 
 Saving is collective (DCP gathers the ranks' write plans), over a gloo group of its own: an
 asynchronous save (train.async_checkpoint, `dcp.async_save`) finishes on a thread while the
@@ -12,27 +14,33 @@ training thread runs collectives on the default group. With it, training is bloc
 the copy of this rank's shards to CPU memory.
 
 Loading goes through DCP too: each rank reads the byte ranges of its own shards, whatever world
-size wrote them (resharding), and a DDP run loads one into its whole model. A DDP checkpoint
+size wrote them (resharding), and a DDP run loads one into its whole model (load_sharded says why
+without DCP's planning collectives). A DDP checkpoint
 (whole state in shared.pt) loads into an FSDP model by slicing each rank's part out of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import warnings
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from dist_jobs.rundir.checkpoints import COMPLETE
 from dist_jobs.rundir.lock import LockLost
-from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
+from dist_jobs.train import ckpt_async as disk
+from dist_jobs.train.checkpoint import Agree, Checkpointer, CheckpointError
 
 FORMAT = "dcp"
 METADATA = ".metadata"
@@ -46,7 +54,7 @@ class ShardedCheckpointer(Checkpointer):
     def __init__(self, directory: Path, **kw: Any) -> None:
         super().__init__(directory, **kw)
         self.group: Any = dist.new_group(backend="gloo")
-        self._shards: tuple[int, Future[Any] | dict[str, Any]] | None = None
+        self._shards: tuple[int, Future[Any] | dict[str, Any], Any] | None = None
 
     def save(
         self,
@@ -64,25 +72,29 @@ class ShardedCheckpointer(Checkpointer):
         self.fence(f"write rank {self.rank}'s shards of checkpoint step-{step}")
         partial.mkdir(parents=True, exist_ok=True)
         state = dict(sharded)
+        writer = FileSystemWriter(partial)
+        writer.fs = Checksummed()
         if self.async_write:  # copies the shards to CPU now; the writing and DCP's gather run on a thread
-            future = dcp.async_save(state, storage_writer=FileSystemWriter(partial), process_group=self.group)
-            self._shards = (step, future if isinstance(future, Future) else future.upload_completion)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            self._shards = (step, future if isinstance(future, Future) else future.upload_completion, writer)
         else:
-            self._shards = (step, state)
+            self._shards = (step, state, writer)
         super().save(step, shared, rank_state)
 
-    def _before_commit(self, step: int) -> None:
-        """The shards, after this rank's own files: once DCP's collective finish returns on rank
-        0, every rank's files are in, so its commit finds them without polling."""
+    def _write_others(self, step: int) -> dict[str, dict[str, Any]]:
+        """The shards (DCP's collective save), then the size and CRC32 of the files this rank
+        wrote through DCP (its shards; rank 0 also the metadata), for its rank file: DCP's files
+        carry no checksum of their own."""
         pending, self._shards = self._shards, None
         if pending is None or pending[0] != step:
             raise CheckpointError(f"step {step}: its shards were not staged", hint="call save() with sharded state")
         try:
-            shards = pending[1]
+            shards, writer = pending[1], pending[2]
             if isinstance(shards, Future):
                 shards.result()
             else:
-                dcp.save(shards, storage_writer=FileSystemWriter(self._partial(step)), process_group=self.group)
+                dcp.save(shards, storage_writer=writer, process_group=self.group)
+            return dict(writer.fs.digests)
         except (CheckpointError, LockLost):
             raise
         except Exception as exc:
@@ -97,19 +109,72 @@ class ShardedCheckpointer(Checkpointer):
             self._shards[1].result()  # a save that never reached the writer: do not leave its thread behind
 
 
+class Checksummed(FileSystem):
+    """DCP's local file system, noting the size and CRC32 of each file as DCP writes it, so that
+    vouching for the shards costs no second read of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, dict[str, Any]] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as raw:
+            if "w" not in mode:
+                yield raw
+                return
+            out = _Counted(cast(IO[bytes], raw))
+            yield out
+        self.digests[Path(path).name] = {"size": out.size, "crc32": f"{out.crc:08x}"}
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)  # DCP writes its metadata under a temporary name first
+        self.digests[Path(new_path).name] = self.digests.pop(Path(path).name)
+
+
+class _Counted(disk.HashingFile):
+    """What DCP's writer calls on a stream besides write() and flush()."""
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's shards of the model and optimizer state, keyed by parameter name (DTensors)."""
     model_state, optim_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optim_state}
 
 
-def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, keep: Any = None) -> None:
+def load_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, keep: Any = None, agree: Agree | None = None
+) -> None:
     """Load a DCP checkpoint into a sharded (FSDP) or whole (DDP) model and its optimizer, in place.
 
     `keep(optimizer, saved_state)` rewrites the loaded optimizer state before it is set (to keep
-    this run's fused/foreach choice). Collective: every rank calls it."""
+    this run's fused/foreach choice). Every rank calls it with `agree` (ckpt_read.Agree).
+
+    Each rank plans and reads its part alone (DCP's no_dist): DCP's collective planning would
+    only gather the plans and hand each rank back its own (DefaultLoadPlanner, FileSystemReader),
+    and latest() has already agreed on this checkpoint and verified its files. One all_reduce
+    instead makes every rank fail when one could not read its part, as DCP's collectives would."""
     state = sharded_state(model, optimizer)
-    dcp.load(state, checkpoint_id=folder)
+    failed: Exception | None = None
+    try:
+        with warnings.catch_warnings():  # DCP warns that no_dist means one process: here it means no planning round
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=folder, no_dist=True)
+    except Exception as exc:
+        failed = exc
+    if agree is not None and agree([int(failed is not None)])[0] and failed is None:
+        raise RuntimeError(f"another rank could not read its part of {folder} (its log says why)")
+    if failed is not None:
+        raise failed
     optim_state = keep(optimizer, state["optimizer"]) if keep else state["optimizer"]
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state)
 

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from dist_jobs.errors import DistJobsError, UsageError
-from dist_jobs.rundir.checkpoints import committed_steps
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.rundir.checkpoints import COMPLETE, committed_steps
+from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
+from dist_jobs.train.ckpt_read import FILES, load_verified, read_marker, verify_files
 from dist_jobs.train.ckpt_sharded import METADATA, is_sharded
 
 GROUP_BYTES = 256 << 20
@@ -61,8 +62,25 @@ def _checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path, dict[str, A
     if step is not None and step not in steps:
         raise UsageError(f"--step {step}: no committed checkpoint step-{step} in {run_dir}", hint=f"one of {steps}")
     reader = Checkpointer(run_dir, rank=1, world_size=2)  # not rank 0: it removes nothing
-    loaded = reader.load(steps[-1] if step is None else step)
+    chosen = steps[-1] if step is None else step
+    try:
+        loaded = reader.load(chosen)
+        if is_sharded(loaded.shared):
+            _verify_even_ranks(loaded.path, loaded.world_size)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"checkpoint {run_dir / f'step-{chosen}'} cannot be exported: {exc}",
+            hint=f"export another --step (committed: {steps})",
+        ) from None
     return loaded.step, loaded.path, loaded.shared
+
+
+def _verify_even_ranks(folder: Path, world: int) -> None:
+    """load() as rank 1 of 2 checked the shards that ranks 1, 3, ... wrote: the others' here."""
+    for rank in range(0, world, 2):
+        record = read_marker(folder / COMPLETE, rank).mine or {}
+        state = load_verified(folder / f"rank-{rank}.pt", record)
+        verify_files(folder, state.get(FILES, {}) if isinstance(state, dict) else {}, f"rank-{rank}.pt")
 
 
 def read_sharded(folder: Path, group_bytes: int = GROUP_BYTES) -> dict[str, torch.Tensor]:

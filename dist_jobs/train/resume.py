@@ -167,7 +167,8 @@ def _load_model(run: Run, loaded: Loaded) -> None:
     s, model, optimizer = loaded.shared, run.model, run.optimizer
     try:
         if ckpt_sharded.is_sharded(s):
-            ckpt_sharded.load_sharded(model, optimizer, loaded.path, keep=_keeping_implementation)
+            agree = partial(max_over_ranks, group=run.dist.control)
+            ckpt_sharded.load_sharded(model, optimizer, loaded.path, keep=_keeping_implementation, agree=agree)
         elif run.config.strategy == "fsdp":
             saved = _keeping_implementation(optimizer, s["optimizer"])
             ckpt_sharded.load_whole(model, optimizer, s["model"], saved)

@@ -69,9 +69,9 @@ def last_step(launch: Launch) -> int:
     return max((int(m.group(1)) for m in STEP_RE.finditer(launch.text())), default=0)
 
 
-def run(root: Path, world: int, strategy: str = "fsdp") -> list[Launch]:
+def run(root: Path, world: int, strategy: str = "fsdp", *extra: str) -> list[Launch]:
     root.mkdir(parents=True, exist_ok=True)
-    launches = start_ranks(job(root.parent / "ckpt", world, strategy), root, world=world)
+    launches = start_ranks(job(root.parent / "ckpt", world, strategy, *extra), root, world=world)
     codes = wait_all(launches, timeout=150)
     assert codes == [0] * world, launches[0].text()[-3000:]
     return launches
@@ -135,6 +135,52 @@ def test_sigterm_mid_epoch_then_resume_on_the_same_world_is_bit_identical(
     assert_bit_identical(final["shared"]["scheduler"], reference["shared"]["scheduler"], "scheduler")
 
 
+def test_on_4_ranks_a_resume_is_bit_identical_too(tmp_path: Path) -> None:
+    """The uninterrupted 4-rank run's own step-5 checkpoint, resumed alone on 4 ranks, ends on the
+    same bits as that run (2 steps later: model, AdamW state, schedule, data position, RNG)."""
+    short = ("--max-steps", "7")
+    run(tmp_path / "whole" / "logs", 4, "fsdp", *short)
+    reference = newest_state(tmp_path / "whole" / "ckpt" / "fsdp")
+    assert reference["shared"]["step"] == 7 and reference["shared"]["world_size"] == 4
+    run_dir = copy_run(tmp_path / "whole", tmp_path / "again")
+    shutil.rmtree(run_dir / "step-7")
+    resumed = run(tmp_path / "again" / "logs", 4, "fsdp", *short)
+    assert f"resumed from {run_dir / 'step-5'}" in resumed[0].text()
+    final = newest_state(run_dir)
+    assert final["shared"]["step"] == 7
+    assert_bit_identical(final["model"], reference["model"], "model")
+    assert_bit_identical(final["optimizer"], reference["optimizer"], "optimizer")
+    assert_bit_identical(final["shared"]["scheduler"], reference["shared"]["scheduler"], "scheduler")
+
+
+DAMAGES = [("truncate", "__0_0.distcp"), ("flip", "__1_0.distcp"), ("flip", ".metadata")]
+
+
+@pytest.mark.parametrize(("damage", "name"), DAMAGES)
+def test_a_damaged_dcp_file_in_the_newest_checkpoint_falls_back_to_the_previous_one(
+    reference: dict[str, Any], tmp_path: Path, damage: str, name: str
+) -> None:
+    """Every rank resumes from step-10, the rank that checked the file says which one is damaged,
+    and the run ends on the uninterrupted run's bits (it rewrites step-14)."""
+    run_dir = tmp_path / "ckpt" / "fsdp"
+    shutil.copytree(reference["dir"], run_dir, ignore=shutil.ignore_patterns("LOCK*"))
+    path = run_dir / f"step-{TOTAL}" / name
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        del data[len(data) // 2 :]
+    else:
+        data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    resumed = run(tmp_path / "logs", 2)
+    logs = "".join(launch.text() for launch in resumed)
+    said = rf"checkpoint {re.escape(str(path.parent))} is unusable on rank \d: {re.escape(name)} is damaged"
+    assert re.search(said, logs), logs[-3000:]
+    assert f"resumed from {run_dir / 'step-10'}" in resumed[0].text()
+    final = newest_state(run_dir)
+    assert final["shared"]["step"] == TOTAL
+    assert_bit_identical(final["model"], reference["model"], "model")
+
+
 def test_resharded_2_to_4_then_4_to_2_continues_the_loss(
     reference: dict[str, Any], preempted: tuple[Path, int], tmp_path: Path
 ) -> None:
@@ -194,6 +240,23 @@ def test_export_gives_a_plain_model_the_trained_outputs(reference: dict[str, Any
     assert older.returncode == 0 and not torch.equal(
         torch.load(tmp_path / "old.pt")["head.weight"], exported["head.weight"]
     )
+
+
+def test_export_refuses_a_checkpoint_with_a_damaged_shard(reference: dict[str, Any], tmp_path: Path) -> None:
+    """Whichever rank wrote the damaged shard (rank 0's here), export says so instead of writing
+    a model from it; an older step still exports."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference["dir"], run_dir, ignore=shutil.ignore_patterns("LOCK*"))
+    shard = run_dir / f"step-{TOTAL}" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    cli = [PYTHON, "-m", "dist_jobs", "export", str(run_dir), "-o", str(tmp_path / "model.pt")]
+    done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "__0_0.distcp is damaged" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "model.pt").exists()
+    older = subprocess.run([*cli, "--step", "10"], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert older.returncode == 0, older.stderr
 
 
 @pytest.fixture
@@ -343,3 +406,30 @@ def test_fit_materialises_a_users_meta_model_and_recomputes_blocks_with_activati
     assert not any(p.is_meta for p in model.parameters())
     assert all(torch.isfinite(p.full_tensor()).all() for p in model.parameters())  # type: ignore[attr-defined]
     assert CountingBlock.calls == 3 * 2 * (2 if checkpointing else 1)  # 3 blocks, 2 steps, + the recomputation
+
+
+def test_each_rank_file_vouches_for_its_dcp_files_and_a_load_fails_on_every_rank_together(tmp_path: Path) -> None:
+    """rank-0.pt records size and CRC32 of the shards rank 0 wrote and of DCP's .metadata; a rank
+    that read its shards still raises when another rank could not (the all_reduce agrees)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from dist_jobs.train.ckpt_async import digest
+    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, load_sharded, sharded_state
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = fully_shard(nn.Linear(4, 4))
+        optimizer = torch.optim.AdamW(model.parameters())
+        ckpt = ShardedCheckpointer(tmp_path, rank=0, world_size=1)
+        ckpt.save(1, {"step": 1}, {"rank": 0}, sharded_state(model, optimizer))
+        ckpt.close()
+        folder = tmp_path / "step-1"
+        files = torch.load(folder / "rank-0.pt", weights_only=True)["files"]
+        assert files == {name: digest(folder / name) for name in ("__0_0.distcp", ".metadata")}
+        load_sharded(model, optimizer, folder, agree=lambda flags: flags)
+        with pytest.raises(RuntimeError, match="another rank could not read its part"):
+            load_sharded(model, optimizer, folder, agree=lambda flags: [1])
+    finally:
+        dist.destroy_process_group()

@@ -337,3 +337,29 @@ def test_ranks_as_processes(tmp_path: Path, async_write: bool) -> None:
     assert _names(tmp_path) == ["latest", "step-2", "step-3"]
     assert _names(tmp_path / "step-3") == ["COMPLETE", "rank-0.pt", "rank-1.pt", "rank-2.pt", "shared.pt"]
     assert Checkpointer(tmp_path, rank=2, world_size=world).latest().rank_state["rank"] == 2
+
+
+class _WithShards(Checkpointer):
+    """Each rank also writes a file of its own before its rank file, as the sharded one does."""
+
+    def _write_others(self, step: int) -> dict[str, dict]:
+        name = f"shard-{self.rank}.bin"
+        digest = ckpt_async.write_atomic(self._partial(step) / name, lambda f: f.write(os.urandom(4096)))
+        return {name: digest}
+
+
+@pytest.mark.parametrize("damaged", [0, 3])
+def test_a_rank_file_vouches_for_its_ranks_other_files_in_a_smaller_world_too(tmp_path: Path, damaged: int) -> None:
+    """Written by 4 ranks, read by 2: rank r checks the files of ranks r and r + 2, so a flipped
+    byte in any rank's file makes exactly the reader that checks it refuse the checkpoint."""
+    cks = [_WithShards(tmp_path, rank=r, world_size=4, finalize_timeout=30) for r in range(4)]
+    _run_ranks(4, lambda r: cks[r].save(7, _shared(7) if r == 0 else None, {"rank": r}))
+    shard = tmp_path / "step-7" / f"shard-{damaged}.bin"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    checker = damaged % 2
+    with pytest.raises(ValueError, match=rf"shard-{damaged}\.bin is damaged: .*rank-{damaged}\.pt says"):
+        Checkpointer(tmp_path, rank=checker, world_size=2).load(7)
+    assert Checkpointer(tmp_path, rank=1 - checker, world_size=2).load(7).step == 7
+    assert Checkpointer(tmp_path, rank=5, world_size=6).load(7).rank_state is None  # a rank the saving world lacked
