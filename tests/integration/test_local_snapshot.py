@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import dist_jobs
+from support.git_project import git
 from support.paths import PYTHON, REPO, TESTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -36,11 +37,6 @@ def dj(*args: str, cwd: Path, proj: Path | None = None) -> subprocess.CompletedP
     return subprocess.run(
         [PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
     )
-
-
-def git(cwd: Path, *args: str) -> str:
-    user = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-    return subprocess.run(["git", *user, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
 def project(tmp_path: Path) -> Path:

@@ -10,15 +10,11 @@ from pathlib import Path
 import pytest
 
 import dist_jobs
+from support.git_project import git
 from support.tiers import requires
 
 pytestmark = [requires("slurm"), pytest.mark.timeout(240)]
 SCRIPT = "import sys\nopen(sys.argv[1], 'w').write({!r})\n"
-
-
-def git(cwd: Path, *args: str) -> str:
-    user = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-    return subprocess.run(["git", *user, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
 def test_a_held_job_edited_in_the_queue_runs_the_code_as_submitted(tmp_path: Path) -> None:

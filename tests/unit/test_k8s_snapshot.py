@@ -21,6 +21,7 @@ from dist_jobs.render import render
 from dist_jobs.render.k8s import container_command
 from dist_jobs.spec.load import load_spec
 from support import kubelet
+from support.git_project import git
 from support.k8s_offline.validate import prune_and_default
 from support.paths import PYTHON, REPO, venv_bin
 from support.tiers import require_module
@@ -28,11 +29,6 @@ from support.tiers import require_module
 require_module("kubernetes")
 
 SPEC = {"name": "snap", "procs_per_node": 1, "image": "x/y:1", "snapshot": True, "command": ["python3", "train.py"]}
-
-
-def git(cwd: Path, *args: str) -> str:
-    user = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-    return subprocess.run(["git", *user, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
 @pytest.fixture

@@ -4,18 +4,13 @@ and a SLURM spec that runs from the copy while its logs and checkpoints stay whe
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from dist_jobs.backends.snapshot import RECORD, describe, take
 from dist_jobs.errors import UsageError
-
-
-def git(cwd: Path, *args: str) -> str:
-    user = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-    return subprocess.run(["git", *user, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+from support.git_project import git
 
 
 @pytest.fixture

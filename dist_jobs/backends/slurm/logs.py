@@ -30,37 +30,32 @@ def stitch_all(
 ) -> Iterator[str]:
     """Every rank's attempts, each line `[rank N] ...`: rank after rank, and with follow (`running`)
     the new lines of every rank as they come, ranks that start later included."""
+    return _follow(files_of, running, lambda rank: f"[{label} {rank}] ")
+
+
+def stitch(files: list[Path], refresh: Callable[[], list[Path]], running: Callable[[], bool]) -> Iterator[str]:
+    """Each attempt's file in order, with a banner; with follow, new lines and new attempts too."""
+    first = [files]
+    return _follow(lambda: {0: first.pop() if first else refresh()}, running, lambda rank: "")
+
+
+def _follow(
+    files_of: Callable[[], dict[int, list[Path]]], running: Callable[[], bool], prefix: Callable[[int], str]
+) -> Iterator[str]:
+    """The lines of each rank's files in order, each after a banner naming its file; while
+    `running()`, every second the lines written since and the files that appeared since."""
     done: dict[Path, int] = {}
     while True:
         for rank, files in sorted(files_of().items()):
             for path in files:
                 if path not in done:
-                    yield f"[{label} {rank}] ==> {path.name} <=="
+                    yield f"{prefix(rank)}==> {path.name} <=="
                     done[path] = 0
                 with path.open("r", errors="replace") as fh:
                     fh.seek(done[path])
                     for line in fh:
-                        yield f"[{label} {rank}] {line.rstrip(chr(10))}"
+                        yield prefix(rank) + line.rstrip("\n")
                     done[path] = fh.tell()
         if not running():
             return
         time.sleep(1.0)
-
-
-def stitch(files: list[Path], refresh: Callable[[], list[Path]], running: Callable[[], bool]) -> Iterator[str]:
-    """Each attempt's file in order, with a banner; with follow, new lines and new attempts too."""
-    done: dict[Path, int] = {}
-    while True:
-        for path in files:
-            if path not in done:
-                yield f"==> {path.name} <=="
-                done[path] = 0
-            with path.open("r", errors="replace") as fh:
-                fh.seek(done[path])
-                for line in fh:
-                    yield line.rstrip("\n")
-                done[path] = fh.tell()
-        if not running():
-            return
-        time.sleep(1.0)
-        files = refresh()
