@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.api.sweep_local import MANIFEST
 from dist_jobs.api.verbs import attach_all
+from dist_jobs.backends.sweeps import MANIFEST, SWEEPS_DIR, sweeps_of
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.result import read_result
@@ -26,7 +26,6 @@ from dist_jobs.spec.paths import expand_home
 if TYPE_CHECKING:
     from dist_jobs.api.job import Job, JobInfo
 
-SWEEPS_DIR = "dist-jobs-sweeps"  # Kubernetes sweeps: their manifests, here (the checkpoints are in the pods' volume)
 DEFAULT_METRICS = ("eval_loss", "loss")
 ENDED = ("succeeded", "failed", "cancelled")
 
@@ -106,28 +105,14 @@ class Sweep:
         return attach_all([t["handle"] for t in self.trials], **options)  # one query per scheduler and poll
 
     def _options(self) -> dict[str, Any]:
-        saved = self.manifest.get("options", {})
-        if self.backend == "slurm":
-            return {k: Path(saved[k]) for k in ("jobs_dir", "cwd") if saved.get(k)}
-        if self.backend == "k8s":
-            return {k: saved[k] for k in ("context", "kubeconfig") if saved.get(k)}
-        return {}
+        return sweeps_of(self.backend).attach_options(self.manifest.get("options", {}))
 
     def cancel(self) -> list[str]:
         """Stop the sweep: no trial starts any more, and every trial that has not ended is
         cancelled (SLURM: the whole array, one scancel). The handles it cancelled."""
-        if self.backend == "local":
-            from dist_jobs.api.sweep_local import stop_driver
-
-            stop_driver(self.path.parent)
-        if self.backend == "slurm":
-            from dist_jobs.backends import get_backend
-
-            try:
-                get_backend("slurm", **self._options()).cancel(self.handles[0].rsplit("/", 1)[1].split("_")[0])
-            except DistJobsError:
-                return []  # the whole array has ended already
-            return self.handles
+        done = sweeps_of(self.backend).cancel(self.path.parent, self.handles, self._options())
+        if done is not None:
+            return done
         cancelled = []
         for job in self.jobs:
             try:
@@ -176,7 +161,7 @@ class Sweep:
         row = TrialRow(trial["index"], trial["name"], dict(trial["params"]), trial.get("handle"), "unknown")
         row.run_dir = trial.get("run_dir", "")
         if isinstance(info, DistJobsError):
-            not_started = self.backend == "local" and not (Path(row.run_dir) / "local" / "pid").exists()
+            not_started = sweeps_of(self.backend).not_started(row.run_dir)
             row.state, row.detail = ("pending", "not started yet") if not_started else ("unknown", info.message)
         else:
             row.state, row.detail = info.state.value, info.detail

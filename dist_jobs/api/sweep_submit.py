@@ -5,13 +5,9 @@
     sw.jobs          # one Job per trial (SLURM: the array's tasks, slurm://CLUSTER/ID_i)
     sw.status()      # one row per trial: params, state, step of total, latest and best metric
 
-SLURM: ONE job array (`--array=0-(n-1)%K`), each task a whole multi-node job (render/sweep.py).
-Kubernetes: one PyTorchJob per trial, labelled `dist-jobs/sweep: NAME` and `dist-jobs/trial: "i"`,
-all created at once (`max_parallel` is refused: nothing would hold the rest back once this
-process is gone; a queue such as Kueue, `k8s.queue` or its label, does that on the cluster).
-Local: K trials at a time, each a full multi-process job, started by a detached driver
-(`dist-jobs sweep --drive MANIFEST`) that outlives the shell, like `submit --backend local`.
-The manifest `<checkpoint_dir>/NAME/sweep.json` records the trials, their parameters and handles.
+Each backend runs a sweep its own way (dist_jobs.backends.sweeps: SLURM one job array, Kubernetes
+one labelled job per trial, local K trials at a time under a detached driver). The manifest
+`<checkpoint_dir>/NAME/sweep.json` records the trials, their parameters and handles.
 """
 
 from __future__ import annotations
@@ -19,43 +15,21 @@ from __future__ import annotations
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.api.sweep_local import drive_local, start_driver, write_manifest
-from dist_jobs.api.sweep_status import MANIFEST, SWEEPS_DIR, Sweep
-from dist_jobs.api.verbs import submit
+from dist_jobs.api.sweep_status import Sweep
+from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, sweeps_of, write_manifest
 from dist_jobs.errors import Problem, SpecError
-from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
 KEPT_OPTIONS = ("jobs_dir", "cwd", "workdir", "context", "kubeconfig")  # what attaching to a trial needs
-__all__ = ["Sweep", "SweepPlan", "plan_sweep", "sweep", "drive_local"]
+__all__ = ["Sweep", "SweepPlan", "plan_sweep", "sweep"]
 
 
-@dataclass(frozen=True)
-class SweepPlan:
-    """The dry run: every trial's spec and the exact bytes that would be submitted."""
-
-    name: str
-    backend: str
-    params: list[dict[str, Any]]
-    specs: list[JobSpec]
-    payloads: list[tuple[str, str]]  # (file name, exact script or manifest)
-    head: JobSpec | None  # SLURM: the array's own spec
-    max_parallel: int | None
-
-    @property
-    def text(self) -> str:
-        """What `--dry-run` prints: the one array script, the manifests as one YAML stream, or the local plans."""
-        if self.backend == "slurm":
-            return self.payloads[0][1]
-        if self.backend == "k8s":
-            return "---\n".join(payload for _, payload in self.payloads)
-        return "".join(f"# trial {i}: {s.run_id}\n{p}" for i, (s, (_, p)) in enumerate(zip(self.specs, self.payloads)))
+SweepPlan = PreparedSweep  # the dry run: every trial's spec and the exact bytes submitted
 
 
 def _raw(spec_or_path: Any) -> tuple[dict[str, Any], str]:
@@ -105,51 +79,22 @@ def plan_sweep(
     raw, source = _raw(spec_or_path)
     params = plan.trials(_axes(grid), random, seed)
     base = _base(raw, overrides, source)
-    problems = plan.name_problems(base.name, params) + _parallel_problems(max_parallel, backend)
+    sweeps = sweeps_of(backend)
+    problems = plan.name_problems(base.name, params) + (
+        _parallel_problems(max_parallel) or sweeps.problems(max_parallel)
+    )
     specs = _trial_specs(raw, base, dict(overrides or {}), params, backend, problems)
     if specs:
         problems += plan.base_problems(specs[0], backend)
         problems += plan.command_problems(params) if specs[0].command else []
     if problems:
         raise SpecError(plan.dedupe(problems), f"sweep {base.name} ({source})")
-    head = None
-    if backend == "slurm":
-        from dist_jobs.render.sweep import head_overrides, sweep_script
-
-        root = plan.sweep_root(base.checkpoint_dir, base.name)
-        head = _reload(specs[0], head_overrides(base.name, root, len(specs), max_parallel), backend)
-        payloads = [(f"{head.run_id}.sbatch", sweep_script(head, specs))]
-    else:
-        from dist_jobs.backends import get_backend
-
-        chosen = get_backend(backend, **options)
-        payloads = [(p.filename, p.payload) for p in map(chosen.prepare, specs)]
-    return SweepPlan(base.name, backend, params, specs, payloads, head, max_parallel)
+    return sweeps.prepare(base.name, params, specs, max_parallel, **options)
 
 
-def _reload(base: JobSpec, overrides: Mapping[str, Any], backend: str) -> JobSpec:
-    import msgspec
-
-    from dist_jobs.spec import load_spec
-
-    return load_spec(data=msgspec.to_builtins(base), overrides=overrides, backend=backend)
-
-
-def _parallel_problems(max_parallel: int | None, backend: str) -> list[Problem]:
-    if max_parallel is None:
-        return []
-    if max_parallel < 1:
+def _parallel_problems(max_parallel: int | None) -> list[Problem]:
+    if max_parallel is not None and max_parallel < 1:
         return [Problem("--max-parallel", max_parallel, "must be at least 1", "give how many trials may run at once")]
-    if backend == "k8s":
-        return [
-            Problem(
-                "--max-parallel",
-                max_parallel,
-                "is not supported on Kubernetes: every trial's PyTorchJob is created at once",
-                "leave it out; limit concurrency on the cluster with a queue (k8s.queue, or Kueue's "
-                "kueue.x-k8s.io/queue-name label in k8s.labels)",
-            )
-        ]
     return []
 
 
@@ -176,8 +121,7 @@ def _trial_specs(
     root, specs = sweep_root(base.checkpoint_dir, base.name), []
     for index, values in enumerate(params):
         dotted = overrides | overrides_for(base.name, root, index, len(params), values)
-        if backend == "k8s":
-            dotted |= {"k8s.labels.dist-jobs/sweep": base.name, "k8s.labels.dist-jobs/trial": str(index)}
+        dotted |= sweeps_of(backend).trial_overrides(base.name, index)
         try:
             specs.append(load_spec(data=raw, overrides=dotted, backend=backend))
         except SpecError as exc:
@@ -201,17 +145,11 @@ def sweep(
 ) -> Sweep:
     """Submit a sweep; a Sweep with `.jobs` (one Job per trial) and `.status()`. On SLURM and
     locally every trial runs from one snapshot of the code (unless the spec says `snapshot: false`)."""
-    if backend in ("slurm", "local"):
+    if sweeps_of(backend).snapshots:
         overrides = _snapshot_overrides(spec_or_path, dict(overrides or {}), options, backend)
     plan = plan_sweep(spec_or_path, grid or {}, random, seed, max_parallel, backend, overrides, **options)
-    base_dir = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
-    first = plan.head or plan.specs[0]
-    root = _absolute(first.checkpoint_dir, base_dir, first.workdir if backend == "slurm" else None)
-    runs = str(root)
-    if backend == "k8s":  # the checkpoint root is the pods' volume: the manifest stays here
-        from dist_jobs.render.k8s import checkpoint_path
-
-        root, runs = (base_dir / SWEEPS_DIR / plan.name).resolve(), checkpoint_path(first)
+    here = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
+    root, runs = sweeps_of(backend).roots(plan.name, plan.head or plan.specs[0], here)
     manifest: dict[str, Any] = {
         "name": plan.name,
         "backend": backend,
@@ -225,7 +163,7 @@ def sweep(
             for i, (s, p) in enumerate(zip(plan.specs, plan.params))
         ],
     }
-    handles = _submit(plan, manifest, root, options)
+    handles = sweeps_of(backend).submit(plan, manifest, root, **options)
     for trial, handle in zip(manifest["trials"], handles):
         trial["handle"] = handle
     write_manifest(root, manifest)
@@ -233,64 +171,18 @@ def sweep(
 
 
 def _snapshot_overrides(
-    spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any], backend: str = "slurm"
+    spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any], backend: str
 ) -> dict[str, Any]:
-    """`overrides` plus those that run every trial from one snapshot of the code, taken now
-    (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns snapshots off. SLURM
-    keeps it in its jobs dir; a local sweep in its own folder, `<checkpoint_dir>/NAME/snapshots/`
-    (a local driver starts trials later: each must not take a copy of its own)."""
-    from dist_jobs.backends.base import checkpoint_root
-    from dist_jobs.backends.snapshot import spec_in_copy
+    """`overrides` plus those that run every trial from one snapshot of the code, taken now, where
+    the backend takes one (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns
+    snapshots off."""
     from dist_jobs.spec import load_spec
 
     raw, _ = _raw(spec_or_path)
     base = load_spec(data=raw, overrides=overrides)
     if base.snapshot is False:
         return overrides
-    if backend == "slurm":
-        from dist_jobs.backends.slurm import SlurmBackend
-        from dist_jobs.backends.slurm.submit import snapshot_spec
-
-        slurm = SlurmBackend(**options)
-        snapped = snapshot_spec(base, slurm.cwd, slurm.jobs_dir)
-    else:  # local: the code is the folder the trials would start in (LocalBackend's workdir)
-        code = Path(options.get("workdir") or Path.cwd())
-        snapped = spec_in_copy(base, code, checkpoint_root(base, code).resolve() / base.name)
+    snapped = sweeps_of(backend).snapshot(base, options)
     fields = {k: getattr(snapped, k) for k in ("workdir", "log_dir", "checkpoint_dir")}
     paths = {"env.PYTHONPATH": snapped.env["PYTHONPATH"]} if "PYTHONPATH" in snapped.env else {}
     return {**overrides, **fields, **paths, "snapshot": True}
-
-
-def _absolute(folder: str, base: Path, workdir: str | None) -> Path:
-    """`folder` as the jobs have it: `~` expanded here (as the renderers do), relative to the workdir."""
-    path = Path(expand_home(folder))
-    if path.is_absolute():
-        return path
-    return (base / expand_home(workdir) / path if workdir else base / path).resolve()
-
-
-def _submit(plan: SweepPlan, manifest: dict[str, Any], root: Path, options: dict[str, Any]) -> list[str | None]:
-    from dist_jobs.backends import Prepared
-    from dist_jobs.spec.sweep import trial_name
-
-    count = len(plan.specs)
-    if plan.backend == "slurm":
-        assert plan.head is not None
-        from dist_jobs.backends.slurm import SlurmBackend
-        from dist_jobs.backends.slurm.meta import record_trials
-
-        chosen = SlurmBackend(**options)
-        filename, payload = plan.payloads[0]
-        array = chosen.submit(Prepared("slurm", plan.head, payload, filename))
-        record_trials(chosen.jobs_dir, array.job_id, [s.run_id for s in plan.specs])
-        return [str(chosen.handle(f"{array.job_id}_{i}")) for i in range(count)]
-    if plan.backend == "local" and plan.max_parallel and plan.max_parallel < count:
-        import msgspec
-
-        manifest["specs"] = [msgspec.to_builtins(s) for s in plan.specs]
-        manifest["trials"] = [{**t, "handle": f"local://{t['run_dir']}"} for t in manifest["trials"]]
-        write_manifest(root, manifest)
-        start_driver(root / MANIFEST, options)
-        return [t["handle"] for t in manifest["trials"]]
-    assert all(s.run_id == trial_name(plan.name, i, count) for i, s in enumerate(plan.specs))
-    return [str(submit(spec, plan.backend, **options).handle) for spec in plan.specs]

@@ -84,7 +84,7 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
     from dist_jobs.spec.sweep import parse_grid
 
     if args.drive:
-        from dist_jobs.api.sweep_local import drive_local
+        from dist_jobs.backends.local.sweep import drive_local
 
         return drive_local(Path(args.drive))
     if not args.backend:
@@ -107,7 +107,7 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
 
 
 def _submitted_table(submitted: Any) -> str:
-    from dist_jobs.api.sweep_status import SWEEPS_DIR
+    from dist_jobs.backends.sweeps import SWEEPS_DIR
 
     rows = [[str(t["index"]), t["name"], str(t["handle"]), _params(t["params"])] for t in submitted.trials]
     table = columns(["TRIAL", "NAME", "HANDLE", "PARAMS"], rows)

@@ -94,8 +94,8 @@ def test_a_slurm_sweep_runs_every_trial_from_one_snapshot_unless_the_spec_says_n
     spec = proj / "job.yaml"
     spec.write_text("name: sw\nprocs_per_node: 1\n")
     options = {"cwd": proj, "jobs_dir": proj / "dist-jobs-runs"}
-    got = _snapshot_overrides(spec, {"nodes": 2}, options)
+    got = _snapshot_overrides(spec, {"nodes": 2}, options, "slurm")
     copy = Path(got["workdir"])
     assert copy.parent == proj / "dist-jobs-runs" / "snapshots" and (copy / "train.py").is_file()
     assert got["snapshot"] is True and got["nodes"] == 2 and got["checkpoint_dir"] == str(proj / "checkpoints")
-    assert _snapshot_overrides(spec, {"snapshot": False}, options) == {"snapshot": False}
+    assert _snapshot_overrides(spec, {"snapshot": False}, options, "slurm") == {"snapshot": False}
