@@ -81,6 +81,9 @@ class LockLost(DistJobsError):
         self.successor = successor
 
 
+_BREAK_ABANDONED_S = 10.0  # a breaker holds its guard for a few file operations
+
+
 def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
     return env_seconds("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS, environ)
 
@@ -135,18 +138,36 @@ def _look(path: Path) -> _Seen | None:
 
 
 def _break(path: Path, judged: _Seen) -> bool:
-    """Remove the stale lock we judged, unless it changed meanwhile. It is renamed aside first:
-    of several newcomers that judged it stale, exactly one rename succeeds."""
+    """Remove the stale lock we judged, unless it changed meanwhile. One newcomer breaks at a
+    time (an exclusive `.LOCK.breaking` file), and only a lock that is still the one it judged:
+    without that, a newcomer that judged the stale lock late would move aside the lock another
+    had just taken, and a third could take it too while it is put back."""
+    guard = path.with_name(f".{path.name}.breaking")
+    if not write_new(guard, new_token()):
+        if (held_for := age(guard)) is not None and held_for > _BREAK_ABANDONED_S:
+            guard.unlink(missing_ok=True)  # its breaker died in those few lines
+        return False  # another newcomer is breaking it: look again
+    try:
+        now = _look(path)
+        if now is None or now.raw != judged.raw or now.mtime != judged.mtime:
+            return False  # broken and taken already, released, or it beat
+        return _move_aside(path, judged)
+    finally:
+        guard.unlink(missing_ok=True)
+
+
+def _move_aside(path: Path, judged: _Seen) -> bool:
+    """Rename the lock aside and remove it, unless it changed in the instant since we looked."""
     aside = path.with_name(f".{path.name}.broken.{new_token()}")
     try:
         os.rename(path, aside)
     except FileNotFoundError:
-        return False  # another newcomer broke it first, or its holder released it
+        return False  # its holder released it
     try:
         if aside.read_bytes() == judged.raw and aside.stat().st_mtime == judged.mtime:
             return True
-        # It beat, or changed hands, after we judged it: put it back. Its holder's heartbeat
-        # looks again for a second before calling a missing lock lost.
+        # It beat after we looked: put it back. Its holder's heartbeat looks again for a second
+        # before calling a missing lock lost.
         with contextlib.suppress(FileExistsError):
             os.link(aside, path)
         return False

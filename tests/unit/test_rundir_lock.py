@@ -444,3 +444,27 @@ def test_lockctl_acquire_refuse_heartbeat_release(tmp_path: Path) -> None:
     finally:
         beat.kill()
         beat.wait()
+
+
+def test_a_newcomer_that_judged_a_stale_lock_late_leaves_the_new_holders_lock_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B judged the stale lock; A broke it and took the lock first. B's break must not move A's
+    lock aside: in that instant a third newcomer would take the lock too (two holders)."""
+    run_dir = tmp_path / "run"
+    path = plant(run_dir, elsewhere(), age=stale_seconds() + 60)
+    judged = lockmod._look(path)
+    assert judged is not None
+    first = acquire(run_dir, me("A"))  # A breaks the stale lock and takes it
+    assert first.owned and first.took_over  # it took the stale lock over
+    rename = os.rename
+
+    def third_takes_the_free_path(src: Any, dst: Any) -> None:
+        rename(src, dst)
+        lockmod.write_new(path, me("C").to_bytes())  # C's create lands while the path is free
+
+    monkeypatch.setattr(lockmod.os, "rename", third_takes_the_free_path)
+    assert not lockmod._break(path, judged)  # B, late
+    held = lockmod.current(path)
+    assert held is not None and held.token == first.token, held
+    first.release()
