@@ -114,20 +114,35 @@ def _stop_slurm_steps(job_id: str) -> None:
 
 
 def _kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and every process below it (ranks under torchrun under a shell)."""
+    """SIGKILL `pid` and every process below it (ranks under torchrun under a shell). The tree is
+    stopped first, until it stops growing: a process killed while its child was being forked
+    would leave that child to init, out of reach, and it would go on writing."""
+    stopped: set[int] = set()
+    while new := _descendants(pid) - stopped:
+        for victim in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, signal.SIGSTOP)
+        stopped |= new
+    for victim in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(victim, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> set[int]:
+    """`pid` and every process below it now, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 stat = Path(f"/proc/{entry}/stat").read_text()
                 children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry))
-    doomed, todo = [], [pid]
+    found: set[int] = set()
+    todo = [pid]
     while todo:
-        doomed.append(todo.pop())
-        todo.extend(children.get(doomed[-1], []))
-    for victim in doomed:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(victim, signal.SIGKILL)
+        current_pid = todo.pop()
+        found.add(current_pid)
+        todo.extend(children.get(current_pid, []))
+    return found
 
 
 def _check(args: argparse.Namespace) -> int:
