@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -15,14 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs import api
+from dist_jobs.backends.local.jobs import run_recorded
+from dist_jobs.cli.flags import overrides_from
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import UsageError
+from dist_jobs.ranks import resolve
+from dist_jobs.ranks.report import as_json, as_table
+from dist_jobs.ranks.selfcheck import check
+from dist_jobs.spec.profiles import leaves, load_profile, merge
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
-    from dist_jobs.cli.flags import overrides_from  # the spec verbs' alone (dataclasses)
-
     profile = apply_profile(args)
     return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend, defaults=profile.spec)
 
@@ -30,8 +36,6 @@ def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
 def apply_profile(args: argparse.Namespace) -> Any:
     """The chosen profile (dist_jobs.spec.profiles); its backend, context and kubeconfig fill in
     the flags not given (flags win). Without a backend from either: a usage error."""
-    from dist_jobs.spec.profiles import load_profile
-
     profile = load_profile(getattr(args, "profile", None))
     given = {"backend": "backend", "context": "k8s_context", "kubeconfig": "k8s_kubeconfig"}
     for option, dest in given.items():
@@ -139,8 +143,6 @@ def _ended(info: Any, fmt: str, stream: Any = None) -> int:
 
 def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
     if args.record:  # the detached run of `submit --backend local`
-        from dist_jobs.backends.local.jobs import run_recorded
-
         return run_recorded(_load(args, command), Path(args.record))
     return api.run_local(_load(args, command))
 
@@ -191,12 +193,6 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
-    import json
-
-    from dist_jobs.ranks import resolve
-    from dist_jobs.ranks.report import as_json, as_table
-    from dist_jobs.ranks.selfcheck import check
-
     info = resolve()
     print(emit(json.loads(as_json(info)), args.output, as_table(info)))
     check(info)  # printed first, so a launch that does not add up is still visible; then exit 3
@@ -204,22 +200,19 @@ def cmd_env(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, _: Any) -> int:
-    import json
-
-    from dist_jobs.spec import json_schema
+    from dist_jobs.spec import json_schema  # msgspec: the query verbs load no spec classes (test_imports)
 
     print(json.dumps(json_schema(), indent=2, sort_keys=True))
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
-    from dist_jobs.cli.sweep import cmd_sweep as sweep
+    from dist_jobs.cli.sweep import cmd_sweep as sweep  # a sweep's modules are for `sweep` alone (test_imports)
 
     if not getattr(args, "drive", None):
         profile = apply_profile(args)
         if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
-            from dist_jobs.spec.load import read_yaml
-            from dist_jobs.spec.profiles import merge
+            from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
 
             args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
     return sweep(args, command, _options(args, args.backend or ""))
@@ -227,8 +220,6 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
 
 def cmd_export(args: argparse.Namespace, _: Any) -> int:
     """In a child process: reading a checkpoint needs torch, which the CLI never imports."""
-    import subprocess
-
     argv = [sys.executable, "-m", "dist_jobs.train.export", args.run_dir, "-o", args.output]
     argv += ["--step", str(args.step)] if args.step is not None else []
     return subprocess.run(argv, check=False).returncode
@@ -237,9 +228,9 @@ def cmd_export(args: argparse.Namespace, _: Any) -> int:
 def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     """`dist-jobs config show [--profile P] [job.yaml] [flags]`: the merged spec, each value with
     where it came from (config defaults, the profile, job.yaml, a flag, or the built-in default)."""
-    from dist_jobs.cli.flags import overrides_from
+    import msgspec  # with read_yaml: the query verbs load no msgspec or yaml (test_imports)
+
     from dist_jobs.spec.load import read_yaml
-    from dist_jobs.spec.profiles import leaves
 
     profile = apply_profile(args)
     overrides = overrides_from(args, command)
@@ -247,8 +238,6 @@ def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     sources = dict(profile.sources)
     sources.update(dict.fromkeys(leaves(read_yaml(Path(args.spec))) if args.spec else [], str(args.spec)))
     sources.update(dict.fromkeys(overrides, "flag"))
-    import msgspec
-
     merged = msgspec.to_builtins(spec)
     rows = [{"field": "backend", "value": args.backend, "from": _source(sources, "backend", args.backend)}]
     for option, dest in (("context", "k8s_context"), ("kubeconfig", "k8s_kubeconfig")):
@@ -275,8 +264,6 @@ def _at(data: dict[str, Any], dotted: str) -> Any:
 
 
 def _shown(value: Any) -> str:
-    import json
-
     return value if isinstance(value, str) else json.dumps(value)
 
 
