@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,8 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.spec import load_spec
 
 MANIFEST = "sweep.json"
 
@@ -44,9 +47,6 @@ def start_driver(manifest: Path, options: Mapping[str, Any]) -> None:
 
 def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
     """The detached driver of a local sweep: keeps `max_parallel` trials running until all have run."""
-    from dist_jobs.backends.local.jobs import LocalBackend
-    from dist_jobs.spec import load_spec
-
     manifest = json.loads(manifest_path.read_text())
     workdir = Path(manifest["options"].get("workdir") or Path.cwd())
     jobs = LocalBackend(workdir=workdir)
@@ -66,8 +66,6 @@ def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
 
 def stop_driver(folder: Path) -> bool:
     """SIGTERM the sweep's driver (so no further trial starts); False when none runs."""
-    import signal
-
     try:
         pid = int((folder / "driver.pid").read_text().strip())
         if b"--drive" not in Path(f"/proc/{pid}/cmdline").read_bytes():
