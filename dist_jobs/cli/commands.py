@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs import api
-from dist_jobs.backends.local.jobs import run_recorded
 from dist_jobs.cli.flags import overrides_from
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
@@ -143,6 +142,9 @@ def _ended(info: Any, fmt: str, stream: Any = None) -> int:
 
 def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
     if args.record:  # the detached run of `submit --backend local`
+        # a backend's package is imported on demand (dist_jobs.backends): this is the local one's
+        from dist_jobs.backends.local.jobs import run_recorded
+
         return run_recorded(_load(args, command), Path(args.record))
     return api.run_local(_load(args, command))
 
