@@ -21,9 +21,6 @@ from dist_jobs.cli.flags import overrides_from
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import UsageError
-from dist_jobs.ranks import resolve
-from dist_jobs.ranks.report import as_json, as_table
-from dist_jobs.ranks.selfcheck import check
 from dist_jobs.spec.profiles import leaves, load_profile, merge
 
 
@@ -195,6 +192,12 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
+    # `env` alone: every verb imports this module, and the ranks' (socket, random) would count
+    # against render's start-up budget (bench/bench_render.py)
+    from dist_jobs.ranks import resolve
+    from dist_jobs.ranks.report import as_json, as_table
+    from dist_jobs.ranks.selfcheck import check
+
     info = resolve()
     print(emit(json.loads(as_json(info)), args.output, as_table(info)))
     check(info)  # printed first, so a launch that does not add up is still visible; then exit 3
