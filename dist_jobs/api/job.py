@@ -10,7 +10,6 @@ metrics = job.result()                            # waits; rank 0's final metric
 from __future__ import annotations
 
 import dataclasses
-import queue
 import re
 import threading
 import time
@@ -178,6 +177,8 @@ class Job:
         if ranks is None:
             yield from self.logs(None, follow=True)
             return
+        import queue  # follow(ranks) alone: render and the query verbs import this module (their budgets)
+
         lines: queue.Queue[str | None] = queue.Queue()
 
         def pump(rank: int) -> None:

@@ -9,7 +9,6 @@ import argparse
 import errno
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -225,6 +224,8 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
 
 def cmd_export(args: argparse.Namespace, _: Any) -> int:
     """In a child process: reading a checkpoint needs torch, which the CLI never imports."""
+    import subprocess  # `export` alone: render, which imports this module, runs no command (bench_render)
+
     argv = [sys.executable, "-m", "dist_jobs.train.export", args.run_dir, "-o", args.output]
     argv += ["--step", str(args.step)] if args.step is not None else []
     return subprocess.run(argv, check=False).returncode
