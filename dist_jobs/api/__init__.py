@@ -7,8 +7,6 @@ the query verbs load none of them (tests/unit/test_imports.py).
 
 from __future__ import annotations
 
-import pickle
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +139,9 @@ def call_local(spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any)
         import cloudpickle  # an optional dependency ([train]), needed by this verb alone
     except ImportError:
         raise UsageError("call_local needs cloudpickle", hint="pip install 'dist-jobs[train]'") from None
+    import pickle  # with tempfile: call_local's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    import tempfile
+
     import msgspec  # the spec classes' library: not for the query verbs
 
     with tempfile.TemporaryDirectory(prefix=".dist-jobs-call-", dir=Path.cwd()) as folder:

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs import api
-from dist_jobs.cli.flags import overrides_from
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import UsageError
-from dist_jobs.spec.profiles import leaves, load_profile, merge
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
+    # the spec verbs' alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.cli.flags import overrides_from
+
     profile = apply_profile(args)
     return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend, defaults=profile.spec)
 
@@ -31,6 +32,9 @@ def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
 def apply_profile(args: argparse.Namespace) -> Any:
     """The chosen profile (dist_jobs.spec.profiles); its backend, context and kubeconfig fill in
     the flags not given (flags win). Without a backend from either: a usage error."""
+    # the spec verbs' and sweep's (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.spec.profiles import load_profile
+
     profile = load_profile(getattr(args, "profile", None))
     given = {"backend": "backend", "context": "k8s_context", "kubeconfig": "k8s_kubeconfig"}
     for option, dest in given.items():
@@ -217,6 +221,7 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
         profile = apply_profile(args)
         if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
             from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
+            from dist_jobs.spec.profiles import merge
 
             args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
     return sweep(args, command, _options(args, args.backend or ""))
@@ -236,7 +241,9 @@ def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     where it came from (config defaults, the profile, job.yaml, a flag, or the built-in default)."""
     import msgspec  # with read_yaml: the query verbs load no msgspec or yaml (test_imports)
 
+    from dist_jobs.cli.flags import overrides_from  # the spec verbs' alone (budget, as above)
     from dist_jobs.spec.load import read_yaml
+    from dist_jobs.spec.profiles import leaves
 
     profile = apply_profile(args)
     overrides = overrides_from(args, command)

@@ -11,7 +11,6 @@ import argparse
 from collections.abc import Callable
 
 from dist_jobs.cli.argv import Parser
-from dist_jobs.cli.flags import add_spec_flags
 from dist_jobs.constants import VERSION
 
 OUTPUT = ("table", "json", "yaml")
@@ -166,6 +165,9 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
+    # the spec verbs' alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.cli.flags import add_spec_flags
+
     add_spec_flags(p)
 
 

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.slurm.batchlog import finished_status
-from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, completing_status, parse_node_states
 from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta
 from dist_jobs.backends.slurm.output import (
@@ -35,11 +33,7 @@ from dist_jobs.backends.slurm.output import (
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
-from dist_jobs.backends.snapshot import describe, read
 from dist_jobs.errors import BackendError
-from dist_jobs.rundir.attempts import starts
-from dist_jobs.rundir.hang import read_hang
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
     from dist_jobs.spec import JobSpec
@@ -85,11 +79,16 @@ def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
 
 
 def _in_snapshot(spec: JobSpec) -> bool:
+    # submit's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.backends.snapshot import read
+
     return spec.workdir is not None and read(Path(spec.workdir)) is not None
 
 
 def _check_controller(stderr: str) -> None:
     """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
+    from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE  # a failure's alone (budget)
+
     if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
         said = stderr.strip()
         raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
@@ -164,6 +163,9 @@ class SlurmBackend:
         code = job_meta(self.jobs_dir, job_id).get("code")
         if not isinstance(code, dict):
             return status
+        # a job with a snapshot alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+        from dist_jobs.backends.snapshot import describe
+
         return dataclasses.replace(status, extra={**status.extra, "code": describe(code)})
 
     def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
@@ -192,6 +194,12 @@ class SlurmBackend:
 
     def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
         """A job squeue has forgotten: sacct's `state`, told with its batch log and run directory."""
+        # an ended job's alone: list, cancel, logs and a running job's status do without them
+        # (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+        from dist_jobs.backends.slurm.batchlog import finished_status
+        from dist_jobs.rundir.attempts import starts
+        from dist_jobs.rundir.hang import read_hang
+
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
         text = log.read_text(errors="replace") if meta and log.is_file() else ""
@@ -226,6 +234,9 @@ class SlurmBackend:
         """A job whose nodes are being cleaned up: requeued or ended (sacct, unless `acct` is
         given), and which node holds it up (sinfo). Either answer may be missing: the status is
         still told."""
+        # a completing job's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+        from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, completing_status, parse_node_states
+
         if acct is None:
             try:
                 acct = self._sacct_state(job_id)
