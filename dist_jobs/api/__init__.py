@@ -1,7 +1,8 @@
 """The Python API: what the CLI and a notebook call. One function per verb, backends chosen by name.
 
-Everything heavy (kubernetes, submitit, torch) is imported inside the verbs that need it, so
-`import dist_jobs` stays as light as `dist-jobs render`.
+kubernetes, submitit and torch are imported inside the verbs that need them (the render side
+imports none), and the spec classes (msgspec), the renderer and a sweep's modules inside theirs:
+the query verbs load none of them (tests/unit/test_imports.py).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
 from dist_jobs.api.verbs import attach, backend, submit
+from dist_jobs.backends import Prepared
 from dist_jobs.backends.handle import FORMS, is_handle
 from dist_jobs.backends.handle import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, Preempted, UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the query verbs load no sweep modules and no spec classes (msgspec)
     from dist_jobs.api.sweep_status import Sweep
     from dist_jobs.api.sweep_submit import sweep
-    from dist_jobs.backends import Prepared
     from dist_jobs.spec import JobSpec
 
 
@@ -73,14 +74,14 @@ def load_spec(
     """Read `path` (or take `data`), apply dotted `overrides`; one SpecError lists every problem,
     those of `backend` (e.g. Kubernetes syntax for `k8s`) included. `defaults`: spec fields below
     the file's, e.g. a profile's (`load_profile(name).spec`, dist_jobs.spec.profiles)."""
-    from dist_jobs.spec.load import load_spec as load
+    from dist_jobs.spec.load import load_spec as load  # msgspec, yaml: not for the query verbs
 
     return load(path, overrides, data, backend, defaults)
 
 
 def render(spec: JobSpec, backend_name: str) -> str:
     """The sbatch script (`slurm`) or manifest (`k8s`) for `spec`, exactly as submitted."""
-    from dist_jobs.render import render as render_spec
+    from dist_jobs.render import render as render_spec  # jinja2: not for the query verbs
 
     return render_spec(spec, backend_name)  # type: ignore[arg-type]
 
@@ -135,13 +136,13 @@ def call_local(spec: JobSpec, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     to resume.
     """
     try:
-        import cloudpickle
+        import cloudpickle  # an optional dependency ([train]), needed by this verb alone
     except ImportError:
         raise UsageError("call_local needs cloudpickle", hint="pip install 'dist-jobs[train]'") from None
-    import pickle
+    import pickle  # with tempfile: call_local's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
     import tempfile
 
-    import msgspec
+    import msgspec  # the spec classes' library: not for the query verbs
 
     with tempfile.TemporaryDirectory(prefix=".dist-jobs-call-", dir=Path.cwd()) as folder:
         call, out = Path(folder) / "call.pkl", Path(folder) / "result.pkl"
@@ -168,6 +169,6 @@ def _call_failed(name: str, code: int) -> DistJobsError:
 
 def run_local(spec: JobSpec, workdir: Path | None = None) -> int:
     """Run the job here as local processes, to the end; the launcher's exit code."""
-    from dist_jobs.backends.local.launch import Launcher
+    from dist_jobs.backends.local.launch import Launcher  # msgspec: not for the query verbs
 
     return Launcher(workdir=workdir).run(spec)

@@ -10,18 +10,22 @@ metrics = job.result()                            # waits; rank 0's final metric
 from __future__ import annotations
 
 import dataclasses
+import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dist_jobs.api.polling import poll_until
+from dist_jobs.backends import Backend, JobStatus
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import DistJobsError
-
-if TYPE_CHECKING:
-    from dist_jobs.backends import Backend, JobStatus
+from dist_jobs.rundir.checkpoints import newest_committed
+from dist_jobs.rundir.progress import owned_by, quiet_for, read_progress
+from dist_jobs.rundir.result import read_result
 
 
 class WaitTimeout(DistJobsError):
@@ -72,8 +76,6 @@ class JobFailed(DistJobsError):
 def _failure(info: JobInfo) -> tuple[int | None, int | None, str | None]:
     """(first failing rank, its exit code, its signal) from a status detail such as
     `rank 1 failed first: exit 3 on n1` or `killed by SIGKILL (exit 137)`."""
-    import re
-
     first = re.search(r"\brank (\d+) failed first: ([^;]*)", info.detail)
     rank = int(first.group(1)) if first else None
     if rank is None and len(info.ranks) == 1:
@@ -123,8 +125,6 @@ class Job:
 
     def info_from(self, status: JobStatus) -> JobInfo:
         """JobInfo of the scheduler's `status` of this job, with its progress (see status())."""
-        from dist_jobs.rundir.progress import quiet_for
-
         info = info_of(self.handle, status)
         progress = self.progress()
         if progress is not None and info.state is not JobState.RUNNING:
@@ -147,9 +147,6 @@ class Job:
         checkpoint, attempt, state. None before the first log interval, when the run directory
         is not readable from here (a Kubernetes volume this host does not mount), or when another
         job sharing the run directory wrote it. `checkpoint_step` is the newest committed one."""
-        from dist_jobs.rundir.checkpoints import newest_committed
-        from dist_jobs.rundir.progress import owned_by, read_progress
-
         try:
             run_dir = self._backend.run_dir(self.id)
             progress = read_progress(run_dir)
@@ -180,8 +177,7 @@ class Job:
         if ranks is None:
             yield from self.logs(None, follow=True)
             return
-        import queue
-        import threading
+        import queue  # follow(ranks) alone: render and the query verbs import this module (their budgets)
 
         lines: queue.Queue[str | None] = queue.Queue()
 
@@ -211,8 +207,6 @@ class Job:
         """Rank 0's final metrics, from `<run dir>/result.json` (written when fit() ends), once
         the job has ended: waits for it (WaitTimeout after `timeout` seconds), and raises
         JobFailed if it failed or was cancelled, so no earlier run's result passes for its own."""
-        from dist_jobs.rundir.result import read_result
-
         self.wait(timeout, raise_on_failure=True)
         return read_result(self._backend.run_dir(self.id))
 
@@ -223,7 +217,6 @@ def wait_all(
     """Until every job has ended: their final JobInfos, in order. Each poll asks each scheduler
     once for all of them (dist_jobs.api.polling). JobFailed (the first such job) when one did
     not succeed and `raise_on_failure`; WaitTimeout after `timeout` seconds."""
-    from dist_jobs.api.polling import poll_until
 
     def check() -> tuple[bool, list[JobInfo]]:
         found = statuses(jobs)

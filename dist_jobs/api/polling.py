@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from dist_jobs.errors import DistJobsError
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import TypeVar
-
-    T = TypeVar("T")
+T = TypeVar("T")
 
 FIRST_POLL_S = 2.0
 MAX_POLL_S = 15.0  # a wait of hours asks the scheduler 4 times a minute, not 30

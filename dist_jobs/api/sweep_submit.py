@@ -16,14 +16,18 @@ import posixpath
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
 
 from dist_jobs.api.sweep_status import Sweep
 from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, sweeps_of, write_manifest
 from dist_jobs.errors import Problem, SpecError
-
-if TYPE_CHECKING:
-    from dist_jobs.spec import JobSpec
+from dist_jobs.spec import JobSpec, load_spec
+from dist_jobs.spec import sweep as sweep_spec
+from dist_jobs.spec.load import read_yaml
+from dist_jobs.spec.sweep import RANGES, Range, overrides_for, parse_grid, sweep_root
 
 KEPT_OPTIONS = ("jobs_dir", "cwd", "workdir", "context", "kubeconfig")  # what attaching to a trial needs
 __all__ = ["Sweep", "SweepPlan", "plan_sweep", "sweep"]
@@ -34,11 +38,6 @@ SweepPlan = PreparedSweep  # the dry run: every trial's spec and the exact bytes
 
 def _raw(spec_or_path: Any) -> tuple[dict[str, Any], str]:
     """The base spec as data, unvalidated (every trial is validated), and where it came from."""
-    import msgspec
-
-    from dist_jobs.spec import JobSpec
-    from dist_jobs.spec.load import read_yaml
-
     if isinstance(spec_or_path, JobSpec):
         return msgspec.to_builtins(spec_or_path), "job spec"
     if spec_or_path is None:
@@ -50,8 +49,6 @@ def _raw(spec_or_path: Any) -> tuple[dict[str, Any], str]:
 
 def _axes(grid: Mapping[str, Any]) -> dict[str, Any]:
     """Python values as grid axes: a list, a Range, a range text such as 'loguniform:1e-4:1e-1'."""
-    from dist_jobs.spec.sweep import RANGES, Range, parse_grid
-
     out: dict[str, Any] = {}
     for key, value in grid.items():
         if isinstance(value, str) and value.partition(":")[0] in RANGES:
@@ -74,21 +71,19 @@ def plan_sweep(
     **options: Any,
 ) -> SweepPlan:
     """Every trial's spec, validated (all trials' problems raised once), and the payloads."""
-    from dist_jobs.spec import sweep as plan
-
     raw, source = _raw(spec_or_path)
-    params = plan.trials(_axes(grid), random, seed)
+    params = sweep_spec.trials(_axes(grid), random, seed)
     base = _base(raw, overrides, source)
     sweeps = sweeps_of(backend)
-    problems = plan.name_problems(base.name, params) + (
+    problems = sweep_spec.name_problems(base.name, params) + (
         _parallel_problems(max_parallel) or sweeps.problems(max_parallel)
     )
     specs = _trial_specs(raw, base, dict(overrides or {}), params, backend, problems)
     if specs:
-        problems += plan.base_problems(specs[0], backend)
-        problems += plan.command_problems(params) if specs[0].command else []
+        problems += sweep_spec.base_problems(specs[0], backend)
+        problems += sweep_spec.command_problems(params) if specs[0].command else []
     if problems:
-        raise SpecError(plan.dedupe(problems), f"sweep {base.name} ({source})")
+        raise SpecError(sweep_spec.dedupe(problems), f"sweep {base.name} ({source})")
     return sweeps.prepare(base.name, params, specs, max_parallel, **options)
 
 
@@ -100,8 +95,6 @@ def _parallel_problems(max_parallel: int | None) -> list[Problem]:
 
 def _base(raw: dict[str, Any], overrides: Mapping[str, Any] | None, source: str) -> Any:
     """The base spec's name and checkpoint root (as overridden), before anything is validated."""
-    from types import SimpleNamespace
-
     values = {"name": raw.get("name", "dist-job"), "checkpoint_dir": raw.get("checkpoint_dir", "checkpoints")}
     values |= {k: v for k, v in (overrides or {}).items() if k in values}
     return SimpleNamespace(name=str(values["name"]), checkpoint_dir=str(values["checkpoint_dir"]), source=source)
@@ -115,9 +108,6 @@ def _trial_specs(
     backend: str,
     problems: list[Problem],
 ) -> list[JobSpec]:
-    from dist_jobs.spec import load_spec
-    from dist_jobs.spec.sweep import overrides_for, sweep_root
-
     root, specs = sweep_root(base.checkpoint_dir, base.name), []
     for index, values in enumerate(params):
         dotted = overrides | overrides_for(base.name, root, index, len(params), values)
@@ -176,8 +166,6 @@ def _snapshot_overrides(
     """`overrides` plus those that run every trial from one snapshot of the code, taken now, where
     the backend takes one (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns
     snapshots off."""
-    from dist_jobs.spec import load_spec
-
     raw, _ = _raw(spec_or_path)
     base = load_spec(data=raw, overrides=overrides)
     if base.snapshot is False:

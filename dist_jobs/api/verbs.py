@@ -12,7 +12,7 @@ from dist_jobs.api.job import Job
 from dist_jobs.backends import Backend, get_backend
 from dist_jobs.backends.handle import parse_handle
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec)
     from dist_jobs.spec import JobSpec
 
 

@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dist_jobs.backends.base import checkpoint_root
 from dist_jobs.errors import UsageError
+from dist_jobs.spec.paths import expand_home
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `dist-jobs status` reads a job's snapshot record and loads no spec classes (msgspec)
     from dist_jobs.spec import JobSpec
 
 RECORD = "SNAPSHOT.json"
@@ -90,10 +92,7 @@ def spec_in_copy(spec: JobSpec, workdir: Path, jobs_dir: Path) -> JobSpec:
     becomes its workdir; its log and checkpoint folders stay where they were (made absolute), and
     PYTHONPATH entries inside the code point into the copy. Every backend that copies the code
     to a folder uses it (SLURM, local)."""
-    import msgspec
-
-    from dist_jobs.backends.base import checkpoint_root
-    from dist_jobs.spec.paths import expand_home
+    import msgspec  # a copy's spec alone: `dist-jobs status` loads no msgspec (test_imports)
 
     logs = Path(expand_home(spec.log_dir))
     logs = logs if logs.is_absolute() else workdir / logs

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.errors import UsageError
 from dist_jobs.render.quoting import sh
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.slurm_time import parse_time
@@ -71,12 +72,10 @@ def executor_parameters(spec: JobSpec, cluster: str) -> dict[str, Any]:
 
 def make_executor(spec: JobSpec, folder: str | Path, cluster: str | None = None) -> Any:
     """A submitit executor: SLURM where sbatch exists, else the local executor (one node)."""
-    import submitit
+    import submitit  # optional ([submitit]), and the render side imports none of it (test_imports)
 
     chosen = cluster or ("slurm" if shutil.which("sbatch") else "local")
     if chosen == "local" and spec.nodes > 1:
-        from dist_jobs.errors import UsageError
-
         raise UsageError(
             f"submitit's local executor runs one node, the spec asks for {spec.nodes}",
             "use nodes: 1 here, or `dist-jobs run --backend local` for several local nodes",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
+from dist_jobs.cli.commands import COMMANDS
 from dist_jobs.cli.parser import build as _parser
 from dist_jobs.errors import DistJobsError
 
@@ -17,7 +18,7 @@ from dist_jobs.errors import DistJobsError
 def main(argv: Sequence[str] | None = None) -> int:
     own, command = split_command(list(sys.argv[1:] if argv is None else argv))
     if own[:1] == ["sweep"] and own[1:2] in (["status"], ["cancel"]):  # `sweep SPEC` takes a positional
-        from dist_jobs.cli.sweep import cmd_sweep_sub
+        from dist_jobs.cli.sweep import cmd_sweep_sub  # a sweep's modules are for `sweep` alone (test_imports)
 
         return _guarded(f"sweep {own[1]}", lambda: cmd_sweep_sub(own[1], own[2:]))
     args = _parser(next((a for a in own if not a.startswith("-")), None)).parse_args(own)
@@ -27,12 +28,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     if args.verb == "completion":  # it reads the whole parser (cli.parser)
+        # its verb's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
         from dist_jobs.cli.completion import script
 
         sys.stdout.write(script(_parser(), args.shell))
         return 0
-    from dist_jobs.cli.commands import COMMANDS
-
     return _guarded(args.verb, lambda: COMMANDS[args.verb](args, command))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import sys
 import time
@@ -21,7 +22,8 @@ from dist_jobs.errors import UsageError
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
-    from dist_jobs.cli.flags import overrides_from  # the spec verbs' alone (dataclasses)
+    # the spec verbs' alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.cli.flags import overrides_from
 
     profile = apply_profile(args)
     return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend, defaults=profile.spec)
@@ -30,6 +32,7 @@ def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
 def apply_profile(args: argparse.Namespace) -> Any:
     """The chosen profile (dist_jobs.spec.profiles); its backend, context and kubeconfig fill in
     the flags not given (flags win). Without a backend from either: a usage error."""
+    # the spec verbs' and sweep's (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
     from dist_jobs.spec.profiles import load_profile
 
     profile = load_profile(getattr(args, "profile", None))
@@ -139,6 +142,7 @@ def _ended(info: Any, fmt: str, stream: Any = None) -> int:
 
 def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
     if args.record:  # the detached run of `submit --backend local`
+        # a backend's package is imported on demand (dist_jobs.backends): this is the local one's
         from dist_jobs.backends.local.jobs import run_recorded
 
         return run_recorded(_load(args, command), Path(args.record))
@@ -191,8 +195,8 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
-    import json
-
+    # `env` alone: every verb imports this module, and the ranks' (socket, random) would count
+    # against render's start-up budget (bench/bench_render.py)
     from dist_jobs.ranks import resolve
     from dist_jobs.ranks.report import as_json, as_table
     from dist_jobs.ranks.selfcheck import check
@@ -204,21 +208,19 @@ def cmd_env(args: argparse.Namespace, _: Any) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, _: Any) -> int:
-    import json
-
-    from dist_jobs.spec import json_schema
+    from dist_jobs.spec import json_schema  # msgspec: the query verbs load no spec classes (test_imports)
 
     print(json.dumps(json_schema(), indent=2, sort_keys=True))
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
-    from dist_jobs.cli.sweep import cmd_sweep as sweep
+    from dist_jobs.cli.sweep import cmd_sweep as sweep  # a sweep's modules are for `sweep` alone (test_imports)
 
     if not getattr(args, "drive", None):
         profile = apply_profile(args)
         if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
-            from dist_jobs.spec.load import read_yaml
+            from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
             from dist_jobs.spec.profiles import merge
 
             args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
@@ -227,7 +229,7 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
 
 def cmd_export(args: argparse.Namespace, _: Any) -> int:
     """In a child process: reading a checkpoint needs torch, which the CLI never imports."""
-    import subprocess
+    import subprocess  # `export` alone: render, which imports this module, runs no command (bench_render)
 
     argv = [sys.executable, "-m", "dist_jobs.train.export", args.run_dir, "-o", args.output]
     argv += ["--step", str(args.step)] if args.step is not None else []
@@ -237,7 +239,9 @@ def cmd_export(args: argparse.Namespace, _: Any) -> int:
 def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     """`dist-jobs config show [--profile P] [job.yaml] [flags]`: the merged spec, each value with
     where it came from (config defaults, the profile, job.yaml, a flag, or the built-in default)."""
-    from dist_jobs.cli.flags import overrides_from
+    import msgspec  # with read_yaml: the query verbs load no msgspec or yaml (test_imports)
+
+    from dist_jobs.cli.flags import overrides_from  # the spec verbs' alone (budget, as above)
     from dist_jobs.spec.load import read_yaml
     from dist_jobs.spec.profiles import leaves
 
@@ -247,8 +251,6 @@ def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     sources = dict(profile.sources)
     sources.update(dict.fromkeys(leaves(read_yaml(Path(args.spec))) if args.spec else [], str(args.spec)))
     sources.update(dict.fromkeys(overrides, "flag"))
-    import msgspec
-
     merged = msgspec.to_builtins(spec)
     rows = [{"field": "backend", "value": args.backend, "from": _source(sources, "backend", args.backend)}]
     for option, dest in (("context", "k8s_context"), ("kubeconfig", "k8s_kubeconfig")):
@@ -275,8 +277,6 @@ def _at(data: dict[str, Any], dotted: str) -> Any:
 
 
 def _shown(value: Any) -> str:
-    import json
-
     return value if isinstance(value, str) else json.dumps(value)
 
 

@@ -9,6 +9,7 @@ A command-line program, so it prints.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -109,8 +110,6 @@ def main() -> int:
 
 def _learning(run_dir: Path) -> list[str]:
     """Each epoch's held-out loss and accuracy, from the run's metrics.jsonl: it learnt."""
-    import json
-
     rows: list[str] = []
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()

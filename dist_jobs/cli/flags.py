@@ -124,7 +124,8 @@ def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[
 def _scalar(text: str, flag: str) -> Any:
     # `--set train.epochs=5` should give an int and `--set slurm.exclusive=true` a bool, as in YAML;
     # text that is not YAML stays text, but a value too big, deep or alias-expanding is refused.
-    import yaml  # here: the verbs without a spec (status, list, ...) must not pay for it
+    # here: the query verbs (status, list, ...) load no yaml (tests/unit/test_imports.py)
+    import yaml
 
     from dist_jobs.spec.yaml_input import parse_bounded
 

@@ -1,22 +1,23 @@
 """`-o table|json|yaml`: one place that turns records into what the user asked for.
 
-json and yaml are imported only for `-o json` and `-o yaml`: a table needs neither.
+yaml is imported only for `-o yaml`: the query verbs load no yaml (tests/unit/test_imports.py).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
+
+from dist_jobs.rundir.progress import describe
 
 
 def emit(records: Sequence[dict[str, Any]] | dict[str, Any], fmt: str, table: str) -> str:
     """`records` as JSON or YAML; `table` (already formatted) for -o table."""
     if fmt == "json":
-        import json  # here, as yaml below: a table needs neither
-
         return json.dumps(records, indent=2)
     if fmt == "yaml":
-        import yaml
+        import yaml  # here: the query verbs load no yaml (tests/unit/test_imports.py)
 
         return yaml.safe_dump(records, sort_keys=False).rstrip("\n")
     return table
@@ -37,7 +38,5 @@ def info_table(info: Any) -> str:
     lines += [f"  rank {rank}: {what}" for rank, what in sorted(info.ranks.items())]
     progress = getattr(info, "progress", None)
     if progress:
-        from dist_jobs.rundir.progress import describe
-
         lines.append(f"  progress: {describe(progress)}")
     return "\n".join(lines)

@@ -47,7 +47,7 @@ def build(verb: str | None = None) -> argparse.ArgumentParser:
     # and the error for an unknown verb, list them all.
     for name, text in HELP.items() if verb not in HELP else [(verb, HELP[verb])]:
         if name == "sweep" and verb in (None, "sweep"):
-            from dist_jobs.cli.sweep import add_sweep_parser
+            from dist_jobs.cli.sweep import add_sweep_parser  # a sweep's modules are for `sweep` alone
 
             add_sweep_parser(sub, text, backend_options, output_option)
             continue
@@ -165,6 +165,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
+    # the spec verbs' alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
     from dist_jobs.cli.flags import add_spec_flags
 
     add_spec_flags(p)

@@ -16,9 +16,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.api import sweep_submit as api_sweep
+from dist_jobs.api.sweep_status import Sweep
+from dist_jobs.backends.local.sweep import drive_local
+from dist_jobs.backends.sweeps import SWEEPS_DIR
+from dist_jobs.cli.argv import Parser
 from dist_jobs.cli.flags import _scalar, add_spec_flags, overrides_from
 from dist_jobs.cli.output import columns, emit
 from dist_jobs.constants import WAIT_EXIT_CODES
+from dist_jobs.errors import UsageError
+from dist_jobs.spec.sweep import parse_grid
 
 USAGE_STATUS = (
     "dist-jobs sweep status NAME [--metric NAME] [--mode min|max] [--checkpoint-dir DIR]; "
@@ -63,8 +70,6 @@ def sub_parser(verb: str) -> argparse.ArgumentParser:
         "the best trial is marked *.",
         "cancel": "Stop a sweep: no trial starts any more and every trial not yet ended is cancelled.",
     }
-    from dist_jobs.cli.argv import Parser  # keeps `--checkpoint-dir=--` a value, as the other verbs do
-
     p = Parser(prog=f"dist-jobs sweep {verb}", description=descriptions[verb])
     p.add_argument("name", metavar="NAME", help="the sweep's name (its --name), or its folder or sweep.json")
     p.add_argument(
@@ -79,13 +84,7 @@ def sub_parser(verb: str) -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict[str, Any]) -> int:
-    from dist_jobs.api import sweep_submit as api_sweep
-    from dist_jobs.errors import UsageError
-    from dist_jobs.spec.sweep import parse_grid
-
     if args.drive:
-        from dist_jobs.backends.local.sweep import drive_local
-
         return drive_local(Path(args.drive))
     if not args.backend:
         raise UsageError("which backend runs the sweep?", "pass --backend slurm, k8s or local")
@@ -107,8 +106,6 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
 
 
 def _submitted_table(submitted: Any) -> str:
-    from dist_jobs.backends.sweeps import SWEEPS_DIR
-
     rows = [[str(t["index"]), t["name"], str(t["handle"]), _params(t["params"])] for t in submitted.trials]
     table = columns(["TRIAL", "NAME", "HANDLE", "PARAMS"], rows)
     root = submitted.path.parent.parent
@@ -121,8 +118,6 @@ def _submitted_table(submitted: Any) -> str:
 
 
 def cmd_sweep_sub(verb: str, argv: list[str]) -> int:
-    from dist_jobs.api.sweep_status import Sweep
-
     args = sub_parser(verb).parse_args(argv)
     sweep = Sweep.load(args.name, args.checkpoint_dir)
     if verb == "cancel":

@@ -12,6 +12,8 @@ from typing import Literal
 
 from dist_jobs.errors import DistJobsError
 from dist_jobs.render.common import render_template
+from dist_jobs.render.k8s import k8s_context
+from dist_jobs.render.slurm import slurm_context
 from dist_jobs.spec.model import JobSpec
 
 Backend = Literal["slurm", "k8s"]
@@ -20,12 +22,8 @@ Backend = Literal["slurm", "k8s"]
 def render(spec: JobSpec, backend: Backend) -> str:
     """The script or manifest for `backend`; the same bytes `submit` hands to the scheduler."""
     if backend == "slurm":
-        from dist_jobs.render.slurm import slurm_context
-
         return render_template("sbatch.sh.j2", slurm_context(spec))
     if backend == "k8s":
-        from dist_jobs.render.k8s import k8s_context
-
         ctx = k8s_context(spec)
         name = "trainjob.yaml.j2" if spec.k8s.api == "trainjob" else "pytorchjob.yaml.j2"
         return render_template(name, ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,6 @@ def template_dir() -> Path:
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
     """Compiled templates kept between runs: `render` is a start-up-bound command. The cache is
     keyed by template source and checksum, so it never changes what is rendered."""
-    import os
-
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-jobs" / f"jinja-{VERSION}"
     try:
         base.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,10 @@ The names below are imported on first use, so a module of this package that need
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # PEP 562 below: these names are imported on first use, for mypy here
     from dist_jobs.spec.load import load_spec
     from dist_jobs.spec.model import JobSpec, json_schema, run_id
     from dist_jobs.spec.train import TrainConfig
@@ -22,6 +23,4 @@ _HOME = {"load_spec": "load", "JobSpec": "model", "json_schema": "model", "run_i
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module 'dist_jobs.spec' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(f"dist_jobs.spec.{_HOME[name]}"), name)

@@ -16,6 +16,7 @@ from dist_jobs.spec import k8s_rules
 from dist_jobs.spec.limits import limit_problems
 from dist_jobs.spec.model import JobSpec, run_id
 from dist_jobs.spec.paths import home_problems
+from dist_jobs.spec.profiles import merge
 from dist_jobs.spec.reserved import env_problems
 from dist_jobs.spec.slurm_time import parse_time
 from dist_jobs.spec.train import hang_problems, strategy_problems
@@ -38,8 +39,6 @@ def load_spec(
     if path is not None:
         raw = read_yaml(Path(path))
     if defaults:
-        from dist_jobs.spec.profiles import merge
-
         raw = merge(merge({}, defaults), raw)
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)

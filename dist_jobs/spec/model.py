@@ -11,6 +11,7 @@ import hashlib
 import re
 from typing import Annotated, Any, Literal
 
+import msgspec.json
 from msgspec import Meta, Struct, field
 
 from dist_jobs.spec.train import TrainConfig
@@ -263,8 +264,6 @@ def hashed_name(name: str, safe: str, max_len: int, strip: str) -> str:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of job.yaml (2020-12), JobSpec at the top so editors complete its keys."""
-    import msgspec.json
-
     generated = msgspec.json.schema(JobSpec)
     defs = generated["$defs"]
     schema: dict[str, Any] = defs.pop("JobSpec")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from dist_jobs.errors import Problem
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `dist-jobs status` expands paths and loads no spec classes (msgspec, test_imports)
     from dist_jobs.spec.model import JobSpec
 
 HOME_FIELDS = ("checkpoint_dir", "log_dir", "workdir")

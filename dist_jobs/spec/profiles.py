@@ -93,7 +93,7 @@ _HOW = "create it (see README: Profiles), or drop --profile / $DIST_JOBS_PROFILE
 
 
 def _read(path: Path) -> dict[str, Any]:
-    from dist_jobs.spec.yaml_input import load_yaml
+    from dist_jobs.spec.yaml_input import load_yaml  # yaml: the query verbs load none (test_imports)
 
     loaded = load_yaml(path.read_text(), str(path)) or {}
     problems: list[Problem] = []
@@ -127,6 +127,7 @@ def _layer_problems(where: str, layer: Any) -> list[Problem]:
         problems.append(Problem(f"{where}.backend", backend, "is no backend", f"use one of {', '.join(BACKENDS)}"))
     fields = {k: v for k, v in layer.items() if k not in OPTIONS}
     if fields:
+        # the spec classes (msgspec): the query verbs, which read profiles, load none (test_imports)
         from dist_jobs.spec.model import JobSpec
         from dist_jobs.spec.validate import convert
 

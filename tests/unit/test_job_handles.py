@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -307,7 +308,9 @@ def test_the_wait_backs_off_from_two_seconds_to_at_least_ten() -> None:
 
 
 def test_job_wait_and_sweep_wait_share_one_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from dist_jobs.api import polling
+    from dist_jobs.api import polling, sweep_status
+
+    job_module = importlib.import_module("dist_jobs.api.job")  # dist_jobs.api.job is also a function
     from dist_jobs.api.sweep_status import Sweep
 
     calls: list[str] = []
@@ -317,7 +320,10 @@ def test_job_wait_and_sweep_wait_share_one_loop(monkeypatch: pytest.MonkeyPatch,
         calls.append("poll_until")
         return real(check, timeout, expired, 0.0)
 
-    monkeypatch.setattr(polling, "poll_until", spy)
+    # Spied on in every module that names it: an import at the top binds the name where it is used.
+    for module in (polling, job_module, sweep_status):
+        if hasattr(module, "poll_until"):
+            monkeypatch.setattr(module, "poll_until", spy)
     Job(Handle("slurm", "42", cluster="c"), Scripted(["RUNNING", "COMPLETED"])).wait()
     sweep = Sweep({"name": "s", "backend": "local", "trials": []}, tmp_path / "sweep.json")
     assert sweep.wait() == []

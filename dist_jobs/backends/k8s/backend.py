@@ -89,7 +89,7 @@ class K8sBackend:
     @contextlib.contextmanager
     def _translated(self, what: str, job: tuple[str, str, str] | None = None) -> Iterator[None]:
         """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind, namespace, name)."""
-        from urllib3.exceptions import HTTPError
+        from urllib3.exceptions import HTTPError  # urllib3 comes with kubernetes, an optional dependency ([k8s])
 
         kind, namespace, name = job or (self.kind, "", "")
         try:

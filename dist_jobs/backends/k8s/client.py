@@ -26,10 +26,13 @@ import shutil
 import sys
 import tempfile
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
+
+import yaml
 
 CONNECT_S = 5.0
 READ_S = 10.0
@@ -57,7 +60,7 @@ def _client_modules() -> tuple[Any, Any, Any]:
         package.__dict__.update(__path__=list(spec.submodule_search_locations), __spec__=spec, __file__=spec.origin)
         package.__dict__.update(__package__="kubernetes", __getattr__=_full_init(package, spec.origin))
         sys.modules["kubernetes"] = package
-    from kubernetes.client import configuration, exceptions, rest
+    from kubernetes.client import configuration, exceptions, rest  # optional ([k8s]); not for render
 
     return configuration, rest, exceptions.ApiException
 
@@ -76,15 +79,13 @@ class KubeClient:
 
     def __init__(self, configuration: Any, namespace: str | None = None) -> None:
         _, rest, self.api_exception = _client_modules()
-        from urllib3.util.retry import Retry
+        from urllib3.util.retry import Retry  # urllib3 comes with kubernetes, an optional dependency ([k8s])
 
         configuration.retries = Retry(total=1, connect=1, read=0, status=0, redirect=0)
         if not configuration.verify_ssl:
             # insecure-skip-tls-verify is the kubeconfig's own choice (kubectl says nothing either):
             # urllib3 would print InsecureRequestWarning with a URL on every request.
-            import warnings
-
-            from urllib3.exceptions import InsecureRequestWarning
+            from urllib3.exceptions import InsecureRequestWarning  # with kubernetes, as above
 
             warnings.filterwarnings("ignore", category=InsecureRequestWarning)
         self.configuration = configuration
@@ -163,8 +164,6 @@ def load(kubeconfig: str | None, context: str | None) -> KubeClient | None:
         if kubeconfig:
             raise KubeconfigError(f"{path} does not exist")
         return None
-    import yaml
-
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -228,6 +227,7 @@ def _private_dir() -> Path:
 
 
 def _official(path: str | None, context: str | None) -> KubeClient:
+    # kubernetes: optional ([k8s]), and the render side imports none of it (tests/unit/test_imports.py)
     from kubernetes.config import kube_config
     from kubernetes.config.config_exception import ConfigException
 
@@ -244,7 +244,7 @@ def _official(path: str | None, context: str | None) -> KubeClient:
 
 def in_cluster() -> KubeClient | None:
     """The pod's service account client (as kubectl does without a kubeconfig), None outside a pod."""
-    from kubernetes.config import incluster_config
+    from kubernetes.config import incluster_config  # optional, and not for the render side (as above)
     from kubernetes.config.config_exception import ConfigException
 
     configuration_module, _, _ = _client_modules()

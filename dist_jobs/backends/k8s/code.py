@@ -19,17 +19,15 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from dist_jobs.backends.snapshot import RECORD, listing
+from dist_jobs.backends.snapshot import RECORD, describe, listing
 from dist_jobs.errors import UsageError
 from dist_jobs.render.k8s import CODE_DIR, SNAPSHOT_KEY, snapshot_configmap
+from dist_jobs.spec import JobSpec
 from dist_jobs.spec.k8s_names import k8s_name
-
-if TYPE_CHECKING:
-    from dist_jobs.spec import JobSpec
 
 # The apiserver refuses a ConfigMap whose data are more than 1 MiB (core validation's MaxSize).
 CONFIGMAP_LIMIT = 1024 * 1024
@@ -102,8 +100,6 @@ CODE_ANNOTATION = "dist-jobs/code"  # on the job: what `status` shows as its cod
 
 def annotated(job: dict[str, Any], payload: str) -> dict[str, Any]:
     """The job `job` to create, naming the snapshot it runs (commit, uncommitted changes) for status."""
-    from dist_jobs.backends.snapshot import describe
-
     code = split(payload)[1]
     if code is None:
         return job

@@ -23,12 +23,16 @@ from typing import TYPE_CHECKING, TextIO
 
 from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root
 from dist_jobs.backends.handle import Handle
+from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.hang import read_hang
 
-if TYPE_CHECKING:  # status, logs and cancel need neither the spec classes nor the renderer
+# status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
+# SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
+if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
 FOLDER = "local"  # below the run directory
@@ -51,17 +55,17 @@ class LocalBackend:
         self.workdir = workdir or Path.cwd()
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        from dist_jobs.backends.local.launch import Launcher
+        from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
         return Launcher(self.out, self.workdir).prepare(spec)
 
     def run(self, spec: JobSpec) -> int:
-        from dist_jobs.backends.local.launch import Launcher
+        from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
         return Launcher(self.out, self.workdir).run(spec)
 
     def submit(self, prepared: Prepared) -> Handle:
-        import msgspec
+        import msgspec  # submit's alone: status, logs and cancel load no msgspec or yaml
         import yaml
 
         spec = prepared.spec
@@ -76,8 +80,6 @@ class LocalBackend:
         for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
-            from dist_jobs.backends.snapshot import read
-
             _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
         (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
         argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
@@ -166,8 +168,6 @@ def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:
     trial) keeps it."""
     if not spec.snapshot:
         return spec
-    from dist_jobs.backends.snapshot import in_copy, spec_in_copy
-
     return spec if in_copy(spec) else spec_in_copy(spec, workdir, folder)
 
 
@@ -179,15 +179,13 @@ def _with_code(status: JobStatus, folder: Path) -> JobStatus:
         return status
     if not isinstance(record, dict):
         return status
-    from dist_jobs.backends.snapshot import describe
-
     return dataclasses.replace(status, extra={**status.extra, "code": describe(record)})
 
 
 def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:
     if rank is None:
         return None
-    import yaml
+    import yaml  # logs of one rank alone: status and cancel load no yaml
 
     data = yaml.safe_load((folder / SPEC).read_text()) or {}
     if data.get("launcher") == "torchrun":  # one torchrun per node: its workers' lines carry [defaultN]
@@ -202,7 +200,7 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    from dist_jobs.backends.local.launch import Launcher
+    from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
     code = 130
     backend = Launcher(workdir=workdir)
@@ -231,8 +229,6 @@ def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
 
 def _hang_rank(folder: Path) -> int | None:
     """The rank whose hang watchdog ended this run, if its record is newer than the launcher."""
-    from dist_jobs.rundir.hang import read_hang
-
     found = read_hang(folder.parent)
     try:
         started = (folder / PID).stat().st_mtime

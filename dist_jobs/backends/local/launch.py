@@ -19,6 +19,7 @@ from typing import TextIO
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.local.procs import ProcessGroup
+from dist_jobs.backends.snapshot import in_copy, spec_in_copy
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import free_port
@@ -213,8 +214,6 @@ def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:
     `submit`, or now for a foreground run, into `<run dir>/local/`), else `workdir`."""
     if not spec.snapshot:
         return spec, workdir
-    from dist_jobs.backends.snapshot import in_copy, spec_in_copy
-
     if not in_copy(spec):
         spec = spec_in_copy(spec, workdir, checkpoint_root(spec, workdir).resolve() / spec.run_id / "local")
     return spec, Path(spec.workdir or workdir)

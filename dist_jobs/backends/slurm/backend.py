@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
-from dist_jobs.backends.slurm.meta import array_task_key, job_meta
+from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta
 from dist_jobs.backends.slurm.output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -35,7 +35,7 @@ from dist_jobs.backends.slurm.output import (
 )
 from dist_jobs.errors import BackendError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
     from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
@@ -79,6 +79,7 @@ def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
 
 
 def _in_snapshot(spec: JobSpec) -> bool:
+    # submit's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
     from dist_jobs.backends.snapshot import read
 
     return spec.workdir is not None and read(Path(spec.workdir)) is not None
@@ -86,7 +87,7 @@ def _in_snapshot(spec: JobSpec) -> bool:
 
 def _check_controller(stderr: str) -> None:
     """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
-    from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
+    from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE  # a failure's alone (budget)
 
     if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
         said = stderr.strip()
@@ -105,12 +106,13 @@ class SlurmBackend:
         self._cluster = cluster  # from a handle; else asked once, when a handle is made
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        from dist_jobs.render import render
+        from dist_jobs.render import render  # jinja2: the query verbs load no renderer (test_imports)
 
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> Handle:
-        from dist_jobs.backends.slurm.submit import snapshot_spec, submit  # the query verbs do without it
+        # submit's own module: yaml and msgspec, which the query verbs load none of (test_imports)
+        from dist_jobs.backends.slurm.submit import snapshot_spec, submit
 
         if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
@@ -161,6 +163,7 @@ class SlurmBackend:
         code = job_meta(self.jobs_dir, job_id).get("code")
         if not isinstance(code, dict):
             return status
+        # a job with a snapshot alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
         from dist_jobs.backends.snapshot import describe
 
         return dataclasses.replace(status, extra={**status.extra, "code": describe(code)})
@@ -170,8 +173,6 @@ class SlurmBackend:
         (array tasks asked for by their array's id), however many there are. A job squeue has
         dropped that sacct does not list yet (an array task that just ended, before slurmdbd
         has its record) reads UNKNOWN: the next poll finds it."""
-        from dist_jobs.backends.slurm.meta import array_member
-
         listed = self._squeue_many(job_ids)
         queued = {j: listed[k] for j in job_ids if (k := array_member(listed, j)) in listed}
         rest = [j for j in job_ids if j not in queued or queued[j].state == "COMPLETING"]
@@ -193,7 +194,9 @@ class SlurmBackend:
 
     def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
         """A job squeue has forgotten: sacct's `state`, told with its batch log and run directory."""
-        from dist_jobs.backends.slurm.batchlog import finished_status  # an ended job's alone
+        # an ended job's alone: list, cancel, logs and a running job's status do without them
+        # (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+        from dist_jobs.backends.slurm.batchlog import finished_status
         from dist_jobs.rundir.attempts import starts
         from dist_jobs.rundir.hang import read_hang
 
@@ -231,6 +234,7 @@ class SlurmBackend:
         """A job whose nodes are being cleaned up: requeued or ended (sacct, unless `acct` is
         given), and which node holds it up (sinfo). Either answer may be missing: the status is
         still told."""
+        # a completing job's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
         from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, completing_status, parse_node_states
 
         if acct is None:

@@ -75,8 +75,6 @@ def parse_timestamp(text: str) -> datetime | None:
     text = text.strip()
     if text in _NO_TIME:
         return None
-    from datetime import datetime
-
     try:
         return datetime.fromisoformat(text)
     except ValueError:
@@ -284,8 +282,6 @@ def sacct_job_state(rows: Sequence[SacctRow], job_id: str) -> SacctJobState | No
     allocations = [(i, r) for i, r in enumerate(rows) if r.is_allocation and job_id in (r.job_id, r.job_id_raw)]
     if not allocations:
         return None
-    from datetime import datetime
-
     key: Callable[[tuple[int, SacctRow]], tuple[datetime, datetime, int]] = lambda ir: (
         ir[1].submit or datetime.min,
         ir[1].start or datetime.min,

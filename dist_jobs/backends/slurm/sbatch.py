@@ -5,6 +5,7 @@ captured from a real cluster (tests/fixtures/slurm/, see its INDEX.md).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from dist_jobs.errors import BackendError, UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `dist-jobs status` imports this module and must not load the spec classes
     from dist_jobs.spec import JobSpec
 
 
@@ -166,7 +167,6 @@ def job_python_export(spec: JobSpec) -> list[str]:
     in a python without torch: it would fail in its first second on every node.
     """
     chosen = os.environ.get("DIST_JOBS_PYTHON") or sys.executable
-    import importlib.util  # submit's alone
 
     if spec.command is None and not spec.python and importlib.util.find_spec("torch") is None:
         if chosen == sys.executable:

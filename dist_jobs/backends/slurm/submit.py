@@ -1,6 +1,6 @@
 """`SlurmBackend.submit`: a job directory (spec copy, the exact script, job.json) written next to
 `sbatch --parsable` on those same bytes. Its own module, imported on submit: status, list, cancel
-and logs pay for none of it (sbatch's parsers, json, yaml, msgspec, tempfile).
+and logs load no yaml or msgspec (tests/unit/test_imports.py).
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import msgspec
+import yaml
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm.sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
+from dist_jobs.backends.snapshot import read, spec_in_copy
 from dist_jobs.errors import BackendError
+from dist_jobs.spec import JobSpec
 from dist_jobs.spec.paths import expand_home
-
-if TYPE_CHECKING:
-    from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
@@ -54,9 +55,6 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
 def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, folders: tuple[Path, Path]) -> str:
     """Stage the job directory, sbatch, and move it into place under the job id; `folders` are
     the job's log and run directories, for its job.json."""
-    import msgspec
-    import yaml
-
     spec = prepared.spec
     # A private staging folder: two submissions of one run name must not share it.
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", suffix=".submitting", dir=jobs_dir))
@@ -84,8 +82,6 @@ def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, f
             "run_dir": str(run_dir),
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        from dist_jobs.backends.snapshot import read
-
         code = read(workdir_of(spec, cwd)) if spec.snapshot else None
         if code is not None:
             record["code"] = code
@@ -122,6 +118,4 @@ def _missing_dirs(path: Path) -> list[Path]:
 
 def snapshot_spec(spec: JobSpec, cwd: Path, jobs_dir: Path) -> JobSpec:
     """`spec` to run from a snapshot of its working directory's code (snapshot.spec_in_copy)."""
-    from dist_jobs.backends.snapshot import spec_in_copy
-
     return spec_in_copy(spec, workdir_of(spec, cwd), jobs_dir)
