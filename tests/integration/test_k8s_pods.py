@@ -220,13 +220,16 @@ VALUES = {
 }
 
 
+ARGS = ["$(RANK)", "a$b", "a b", "$$x", "${local_rank}"]
+
+
 @pytest.mark.timeout(240)
 def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
     submit: Any, claim: str, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
-    # The program itself (newlines, quotes) and its args pass the kubelet's expansion too. (No
-    # `$$` in args: torchrun's own `${local_rank}` macro (string.Template) turns it into `$`.)
-    data = job_spec("rp-env", claim, command=["python3", "-c", PROBE, "$(RANK)", "a$b", "a b"])
+    # The program itself (newlines, quotes) and its args pass the kubelet's expansion and then
+    # torchrun's own `${local_rank}` macro (string.Template, which turned `$$` into `$`).
+    data = job_spec("rp-env", claim, command=["python3", "-c", PROBE, *ARGS])
     data["env"].update(VALUES)
     data["train"] = {}
     job = submit(data)
@@ -238,7 +241,7 @@ def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
     for report in reports:
         assert report["sum"] == 1 + 2 + 3 + 4  # all four ranks, across both nodes
-        assert report["argv"] == ["$(RANK)", "a$b", "a b"]
+        assert report["argv"] == ARGS
         assert report["env"] == {**VALUES, "MASTER_ADDR": f"{job}-master-0"}
         (line,) = report["shm"]
         assert line.split()[0] == "tmpfs" and line.split()[2] == "tmpfs", line
