@@ -181,11 +181,15 @@ def test_two_node_job_trains_checkpoints_on_the_pvc_and_succeeds(
         assert (pod.status.phase, terminated.exit_code) == ("Succeeded", 0), pod.status
     # The worker found the master by the Service name the operator gives it (MASTER_ADDR unchanged).
     line = "dist-jobs: rank {r}/4 node {n}/2 local {l}/2 master %s-master-0:23456 (torchrun, host %s-{p}-0)"
-    for rank, pod in ((0, "master"), (1, "worker")):
-        text = logs(capsys, job, rank)  # through the apiserver and the kubelet
+    code, every, err = cli(capsys, "logs", f"k8s://{NS}/PyTorchJob/{job}")  # through the apiserver and the kubelet
+    assert code == 0, err
+    for node, pod in ((0, "master"), (1, "worker")):
         for local in (0, 1):
-            want = (line % (job, job)).format(r=2 * rank + local, n=rank, l=local, p=pod)
-            assert want in text, text[-3000:]
+            rank = 2 * node + local
+            want = (line % (job, job)).format(r=rank, n=node, l=local, p=pod)
+            # Each rank's lines, found by the global rank: bare with --rank, `[rank R] ` in the whole log.
+            assert want in logs(capsys, job, rank).splitlines(), every[-3000:]
+            assert f"[rank {rank}] {want}" in every.splitlines(), every[-3000:]
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
     assert committed(run_dir)[-1] == 4  # 64 samples / (4 ranks x 8) = 2 steps, 2 epochs
     assert sorted(p.name for p in (run_dir / "step-4").glob("rank-*.pt")) == [f"rank-{r}.pt" for r in range(4)]
@@ -235,10 +239,13 @@ def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
     job = submit(data)
     found = ended(custom, job, 180)
     assert state(found) == "Succeeded", found
-    reports = []
-    for rank in (0, 1):
-        reports += [json.loads(m) for m in re.findall(r"^PROBE (.*)$", logs(capsys, job, rank), re.M)]
+    # `logs --follow` of an ended job: every pod's log, then the end (no wait).
+    code, out, err = cli(capsys, "logs", f"k8s://{NS}/PyTorchJob/{job}", "--follow")
+    assert code == 0, err
+    found = re.findall(r"^\[rank (\d)\] PROBE (.*)$", out, re.M)
+    reports = [json.loads(text) for _, text in found]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    assert all(int(rank) == r["rank"] for (rank, _), r in zip(found, reports))
     for report in reports:
         assert report["sum"] == 1 + 2 + 3 + 4  # all four ranks, across both nodes
         assert report["argv"] == ARGS
