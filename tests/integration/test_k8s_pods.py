@@ -6,7 +6,8 @@ from an image imported without a registry (k8s/kubelet/up.sh).
 What the harness tier (test_k8s_operator.py) assumes is exercised here: the container's command
 and env after the kubelet's `$(VAR)`/`$$` expansion, /dev/shm from an emptyDir of medium Memory,
 the PVC mount, the SIGTERM and grace period of a pod deletion, exit codes as the kubelet reports
-them, and logs read through the kubelet.
+them, and logs read through the kubelet. TrainJobs (the tier plays Trainer v2 and its JobSet) and
+elastic PyTorchJobs run here too, and the run directory lock on the PVC meets a second job.
 """
 
 from __future__ import annotations
