@@ -11,7 +11,7 @@ import jinja2
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import DistJobsError
-from dist_jobs.render.quoting import sh, sh_argv, slurm_filename, yaml_block, yaml_value
+from dist_jobs.render.quoting import sh, sh_argv, slurm_filename, torchrun_literal, yaml_block, yaml_value
 from dist_jobs.spec import JobSpec
 
 
@@ -70,9 +70,16 @@ def torchrun_tail(argv: list[str]) -> list[str]:
 
     Without it torchrun runs its own interpreter on argv[1:], which drops the job's interpreter
     and its flags (`python3 -u train.py` became `torchrun ... -u train.py`, `-c CODE` failed the
-    same way). With it the program runs exactly as in srun mode, interpreter and flags included.
+    same way). With it the program runs exactly as in srun mode, interpreter and flags included;
+    every word escaped for torchrun's own `$` substitution (quoting.torchrun_literal).
     """
-    return ["--no-python", *argv]
+    return ["--no-python", *(torchrun_literal(word) for word in argv)]
+
+
+def step_argv(spec: JobSpec) -> list[str]:
+    """The program's words as the SLURM step writes them: after torchrun's flags in torchrun mode,
+    so escaped for its `$` substitution there (quoting.torchrun_literal)."""
+    return spec.argv if spec.launcher == "srun" else [torchrun_literal(word) for word in spec.argv]
 
 
 def step_signal(spec: JobSpec) -> str:

@@ -138,3 +138,11 @@ def kubelet_literal(value: str) -> str:
     kubelet turns `$(NAME)` into NAME's value and `$$` into `$` (Kubernetes'
     third_party/forked/golang/expansion/expand.go), so every `$` is written `$$`."""
     return value.replace("$", "$$")
+
+
+def torchrun_literal(word: str) -> str:
+    """A word after torchrun's own flags that reaches the worker exactly as `word`: torchrun runs
+    every worker arg through string.Template.safe_substitute(local_rank=...) (torch's
+    distributed/elastic/utils/api.py `macros`), which turns `$$` into `$` and `${local_rank}` into
+    the local rank, so every `$` is written `$$`."""
+    return word.replace("$", "$$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
-from dist_jobs.render.common import header_lines, step_signal
+from dist_jobs.render.common import header_lines, step_argv, step_signal
 from dist_jobs.render.quoting import sbatch_value, sh, sh_argv, slurm_filename
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
@@ -108,7 +108,7 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "python": python,
         "task_python": task_python,
         "check_python": not (container_flags or prefix),
-        "program_words": sh_argv(spec.argv),
+        "program_words": sh_argv(step_argv(spec)),
         "trials": [],
         "procs": spec.procs,
         "master_port": spec.master_port,

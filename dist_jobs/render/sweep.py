@@ -17,7 +17,7 @@ import msgspec
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import MISSING, Problem, SpecError
-from dist_jobs.render.common import render_template
+from dist_jobs.render.common import render_template, step_argv
 from dist_jobs.render.slurm import slurm_context
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
@@ -59,7 +59,7 @@ def sweep_script(head: JobSpec, trials: Sequence[JobSpec]) -> str:
     # The run name and what differs between trials are set in the table, for every trial, and only there.
     varying = {"DIST_JOBS_RUN"} | {k for k in set().union(*envs) if len({env.get(k) for env in envs}) > 1}
     table = [
-        (index, [(k, v) for k, v in env.items() if k in varying], trial.argv)
+        (index, [(k, v) for k, v in env.items() if k in varying], step_argv(trial))
         for index, (trial, env) in enumerate(zip(trials, envs))
     ]
     ctx["env"] = [(k, v) for k, v in ctx["env"] if k not in varying or k == "DIST_JOBS_RUN"]

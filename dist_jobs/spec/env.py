@@ -17,7 +17,9 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
     nccl = spec.nccl
     in_script = backend == "slurm"
     capped = backend in ("slurm", "k8s")  # the batch script and the pod entrypoint count restarts
-    torchrun_slurm = in_script and spec.launcher == "torchrun"
+    # torchrun on SLURM (one log file per node) and in a pod (one log per pod): each worker line
+    # carries its global rank, so `dist-jobs logs --rank R` finds rank R's lines there.
+    torchrun_logs = (in_script and spec.launcher == "torchrun") or (backend == "k8s" and spec.k8s.launch == "torchrun")
     pairs = [
         ("DIST_JOBS_BACKEND", backend),
         ("DIST_JOBS_RUN", spec.run_id),
@@ -36,9 +38,8 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
         # Every collective's limit once the ranks have met (the trainer's init_process_group):
         # by default twice the hang watchdog's floor, so the watchdog fires first.
         ("DIST_JOBS_COLLECTIVE_TIMEOUT", collective_timeout(spec)),
-        # torchrun on SLURM: one log file per node; each worker line carries its global rank,
-        # so `dist-jobs logs --rank R` finds rank R's lines in it (torchrun reads PET_* as its flags).
-        *((("PET_TEE", "3"), ("PET_LOG_LINE_PREFIX_TEMPLATE", "[rank ${rank}] ")) if torchrun_slurm else ()),
+        # torchrun reads PET_* as its flags.
+        *((("PET_TEE", "3"), ("PET_LOG_LINE_PREFIX_TEMPLATE", "[rank ${rank}] ")) if torchrun_logs else ()),
     ]
     return {**{k: v for k, v in pairs if v is not None}, **spec.env}
 

@@ -52,6 +52,9 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from support.operator_harness import _metadata, defaulted, operator_env, retries
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trainjob
+
 NAMESPACE = "dist-jobs-pods"
 GROUP = "/apis/kubeflow.org/v1"
 JOB_LABEL = "training.kubeflow.org/job-name"
@@ -268,9 +271,11 @@ class Controller:
             pod = mine.get(pname)
             self.ensure_service(job, pname, rtype, index, pod)
             if pod is None:
+                # The Master's (an elastic job's: worker 0's, the rendezvous host's) Service
+                # endpoint, the DNS answer the others need, is not there yet.
                 master = expected[0][0]
-                if rtype != "Master" and has_master and master not in aliases:
-                    continue  # the Service's endpoint (the DNS answer) is not there yet
+                if pname != master and master not in aliases:
+                    continue
                 self.api.create(
                     ns_path("pods"), self.pod_body(job, rtype, index, {k: v for k, v in aliases.items() if k != pname})
                 )
@@ -430,7 +435,11 @@ class Controller:
         uids = {j["metadata"]["uid"] for j in jobs}
         names = {j["metadata"]["name"] for j in jobs}
         for pod in pods:
-            owners = [o["uid"] for o in pod["metadata"].get("ownerReferences") or [] if o.get("kind") == "PyTorchJob"]
+            owners = [
+                o["uid"]
+                for o in pod["metadata"].get("ownerReferences") or []
+                if o.get("kind") in ("PyTorchJob", "TrainJob")
+            ]
             if owners and owners[0] not in uids and not pod["metadata"].get("deletionTimestamp"):
                 log(f"owner of pod {pod['metadata']['name']} is gone: deleting it")
                 self.api.delete(ns_path("pods", pod["metadata"]["name"]))
@@ -488,7 +497,63 @@ class Controller:
                 self.reconcile(job, pods)
             except ApiException as exc:
                 log(f"reconcile of {job['metadata']['name']}: HTTP {exc.status}: {str(exc.body)[:300]}")
-        self.collect(jobs, pods)
+        trainjobs = self.api.items(trainjob.path(NAMESPACE))
+        for tj in trainjobs:
+            try:
+                self.reconcile_trainjob(tj, pods)
+            except ApiException as exc:
+                log(f"reconcile of TrainJob {tj['metadata']['name']}: HTTP {exc.status}: {str(exc.body)[:300]}")
+        self.collect(jobs + trainjobs, pods)
+
+    # -- TrainJobs (trainjob.py) ------------------------------------------------------------------
+    def reconcile_trainjob(self, tj: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        name = tj["metadata"]["name"]
+        label = f"{trainjob.JOBSET}jobset-name"
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(label) == name]
+        if tj["metadata"].get("deletionTimestamp"):
+            self.finish_trainjob_deletion(tj, mine)
+            return
+        by_index = {
+            i: p for p in mine if (i := trainjob.index_of(p)) is not None and not p["metadata"].get("deletionTimestamp")
+        }
+        status = copy.deepcopy(tj.get("status") or {})
+        conditions = status.get("conditions") or []
+        ended = next(
+            (c["type"] for c in conditions if c["type"] in ("Complete", "Failed") and c["status"] == "True"), None
+        )
+        if ended is None:
+            for volume in trainjob.patched_template(tj)["spec"].get("volumes") or []:
+                claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+                if claim:
+                    self.bind(claim)
+            self.create_trainjob_pods(tj, by_index)
+            ended, message = trainjob.judged(tj, by_index)
+            if ended is not None:
+                set_condition(status, ended, f"TrainJob{ended}", message)
+                log(message)
+        status["jobsStatus"] = trainjob.jobs_status(tj, by_index, ended)
+        if status != (tj.get("status") or {}):
+            self.api.patch(f"{trainjob.path(NAMESPACE, name)}/status", {"status": status})
+
+    def create_trainjob_pods(self, tj: dict[str, Any], by_index: dict[int, dict[str, Any]]) -> None:
+        count = int((tj["spec"].get("trainer") or {}).get("numNodes", 1))
+        first_ip = ((by_index.get(0) or {}).get("status") or {}).get("podIP")
+        for index in range(count):
+            if index in by_index:
+                continue
+            if index > 0 and not first_ip:
+                continue  # the master name's DNS answer (pod 0's address) is not there yet
+            body = trainjob.pod_body(tj, index, self.nodes[index % len(self.nodes)], first_ip or "127.0.0.1")
+            self.admit(body["spec"])
+            self.api.create(ns_path("pods"), body)
+            log(f"created pod {body['metadata']['name']} on {body['spec']['nodeName']}")
+
+    def finish_trainjob_deletion(self, tj: dict[str, Any], mine: list[dict[str, Any]]) -> None:
+        for pod in mine:
+            if not pod["metadata"].get("deletionTimestamp"):
+                self.api.delete(ns_path("pods", pod["metadata"]["name"]))
+        if not mine and tj["metadata"].get("finalizers"):
+            self.api.patch(trainjob.path(NAMESPACE, tj["metadata"]["name"]), {"metadata": {"finalizers": None}})
 
 
 def exit_code(pod: dict[str, Any]) -> int:
@@ -540,6 +605,10 @@ def cleanup(api: Api, nodes: list[str], phase: str) -> None:
     controller to empty it), and the volumes; `nodes`: the nodes, their leases and events."""
     if phase == "pods":
         ctl = Controller(api, Path("/nonexistent"), nodes, [])
+        for obj in api.items(trainjob.path(NAMESPACE)):
+            api.delete(trainjob.path(NAMESPACE, obj["metadata"]["name"]), grace=0)
+            if obj["metadata"].get("finalizers"):
+                api.patch(trainjob.path(NAMESPACE, obj["metadata"]["name"]), {"metadata": {"finalizers": None}})
         for kind in (
             "pytorchjobs",
             "pods",
@@ -588,7 +657,7 @@ def main() -> None:
     ctl = Controller(api, Path(args.state), nodes, mounts)
     ctl.ensure_namespace()
     (Path(args.state) / "controller.ready").touch()
-    log(f"watching PyTorchJobs in {NAMESPACE}; nodes {nodes}; runtime mounts {mounts}")
+    log(f"watching PyTorchJobs and TrainJobs in {NAMESPACE}; nodes {nodes}; runtime mounts {mounts}")
     while True:
         try:
             ctl.once()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -311,8 +312,11 @@ def test_a_hung_rank_through_the_real_apiserver_and_the_operator_harness(
         for rank in range(4):
             assert f"rank {rank}: hang watchdog: no optimizer step completed for" in first, first[-4000:]
             assert f"dist-jobs: rank {rank}: end of the stacks" in first, first[-4000:]
-        # Each rank's dump is written whole: the two ranks of a pod share its log, not their lines.
-        assert "(most recent call first):\n  File " in first and "\nThread 0x" in first
+        # Each rank's dump is written whole: the two ranks of a pod share its log, not their lines
+        # (torchrun prefixes each with its rank, PET_LOG_LINE_PREFIX_TEMPLATE: consecutive lines, one rank).
+        whole = r"^\[rank (\d+)\] .*\(most recent call first\):\n\[rank \1\]   File "
+        assert re.search(whole, first, re.M), first[-4000:]
+        assert re.search(r"^\[rank \d+\] Thread 0x", first, re.M), first[-4000:]
         shown = dj(kubeconfig, "status", "-o", "json", handle)
         assert shown.returncode == 0, shown.stderr
         progress = json.loads(shown.stdout)["progress"]

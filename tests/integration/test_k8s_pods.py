@@ -6,7 +6,8 @@ from an image imported without a registry (k8s/kubelet/up.sh).
 What the harness tier (test_k8s_operator.py) assumes is exercised here: the container's command
 and env after the kubelet's `$(VAR)`/`$$` expansion, /dev/shm from an emptyDir of medium Memory,
 the PVC mount, the SIGTERM and grace period of a pod deletion, exit codes as the kubelet reports
-them, and logs read through the kubelet.
+them, and logs read through the kubelet. TrainJobs (the tier plays Trainer v2 and its JobSet) and
+elastic PyTorchJobs run here too, and the run directory lock on the PVC meets a second job.
 """
 
 from __future__ import annotations
@@ -111,12 +112,14 @@ def submit(
 
     yield run
     for name in names:
-        try:
-            custom.delete_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", name)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-    wait_for(lambda: not any(pods(core, n) for n in names), 120, "the deleted jobs' pods to go")
+        for api in (("kubeflow.org", "v1", NS, "pytorchjobs"), (*TRAINJOBS[:2], NS, TRAINJOBS[2])):
+            try:
+                custom.delete_namespaced_custom_object(*api, name)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+    left = lambda: any(pods(core, n) or trainjob_pods(core, n) for n in names)
+    wait_for(lambda: not left(), 120, "the deleted jobs' pods to go")
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -134,20 +137,29 @@ def pods(core: client.CoreV1Api, job: str) -> list[Any]:
     return list(core.list_namespaced_pod(NS, label_selector=f"training.kubeflow.org/job-name={job}").items)
 
 
-def conditions(custom: client.CustomObjectsApi, job: str) -> list[dict[str, Any]]:
-    obj = custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)
+TRAINJOBS = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def trainjob_pods(core: client.CoreV1Api, job: str) -> list[Any]:
+    return list(core.list_namespaced_pod(NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={job}").items)
+
+
+def conditions(custom: client.CustomObjectsApi, job: str, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
+    api = ("kubeflow.org", "v1", NS, "pytorchjobs") if kind == "PyTorchJob" else (*TRAINJOBS[:2], NS, TRAINJOBS[2])
+    obj = custom.get_namespaced_custom_object(*api, job)
     return list((obj.get("status") or {}).get("conditions") or [])
 
 
-def ended(custom: client.CustomObjectsApi, job: str, timeout: float) -> list[dict[str, Any]]:
-    """The job's conditions once it has Succeeded or Failed."""
+def ended(custom: client.CustomObjectsApi, job: str, timeout: float, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
+    """The job's conditions once it has Succeeded or Failed (a TrainJob: Complete or Failed)."""
 
     def check() -> list[dict[str, Any]] | None:
-        found = conditions(custom, job)
-        done = [c for c in found if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"]
+        found = conditions(custom, job, kind)
+        done = [c for c in found if c["type"] in ("Succeeded", "Complete", "Failed") and c["status"] == "True"]
         return found if done else None
 
-    return wait_for(check, timeout, f"PyTorchJob {job} to end")  # type: ignore[no-any-return]
+    return wait_for(check, timeout, f"{kind} {job} to end")  # type: ignore[no-any-return]
 
 
 def state(found: list[dict[str, Any]]) -> str:
@@ -181,11 +193,15 @@ def test_two_node_job_trains_checkpoints_on_the_pvc_and_succeeds(
         assert (pod.status.phase, terminated.exit_code) == ("Succeeded", 0), pod.status
     # The worker found the master by the Service name the operator gives it (MASTER_ADDR unchanged).
     line = "dist-jobs: rank {r}/4 node {n}/2 local {l}/2 master %s-master-0:23456 (torchrun, host %s-{p}-0)"
-    for rank, pod in ((0, "master"), (1, "worker")):
-        text = logs(capsys, job, rank)  # through the apiserver and the kubelet
+    code, every, err = cli(capsys, "logs", f"k8s://{NS}/PyTorchJob/{job}")  # through the apiserver and the kubelet
+    assert code == 0, err
+    for node, pod in ((0, "master"), (1, "worker")):
         for local in (0, 1):
-            want = (line % (job, job)).format(r=2 * rank + local, n=rank, l=local, p=pod)
-            assert want in text, text[-3000:]
+            rank = 2 * node + local
+            want = (line % (job, job)).format(r=rank, n=node, l=local, p=pod)
+            # Each rank's lines, found by the global rank: bare with --rank, `[rank R] ` in the whole log.
+            assert want in logs(capsys, job, rank).splitlines(), every[-3000:]
+            assert f"[rank {rank}] {want}" in every.splitlines(), every[-3000:]
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
     assert committed(run_dir)[-1] == 4  # 64 samples / (4 ranks x 8) = 2 steps, 2 epochs
     assert sorted(p.name for p in (run_dir / "step-4").glob("rank-*.pt")) == [f"rank-{r}.pt" for r in range(4)]
@@ -220,25 +236,31 @@ VALUES = {
 }
 
 
+ARGS = ["$(RANK)", "a$b", "a b", "$$x", "${local_rank}"]
+
+
 @pytest.mark.timeout(240)
 def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
     submit: Any, claim: str, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
-    # The program itself (newlines, quotes) and its args pass the kubelet's expansion too. (No
-    # `$$` in args: torchrun's own `${local_rank}` macro (string.Template) turns it into `$`.)
-    data = job_spec("rp-env", claim, command=["python3", "-c", PROBE, "$(RANK)", "a$b", "a b"])
+    # The program itself (newlines, quotes) and its args pass the kubelet's expansion and then
+    # torchrun's own `${local_rank}` macro (string.Template, which turned `$$` into `$`).
+    data = job_spec("rp-env", claim, command=["python3", "-c", PROBE, *ARGS])
     data["env"].update(VALUES)
     data["train"] = {}
     job = submit(data)
     found = ended(custom, job, 180)
     assert state(found) == "Succeeded", found
-    reports = []
-    for rank in (0, 1):
-        reports += [json.loads(m) for m in re.findall(r"^PROBE (.*)$", logs(capsys, job, rank), re.M)]
+    # `logs --follow` of an ended job: every pod's log, then the end (no wait).
+    code, out, err = cli(capsys, "logs", f"k8s://{NS}/PyTorchJob/{job}", "--follow")
+    assert code == 0, err
+    found = re.findall(r"^\[rank (\d)\] PROBE (.*)$", out, re.M)
+    reports = [json.loads(text) for _, text in found]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    assert all(int(rank) == r["rank"] for (rank, _), r in zip(found, reports))
     for report in reports:
         assert report["sum"] == 1 + 2 + 3 + 4  # all four ranks, across both nodes
-        assert report["argv"] == ["$(RANK)", "a$b", "a b"]
+        assert report["argv"] == ARGS
         assert report["env"] == {**VALUES, "MASTER_ADDR": f"{job}-master-0"}
         (line,) = report["shm"]
         assert line.split()[0] == "tmpfs" and line.split()[2] == "tmpfs", line
@@ -379,7 +401,7 @@ def test_a_snapshot_job_runs_the_code_as_submitted_on_every_pod(
         found = ended(custom, job, 180)
         assert state(found) == "Succeeded", found
         seen = []
-        for rank in (0, 1):
+        for rank in range(4):  # 2 pods x 2 processes; --rank is the global rank
             text = logs(capsys, job, rank)
             assert "edited" not in text, text[-3000:]
             seen += re.findall(r"^SNAP submitted /dist-jobs/code rank (\d)$", text, re.M)
@@ -394,3 +416,97 @@ def test_a_snapshot_job_runs_the_code_as_submitted_on_every_pod(
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def _trained_on_both_nodes(job_pods: list[Any], run_dir: Path, every: str) -> None:
+    """One pod per node, each exited 0; the 4 ranks' lines in the logs; the run completed on the PVC."""
+    assert sorted(p.spec.node_name for p in job_pods) == sorted(realpods_tier.NODES)
+    for pod in job_pods:
+        terminated = pod.status.container_statuses[0].state.terminated
+        assert (pod.status.phase, terminated.exit_code) == ("Succeeded", 0), pod.status
+    for rank in range(4):
+        assert re.search(rf"^\[rank {rank}\] dist-jobs: rank {rank}/4 ", every, re.M), every[-3000:]
+    assert committed(run_dir)[-1] == 4  # 64 samples / (4 ranks x 8) = 2 steps, 2 epochs
+    assert not (run_dir / "LOCK").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_two_node_trainjob_trains_and_completes(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """Trainer v2: the pods the JobSet's Indexed Job makes, with the torch plugin's PET_* only
+    (PET_NODE_RANK from the completion index, the master by its JobSet DNS name)."""
+    data = job_spec("rp-tj", claim)
+    data["k8s"]["api"] = "trainjob"
+    job = submit(data)
+    found = ended(custom, job, 200, kind="TrainJob")
+    assert state(found) == "Complete", found
+    job_pods = trainjob_pods(core, job)
+    assert sorted(p.metadata.annotations[INDEX] for p in job_pods) == ["0", "1"]
+    code, every, err = cli(capsys, "logs", f"k8s://{NS}/TrainJob/{job}")
+    assert code == 0, err
+    _trained_on_both_nodes(job_pods, realpods_tier.volume(claim) / "ckpt" / job, every)
+    code, out, err = cli(capsys, "status", f"k8s://{NS}/TrainJob/{job}", "-o", "json")
+    assert code == 0 and json.loads(out)["state"] == "succeeded", out + err
+
+
+@pytest.mark.timeout(240)
+def test_an_elastic_pytorchjob_trains_and_succeeds(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """elasticPolicy: Workers only, torchrun's c10d rendezvous at worker 0 (PET_RDZV_ENDPOINT,
+    PET_NNODES=min:max as the operator sets them); rank 0 of the trainer holds the lock."""
+    data = job_spec("rp-elastic", claim)
+    data["k8s"].update(min_nodes=1, max_nodes=2)
+    job = submit(data)
+    found = ended(custom, job, 200)
+    assert state(found) == "Succeeded", found
+    job_pods = pods(core, job)
+    assert sorted(p.metadata.name for p in job_pods) == [f"{job}-worker-0", f"{job}-worker-1"]
+    env = {e.name: e.value for e in job_pods[0].spec.containers[0].env}
+    assert (env["PET_RDZV_ENDPOINT"], env["PET_NNODES"]) == (f"{job}-worker-0:23456", "1:2")
+    code, every, err = cli(capsys, "logs", f"k8s://{NS}/PyTorchJob/{job}")
+    assert code == 0, err
+    _trained_on_both_nodes(job_pods, realpods_tier.volume(claim) / "ckpt" / job, every)
+
+
+@pytest.mark.timeout(360)
+def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_killed_holder(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """A TrainJob holds `ckpt/rp-lock` on the PVC; a PyTorchJob of the same name (so the same run
+    directory, another owner) is refused while the holder's heartbeat beats: its pod rank 0
+    exits 2, which ExitCode does not retry, and `status` and `logs` say why. Then the holder's
+    node-0 container is SIGKILLed: the kubelet restarts it (OnFailure), the restarted entrypoint
+    takes its own job's lock over at once and the run resumes from its checkpoint."""
+    data = job_spec("rp-lock", claim)
+    data["train"].update(fake_samples=4096, epochs=1, eval_every_epoch=False)
+    data["env"].update({"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"})
+    holder = submit({**data, "k8s": {**data["k8s"], "api": "trainjob"}})
+    run_dir = realpods_tier.volume(claim) / "ckpt" / holder
+    wait_for(lambda: committed(run_dir), 240, "the holder's first checkpoint")
+    assert b"k8s:trainjob/" in (run_dir / "LOCK").read_bytes()
+
+    second = submit(data)  # k8s.api: pytorchjob, the same name
+    handle = f"k8s://{NS}/PyTorchJob/{second}"
+    found = ended(custom, second, 120)
+    assert state(found) == "Failed" and "exit code 2" in found[-1]["message"], found
+    code, out, err = cli(capsys, "status", handle, "-o", "json")
+    assert code == 0 and json.loads(out)["state"] == "failed", out + err
+    assert "rank 0 failed first: exit 2" in json.loads(out)["detail"], out
+    code, out, err = cli(capsys, "logs", handle)
+    assert code == 0 and "is in use by another run" in out, out + err
+    assert b"k8s:trainjob/" in (run_dir / "LOCK").read_bytes()  # the holder's lock untouched
+
+    first = committed(run_dir)[-1]
+    (node0,) = [p for p in trainjob_pods(core, holder) if p.metadata.annotations[INDEX] == "0"]
+    os.kill(container_pid(node0), signal.SIGKILL)
+    found = ended(custom, holder, 240, kind="TrainJob")
+    assert state(found) == "Complete", found
+    (node0,) = [p for p in trainjob_pods(core, holder) if p.metadata.annotations[INDEX] == "0"]
+    assert node0.status.container_statuses[0].restart_count >= 1  # restarted in place, not recreated
+    code, text, err = cli(capsys, "logs", f"k8s://{NS}/TrainJob/{holder}", "--rank", "0")
+    resumed = re.search(r"resumed from \S+: epoch 0, step (\d+) of \d+ in it, step (\d+) overall", text)
+    assert resumed is not None and first <= int(resumed.group(2)) < 128, text[-3000:] + err
+    assert committed(run_dir)[-1] == 128
+    assert not (run_dir / "LOCK").exists()

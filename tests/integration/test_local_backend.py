@@ -107,6 +107,18 @@ def test_torchrun_mode_keeps_the_interpreter_and_its_flags(tmp_path) -> None:
     assert "flags True 1 0" in proc.stdout
 
 
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_args_with_dollars_reach_the_program_intact(tmp_path: Path, launcher: str) -> None:
+    """torchrun runs every worker arg through string.Template (its `${local_rank}` macro), which
+    turned `$$x` into `$x` and `${local_rank}` into 0: every launch mode hands the words over as written."""
+    words = ["$$x", "${local_rank}", "$local_rank", "a$b", "$"]
+    code = "import json, sys; print('ARGS ' + json.dumps(sys.argv[1:]))"
+    proc = _run(["--procs-per-node", "1", "--launcher", launcher, "--", "python3", "-c", code, *words], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "ARGS " in line]
+    assert json.loads(line.split("ARGS ", 1)[1]) == words
+
+
 def test_a_checkpoint_dir_that_is_a_file_is_bad_input(tmp_path) -> None:
     (tmp_path / "ckfile").write_text("")
     proc = _run(["--procs-per-node", "1", "--checkpoint-dir", "ckfile", "--", PYTHON, "-c", "pass"], tmp_path)

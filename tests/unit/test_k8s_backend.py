@@ -415,19 +415,33 @@ def _operator_pod(api: FakeKubeAPI, job: str, rtype: str, index: int, text: str,
     return name
 
 
-def test_logs_by_pod_rank_use_the_operators_labels(api: FakeKubeAPI, backend: K8sBackend) -> None:
+DIRECT = {**SEED, "name": "direct-ddp", "gpus_per_node": 1, "k8s": {"pvc": "ckpt", "launch": "direct"}}
+
+
+def test_logs_tell_every_rank_and_find_one_by_its_global_rank(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    """torchrun pods hold 4 ranks each: every rank's lines come `[rank N] ...` (torchrun wrote the
+    prefix), torchrun's and the entrypoint's own `[node P] ...`; --rank finds a rank in any pod."""
     backend.submit(_prepared(backend))
-    _operator_pod(api, JOB, "master", 0, "master line 1\nmaster line 2\n")
-    worker = _operator_pod(api, JOB, "worker", 0, "worker line\n")
-    _operator_pod(api, "other-job", "worker", 0, "not this one\n")  # same replica labels, other job
-    assert list(backend.logs(JOB)) == ["master line 1", "master line 2"]
-    assert list(backend.logs(JOB, rank=1)) == ["worker line"]
+    _operator_pod(api, JOB, "master", 0, "[rank 0] a\n[rank 1] b\nagent line\n")
+    worker = _operator_pod(api, JOB, "worker", 0, "[rank 4] w\n[rank 5] x\n")
+    _operator_pod(api, "other-job", "worker", 0, "[rank 5] not this one\n")  # same replica labels, other job
+    assert list(backend.logs(JOB)) == ["[rank 0] a", "[rank 1] b", "[node 0] agent line", "[rank 4] w", "[rank 5] x"]
+    assert list(backend.logs(JOB, rank=5)) == ["x"]
     read = api.requests[-1]
     assert read.path == f"/api/v1/namespaces/{NS}/pods/{worker}/log" and read.query["container"] == ["pytorch"]
-    err = _error(backend.logs, JOB, rank=2)
-    assert "has no pod with rank 2" in err.message and f"{JOB}-master-0, {JOB}-worker-0" in err.message
+    assert list(backend.logs(JOB, rank=1)) == ["b"]
     with pytest.raises(UsageError):
         list(backend.logs(JOB, rank=-1))
+
+
+def test_logs_of_one_process_pods_are_the_pods_by_rank(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    job = backend.submit(_prepared(backend, DIRECT)).job_id
+    _operator_pod(api, job, "master", 0, "master line 1\nmaster line 2\n")
+    _operator_pod(api, job, "worker", 0, "worker line\n")
+    assert list(backend.logs(job)) == ["[rank 0] master line 1", "[rank 0] master line 2", "[rank 1] worker line"]
+    assert list(backend.logs(job, rank=1)) == ["worker line"]
+    err = _error(backend.logs, job, rank=2)
+    assert "has no pod with rank 2" in err.message and f"{job}-master-0, {job}-worker-0" in err.message
 
 
 def test_logs_before_the_pods_exist_and_of_a_missing_job(api: FakeKubeAPI, backend: K8sBackend) -> None:
@@ -452,21 +466,22 @@ def test_logs_of_a_pod_that_has_not_started_is_an_error_not_silence(api: FakeKub
     assert err.hint and f"kubectl describe pod {master}" in err.hint
     waiting = {"name": "pytorch", "state": {"waiting": {"reason": "ContainerCreating"}}}
     api.pods[(NS, master)]["status"] = {"phase": "Pending", "containerStatuses": [waiting]}
-    assert "is ContainerCreating" in _error(backend.logs, JOB, follow=True).message
+    assert "is ContainerCreating" in _error(backend.logs, JOB).message
     restarted = {**waiting, "lastState": {"terminated": {"exitCode": 200}}}
     api.pods[(NS, master)]["status"] = {"phase": "Pending", "containerStatuses": [restarted]}
     api.pod_logs[(NS, master)] = "the last run's log\n"
-    assert list(backend.logs(JOB)) == ["the last run's log"]  # a restarting container still has one
+    assert list(backend.logs(JOB)) == ["[node 0] the last run's log"]  # a restarting container still has one
 
 
 def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, backend: K8sBackend) -> None:
     prepared = _prepared(backend, ELASTIC)
     assert "Master" not in yaml.safe_load(prepared.payload)["spec"]["pytorchReplicaSpecs"]
     job = backend.submit(prepared).job_id
-    _operator_pod(api, job, "worker", 0, "w0\n")
-    _operator_pod(api, job, "worker", 1, "w1\n")
-    assert list(backend.logs(job, rank=0)) == ["w0"]
-    assert list(backend.logs(job, rank=1)) == ["w1"]
+    # The rendezvous, not the pod name, orders an elastic job's ranks.
+    _operator_pod(api, job, "worker", 0, "[rank 4] w0\n")
+    _operator_pod(api, job, "worker", 1, "[rank 0] w1\n")
+    assert list(backend.logs(job, rank=0)) == ["w1"]
+    assert list(backend.logs(job, rank=4)) == ["w0"]
 
 
 def test_selector_maps_rank_to_replica_type_and_index() -> None:
@@ -483,16 +498,33 @@ def test_follow_streams_lines_as_the_container_writes_them(api: FakeKubeAPI, bac
     api.pod_logs[(NS, master)] = chunks
     api.follow_timeout = 5.0  # if the client buffered to the end, the stream ends here and the test fails
     lines = backend.logs(JOB, follow=True)
-    chunks.put("step 1 loss 2.3\n")
+    chunks.put("[rank 0] step 1 loss 2.3\n")
     start = time.monotonic()
-    assert next(lines) == "step 1 loss 2.3"
+    assert next(lines) == "[rank 0] step 1 loss 2.3"
     assert time.monotonic() - start < 4, "the line only came when the stream ended: not followed"
-    chunks.put("step 2 ")
+    chunks.put("[rank 0] step 2 ")
     chunks.put("loss 2.1\n")
-    chunks.put(None)  # the container exits
-    assert list(lines) == ["step 2 loss 2.1"]
+    assert next(lines) == "[rank 0] step 2 loss 2.1"
+    # A pod that starts later is followed too; the output ends once the job has ended.
+    worker = _operator_pod(api, JOB, "worker", 0, "")
+    later: queue.Queue[str | None] = queue.Queue()
+    api.pod_logs[(NS, worker)] = later
+    later.put("[rank 4] worker up\n")
+    assert next(lines) == "[rank 4] worker up"
+    chunks.put(None)  # the containers exit, then the operator says the job succeeded
+    later.put(None)
+    api.set_status(PLURAL, NS, JOB, {"conditions": _conditions(("Created", "True"), ("Succeeded", "True"))})
+    assert list(lines) == []
     read = [r for r in api.requests if r.path.endswith("/log")][-1]
     assert read.query["follow"] == ["true"] and read.query["container"] == ["pytorch"]
+
+
+def test_follow_of_one_rank_reads_every_pod_for_it(api: FakeKubeAPI, backend: K8sBackend) -> None:
+    backend.submit(_prepared(backend))
+    _operator_pod(api, JOB, "master", 0, "[rank 0] m\n[rank 1] m1\n")
+    _operator_pod(api, JOB, "worker", 0, "[rank 5] w5\nagent\n")
+    api.set_status(PLURAL, NS, JOB, {"conditions": _conditions(("Created", "True"), ("Succeeded", "True"))})
+    assert list(backend.logs(JOB, rank=5, follow=True)) == ["w5"]
 
 
 def test_follow_errors_are_translated_too() -> None:
@@ -549,10 +581,10 @@ def test_trainjob_logs_pick_the_node_pod_by_completion_index(api: FakeKubeAPI) -
             },
             "spec": {"containers": [{"name": "node", "image": "reg.example/train:1"}]},
         }
-        api.pod_logs[("ml", name)] = f"node rank {index}\n"
-    assert list(trainer.logs(job, rank=1)) == ["node rank 1"]
+        api.pod_logs[("ml", name)] = f"[rank {4 * index + 1}] node rank {index}\n"
+    assert list(trainer.logs(job, rank=5)) == ["node rank 1"]
     assert api.requests[-1].query["container"] == ["node"]
-    assert "has no pod with rank 2" in _error(trainer.logs, job, rank=2).message
+    assert list(trainer.logs(job)) == ["[rank 1] node rank 0", "[rank 5] node rank 1"]
 
 
 def test_unknown_kind_is_a_usage_error() -> None:

@@ -196,10 +196,12 @@ def test_namespace_comes_from_the_flag_or_the_kubeconfig_context(
     assert code == 0 and out.startswith(f"k8s://ml/PyTorchJob/{JOB}  {JOB}  pending (Pending)")
 
 
-def test_logs_of_rank_1_are_the_first_workers(
+def test_logs_print_every_rank_prefixed_and_one_rank_bare(
     capsys: pytest.CaptureFixture[str], api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
+    """As on the local and SLURM backends: every rank's lines `[rank N] ...`, --rank N its own."""
+    spec = write_spec(tmp_path, gpus_per_node=1, k8s={"pvc": "ckpt", "launch": "direct"})
+    run(capsys, *k8s("submit", kubeconfig, str(spec)))
     for rtype, index, text in (("master", 0, "rank 0 here\n"), ("worker", 0, "rank 1 here\nepoch 1 done")):
         name = f"{JOB}-{rtype}-{index}"
         api.pods[("default", name)] = {
@@ -208,7 +210,8 @@ def test_logs_of_rank_1_are_the_first_workers(
         api.pod_logs[("default", name)] = text
     code, out, err = run(capsys, *k8s("logs", kubeconfig, "--rank", "1", JOB))
     assert (code, out, err) == (0, "rank 1 here\nepoch 1 done\n", "")
-    assert run(capsys, *k8s("logs", kubeconfig, JOB))[1] == "rank 0 here\n"
+    all_ranks = "[rank 0] rank 0 here\n[rank 1] rank 1 here\n[rank 1] epoch 1 done\n"
+    assert run(capsys, *k8s("logs", kubeconfig, JOB))[1] == all_ranks
     code, _, err = run(capsys, *k8s("logs", kubeconfig, "--rank", "5", JOB))
     assert code == 1 and "no pod with rank 5" in err
 

@@ -11,6 +11,7 @@ that differ only late (or only in separators and non-ASCII letters).
 from __future__ import annotations
 
 import re
+import string
 import subprocess
 import sys
 import tempfile
@@ -128,7 +129,10 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
         assert not (work / "x").exists()  # no `$(touch x)` ran
         (srun,) = [c for c in calls if c["prog"] == "srun"]
         expected_tail = ["python3", "-u", "user script.py", *args]  # torchrun too: interpreter and flags kept
-        assert srun["argv"][-len(expected_tail) :] == expected_tail
+        tail = srun["argv"][-len(expected_tail) :]
+        if launcher == "torchrun":  # what torchrun does to each worker arg (torch's elastic `macros`)
+            tail = [string.Template(word).safe_substitute(local_rank="0") for word in tail]
+        assert tail == expected_tail
         # Every process runs through the per-task launcher (torchrun: --no-python, then the launcher).
         assert srun["argv"][-len(expected_tail) - 3 : -len(expected_tail)] == ["-m", "dist_jobs.launch", "--"]
         if launcher == "torchrun":
@@ -138,6 +142,18 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
         assert srun["env"]["DIST_JOBS_RUN"] == run_id(name)
         assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == str(work / ckpt_rel)
         assert srun["env"]["DIST_JOBS_LOG_DIR"] == str(work / log_rel)
+
+
+def test_torchrun_mode_args_survive_torchruns_own_substitution(tmp_path: Path) -> None:
+    """torchrun turns `$$` into `$` and `${local_rank}` into the local rank in every worker arg
+    (string.Template in torch's elastic `macros`): the script escapes them for it."""
+    words = ["$$x", "${local_rank}", "$local_rank", "a$b"]
+    data = {"name": "t", "nodes": 2, "procs_per_node": 2, "launcher": "torchrun", "command": ["python3", *words]}
+    spec = load_spec(data=data)
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, _STUBS)
+    assert proc.returncode == 0, proc.stderr
+    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    assert [string.Template(w).safe_substitute(local_rank="1") for w in srun["argv"][-4:]] == words
 
 
 @PROPS

@@ -3,9 +3,9 @@
 Creates PyTorchJobs (or TrainJobs) with fieldValidation=Strict: by default the apiserver prunes
 an unknown field silently and the Python client never shows the warning. Each submission stamps
 its pods with an annotation (the restart counter's key, dist_jobs.rundir.attempts). API errors
-become messages (errors.py). Logs are found by the labels the operator puts on its pods, so a pod
+become messages (errors.py). Pods are found by the labels the operator puts on them, so a pod
 rank means the same thing as the operator's RANK env (Master = 0, Worker i = i + 1; without a
-Master, as in elastic jobs, Worker i = i).
+Master, as in elastic jobs, Worker i = i); `logs` tells the ranks in them apart (logs.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s.code import annotated, code_line, owned, split, with_code
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
+from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
 from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.render import render
@@ -229,10 +230,45 @@ class K8sBackend:
         self._call(f"delete {self.kind} {self._ns()}/{job_id}", "DELETE", path, self._job(job_id), query=query)
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
-        """Lines of the pod with pod rank `rank` (default 0); follow=True streams until the container ends."""
-        rank = 0 if rank is None else rank
-        if rank < 0:
-            raise UsageError(f"--rank {rank}: a pod rank is 0 or more", "rank 0 is the master pod")
+        """Every rank's lines, `[rank N] ...` (rank None), or rank `rank`'s; follow=True: every
+        pod's, replaced and restarted ones included, until the job ends (logs.py)."""
+        if rank is not None and rank < 0:
+            raise UsageError(f"--rank {rank}: a rank is 0 or more", "rank 0 is the first process of the master pod")
+        torchrun = any(isinstance(e, dict) and e.get("name") == PREFIX_ENV for e in _container_env(self._get(job_id)))
+        if rank is not None and not torchrun:  # one process per pod: the pod rank is the rank
+            yield from self._pod_log(job_id, rank, follow)
+            return
+        lines = self._all_pod_lines(job_id, follow, rank)
+        if rank is not None:
+            yield from of_rank(lines, rank)
+            return
+        yield from (labelled(line, pod, torchrun) for pod, line in lines)
+
+    def _all_pod_lines(self, job_id: str, follow: bool, rank: int | None) -> Iterator[tuple[int, str]]:
+        def stream(log: PodLog) -> Iterator[str]:
+            path = f"/api/v1/namespaces/{self._ns()}/pods/{log.name}/log"
+            with self._translated(f"logs of pod {self._ns()}/{log.name}", self._job(job_id)):
+                yield from self.client.lines(path, {"container": log.container, "follow": "true"})
+
+        if follow:
+            yield from followed(lambda: self._pod_logs(job_id), stream, lambda: self.status(job_id).finished)
+            return
+        logs = self._pod_logs(job_id)
+        if not logs:
+            self._pod_for_rank(job_id, rank or 0)  # raises: no pod yet, or why it has no log
+        for log in logs:
+            path = f"/api/v1/namespaces/{self._ns()}/pods/{log.name}/log"
+            with self._translated(f"logs of pod {self._ns()}/{log.name}", self._job(job_id)):
+                text = self.client.text(path, {"container": log.container})
+            yield from ((log.rank, line) for line in text.splitlines())
+
+    def _pod_logs(self, job_id: str) -> builtins.list[PodLog]:
+        label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
+        obj = self._seen.get(job_id) or self._get(job_id)
+        return pod_logs(self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj), CONTAINER[self.kind])
+
+    def _pod_log(self, job_id: str, rank: int, follow: bool) -> Iterator[str]:
+        """The lines of the pod with pod rank `rank`; follow=True streams until the container ends."""
         pod, container = self._pod_for_rank(job_id, rank)
         path = f"/api/v1/namespaces/{self._ns()}/pods/{pod}/log"
         query = {"container": container, **({"follow": "true"} if follow else {})}
