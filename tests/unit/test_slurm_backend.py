@@ -415,8 +415,8 @@ def test_logs_in_torchrun_mode_find_a_rank_by_its_prefix_not_the_nodes_file_name
     write_logs(
         tmp_path / "logs", {f"{RUN}-26-attempt0-rank0.out": "[rank 0] a\n", f"{RUN}-26-attempt0-rank1.out": node1}
     )
-    assert list(slurm.logs(job_id, rank=2))[1:] == ["[rank 2] loss 1.0", "[rank 2] done"]
-    assert list(slurm.logs(job_id, rank=3))[1:] == ["[rank 3] loss 1.1"]
+    assert list(slurm.logs(job_id, rank=2))[1:] == ["loss 1.0", "done"]
+    assert list(slurm.logs(job_id, rank=3))[1:] == ["loss 1.1"]
     every = [line for line in slurm.logs(job_id) if "==>" not in line]
     assert every == [
         "[node 0] [rank 0] a",

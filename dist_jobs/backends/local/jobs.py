@@ -145,7 +145,8 @@ class LocalBackend:
         os.kill(pid, signal.SIGTERM)
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
-        """Every rank's lines (rank None) or rank `rank`'s, from output.log; follow: until it ends."""
+        """Every rank's lines, each `[rank N] ...` (rank None), or rank `rank`'s as it wrote them,
+        from output.log; follow: until it ends."""
         folder = _folder(job_id)
         prefixes = _prefixes(folder, rank)
         offset = 0
@@ -154,8 +155,10 @@ class LocalBackend:
             with (folder / LOG).open("r", errors="replace") as fh:
                 fh.seek(offset)
                 for line in fh:
-                    if prefixes is None or line.startswith(prefixes):
+                    if prefixes is None:
                         yield line.rstrip("\n")
+                    elif line.startswith(prefixes):
+                        yield _unprefixed(line.rstrip("\n"), prefixes)
                 offset = fh.tell()
             if not running:
                 return
@@ -180,6 +183,12 @@ def _with_code(status: JobStatus, folder: Path) -> JobStatus:
     if not isinstance(record, dict):
         return status
     return dataclasses.replace(status, extra={**status.extra, "code": describe(record)})
+
+
+def _unprefixed(line: str, prefixes: tuple[str, ...]) -> str:
+    """A rank's line as it wrote it: without the launcher's prefix (and torchrun's `:` after it)."""
+    rest = line[len(next(p for p in prefixes if line.startswith(p))) :]
+    return rest[1:] if rest.startswith(":") else rest
 
 
 def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:

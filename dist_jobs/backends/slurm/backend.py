@@ -67,15 +67,17 @@ def _queued(job: SlurmJob) -> JobStatus:
 
 
 def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
-    """Rank `rank`'s lines of a torchrun node's log, by their `[rank R] ` prefix, and the
-    attempt banners; without follow, a log where no line has the prefix is given whole."""
+    """Rank `rank`'s lines of a torchrun node's log, found by their `[rank R] ` prefix and given
+    as the rank wrote them, and the attempt banners; without follow, a log where no line has
+    the prefix (an older job's) is given whole."""
     mine = f"[rank {rank}] "
-    if follow:
-        yield from (line for line in lines if line.startswith((mine, "==> ")))
-        return
-    every = list(lines)
-    found = [line for line in every if line.startswith((mine, "==> "))]
-    yield from (found if any(line.startswith(mine) for line in found) else every)
+    if not follow:
+        every = list(lines)
+        if not any(line.startswith(mine) for line in every):
+            yield from every
+            return
+        lines = iter(every)
+    yield from (line.removeprefix(mine) for line in lines if line.startswith((mine, "==> ")))
 
 
 def _in_snapshot(spec: JobSpec) -> bool:
@@ -324,8 +326,8 @@ class SlurmBackend:
             )
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
-        """Rank `rank`'s output, attempt after attempt; every rank's when None, each line
-        `[rank N] ...` as on the local backend. In torchrun mode SLURM runs one task per node and
+        """Rank `rank`'s output as it wrote it, attempt after attempt; every rank's when None, each
+        line `[rank N] ...`, as on the other backends. In torchrun mode SLURM runs one task per node and
         its file holds all that node's ranks: rank R is in node R // procs_per_node's, and every
         rank's output is told node by node (`[node N] ...`). There torchrun prefixes each line of
         its workers with `[rank R] ` (PET_LOG_LINE_PREFIX_TEMPLATE, dist_jobs.spec.env), so rank
