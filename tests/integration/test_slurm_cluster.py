@@ -240,7 +240,7 @@ def test_external_requeue_resumes_from_latest_checkpoint_bit_identical(
     data = spec_data(tmp_path, name)
     data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
     slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
     cleanup.append(job_id)
     log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
     wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
@@ -282,7 +282,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
     data["setup"].append(SLOW_FIRST_ATTEMPT % "3.0")
     slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
     cleanup.append(job_id)
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
@@ -313,7 +313,7 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     data = spec_data(tmp_path, name)
     data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
     slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
     cleanup.append(job_id)
     log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
     wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
@@ -349,7 +349,7 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
     data = spec_data(tmp_path, name, train)
     data["env"].update({"DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"), "DJ_TEST_HANG_STEP": "7"})
     slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data)))
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
     cleanup.append(job_id)
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
