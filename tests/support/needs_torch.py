@@ -39,6 +39,7 @@ IN_A_CHILD: dict[str, frozenset[str]] = {
     "integration/test_local_backend.py": frozenset(
         {
             "test_a_checkpoint_dir_that_is_a_file_is_bad_input",
+            "test_args_with_dollars_reach_the_program_intact",  # its torchrun case runs torchrun
             "test_real_allreduce_srun_mode",
             "test_real_allreduce_torchrun_mode",
             "test_sigkill_of_the_launcher_leaves_no_process_and_the_next_run_takes_over",
