@@ -108,10 +108,10 @@ def _trial_specs(
     backend: str,
     problems: list[Problem],
 ) -> list[JobSpec]:
-    root, specs = sweep_root(base.checkpoint_dir, base.name), []
+    root, specs, sweeps = sweep_root(base.checkpoint_dir, base.name), [], sweeps_of(backend)
     for index, values in enumerate(params):
         dotted = overrides | overrides_for(base.name, root, index, len(params), values)
-        dotted |= sweeps_of(backend).trial_overrides(base.name, index)
+        dotted |= sweeps.trial_overrides(base.name, index)
         try:
             specs.append(load_spec(data=raw, overrides=dotted, backend=backend))
         except SpecError as exc:

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from dist_jobs.backends.base import checkpoint_root
+from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.snapshot import spec_in_copy
 from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, absolute, prepare_each, write_manifest
@@ -64,7 +64,9 @@ class LocalSweeps:
             start_driver(root / MANIFEST, options)
             return [t["handle"] for t in manifest["trials"]]
         local = LocalBackend(**options)
-        return [str(local.submit(local.prepare(spec))) for spec in plan.specs]
+        # the bytes the dry run showed (plan.payloads), not a second rendering of each trial
+        trials = zip(plan.specs, plan.payloads)
+        return [str(local.submit(Prepared("local", spec, payload, filename))) for spec, (filename, payload) in trials]
 
     def attach_options(self, saved: Mapping[str, str]) -> dict[str, Any]:
         return {}
