@@ -259,12 +259,13 @@ def statuses(jobs: Sequence[Job]) -> list[JobInfo | DistJobsError]:
             continue
         try:
             found = backend.statuses([jobs[i].id for i in members])
-        except DistJobsError:  # one job it cannot find (a trial not started yet) must not hide the others
+        except DistJobsError as exc:  # the scheduler did not answer: for every one of them
             for i in members:
-                out[i] = _one(jobs[i])
+                out[i] = exc
             continue
         for i in members:
-            out[i] = jobs[i].info_from(found[jobs[i].id])
+            got = found[jobs[i].id]
+            out[i] = got if isinstance(got, DistJobsError) else jobs[i].info_from(got)
     return [o for o in out if o is not None]
 
 

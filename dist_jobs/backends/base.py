@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
+from dist_jobs.errors import DistJobsError
 from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
@@ -73,8 +74,9 @@ class Backend(Protocol):
 
     def status(self, job_id: str) -> JobStatus: ...
 
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
-        """Each job's status, asking the scheduler as few times as it can (SLURM: once)."""
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
+        """Each job's status, asking the scheduler as few times as it can (SLURM: once); a job
+        it cannot read gets its error. An error for all of them (no scheduler) is raised."""
         ...
 
     def list(self) -> list[JobStatus]: ...
@@ -90,3 +92,14 @@ class Backend(Protocol):
     def owner(self, job_id: str) -> str | None:
         """The job as its trainer names itself in progress.json (None: whoever wrote it)."""
         ...
+
+
+def each_status(backend: Backend, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
+    """`statuses()` of a backend without a batch query: each job asked on its own."""
+    found: dict[str, JobStatus | DistJobsError] = {}
+    for job_id in job_ids:
+        try:
+            found[job_id] = backend.status(job_id)
+        except DistJobsError as exc:  # one job it cannot read (a trial not started yet)
+            found[job_id] = exc
+    return found

@@ -20,14 +20,14 @@ from typing import Any
 
 import yaml
 
-from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.base import JobStatus, Prepared, each_status
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s.code import annotated, code_line, owned, split, with_code
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
 from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
 from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
-from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
@@ -202,8 +202,8 @@ class K8sBackend:
         code = code_line(obj)  # submitted with a snapshot: the commit it runs, as on SLURM
         return dataclasses.replace(status, extra={**status.extra, "code": code}) if code else status
 
-    def statuses(self, job_ids: builtins.list[str]) -> dict[str, JobStatus]:
-        return {job_id: self.status(job_id) for job_id in job_ids}  # the apiserver has no batch read
+    def statuses(self, job_ids: builtins.list[str]) -> dict[str, JobStatus | DistJobsError]:
+        return each_status(self, job_ids)  # the apiserver has no batch read
 
     def list(self) -> builtins.list[JobStatus]:
         out = []

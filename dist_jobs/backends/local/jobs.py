@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root
+from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root, each_status
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import read_hang
 
@@ -108,8 +108,8 @@ class LocalBackend:
     def owner(self, job_id: str) -> str | None:
         return None  # the run directory is the job: whoever wrote its progress is it
 
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
-        return {job_id: self.status(job_id) for job_id in job_ids}
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
+        return each_status(self, job_ids)
 
     def status(self, job_id: str) -> JobStatus:
         return _with_code(self._status(job_id), _folder(job_id))

@@ -33,7 +33,7 @@ from dist_jobs.backends.slurm.output import (
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.errors import BackendError
+from dist_jobs.errors import BackendError, DistJobsError
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
     from dist_jobs.spec import JobSpec
@@ -170,7 +170,7 @@ class SlurmBackend:
 
         return dataclasses.replace(status, extra={**status.extra, "code": describe(code)})
 
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]:
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
         """The status of each job in `job_ids`, from one `squeue` and one `sacct` for all of them
         (array tasks asked for by their array's id), however many there are. A job squeue has
         dropped that sacct does not list yet (an array task that just ended, before slurmdbd
