@@ -108,7 +108,7 @@ def _logs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rank",
         type=int,
-        help="one rank only (global rank; Kubernetes: pod rank); default: every rank (Kubernetes: pod 0)",
+        help="one rank's lines as it wrote them (its global rank); default: every rank's, each line [rank N]",
     )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
 
