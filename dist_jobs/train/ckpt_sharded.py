@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,7 +72,7 @@ class ShardedCheckpointer(Checkpointer):
         self.fence(f"write rank {self.rank}'s shards of checkpoint step-{step}")
         partial.mkdir(parents=True, exist_ok=True)
         state = dict(sharded)
-        writer = FileSystemWriter(partial)
+        writer = FileSystemWriter(partial, sync_files=False)  # Checksummed fsyncs each file
         writer.fs = Checksummed()
         if self.async_write:  # copies the shards to CPU now; the writing and DCP's gather run on a thread
             future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
@@ -110,8 +110,11 @@ class ShardedCheckpointer(Checkpointer):
 
 
 class Checksummed(FileSystem):
-    """DCP's local file system, noting the size and CRC32 of each file as DCP writes it, so that
-    vouching for the shards costs no second read of them."""
+    """DCP's local file system, which also makes each file durable and notes its size and CRC32.
+
+    The writer is built with sync_files=False: this fsyncs each file itself once DCP has closed it,
+    and computes its CRC32 from the page cache while the fsync waits on the disk (disk.sync_digest),
+    so vouching for the shards costs neither a second fsync nor CPU time on top of the write."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -119,30 +122,14 @@ class Checksummed(FileSystem):
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        with super().create_stream(path, mode) as raw:
-            if "w" not in mode:
-                yield raw
-                return
-            out = _Counted(cast(IO[bytes], raw))
-            yield out
-        self.digests[Path(path).name] = {"size": out.size, "crc32": f"{out.crc:08x}"}
+        with super().create_stream(path, mode) as stream:
+            yield stream
+        if "w" in mode:
+            self.digests[Path(path).name] = disk.sync_digest(Path(path))
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)  # DCP writes its metadata under a temporary name first
         self.digests[Path(new_path).name] = self.digests.pop(Path(path).name)
-
-
-class _Counted(disk.HashingFile):
-    """What DCP's writer calls on a stream besides write() and flush()."""
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def fileno(self) -> int:
-        return self.raw.fileno()
-
-    def close(self) -> None:
-        self.raw.close()
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -21,6 +21,7 @@ torch = require_module("torch")
 np = require_module("numpy")
 
 from dist_jobs.constants import VERSION  # noqa: E402
+from dist_jobs.rundir.lock import LockLost  # noqa: E402
 from dist_jobs.train import ckpt_async  # noqa: E402
 from dist_jobs.train.checkpoint import Checkpointer, CheckpointError, Loaded  # noqa: E402
 from dist_jobs.train.rng import rng_state, set_rng_state  # noqa: E402
@@ -107,11 +108,54 @@ def test_keep_prunes_older_checkpoints(tmp_path: Path) -> None:
     ck = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
     for step in (10, 20, 30, 40):
         ck.save(step, _shared(step), {})
+    ck.wait()  # pruning runs on a thread of its own
     assert _names(tmp_path) == ["latest", "step-30", "step-40"]
     ck3 = Checkpointer(tmp_path, rank=0, world_size=1, keep=3)
     ck3.save(50, _shared(50), {})
     ck3.save(60, _shared(60), {})
+    ck3.close()
     assert _names(tmp_path) == ["latest", "step-40", "step-50", "step-60"]
+
+
+def test_pruning_does_not_hold_up_the_saving_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save() returns once its step counts, while the removal of older checkpoints still runs;
+    wait() (and the next save) finish it, and a lost lock found by the pruner is raised there."""
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    for step in (1, 2):
+        ck.save(step, _shared(step), {})
+    ck.wait()
+    removing, release = threading.Event(), threading.Event()
+    remove = ckpt_async.remove
+
+    def held(folder: Path) -> None:
+        removing.set()
+        assert release.wait(30), "the test never released the pruner"
+        remove(folder)
+
+    monkeypatch.setattr(ckpt_async, "remove", held)
+    ck.save(3, _shared(3), {})  # returns although the pruner is stuck in remove()
+    assert removing.wait(30) and ck.latest().step == 3
+    assert _names(tmp_path) == ["latest", "step-1", "step-2", "step-3"]
+    release.set()
+    ck.wait()
+    assert _names(tmp_path) == ["latest", "step-2", "step-3"]
+
+
+def test_a_pruner_that_lost_the_lock_removes_nothing_and_the_next_wait_says_so(tmp_path: Path) -> None:
+    lost = threading.Event()
+
+    def fence(doing: str) -> None:
+        if lost.is_set() and doing.startswith("prune"):
+            raise LockLost(tmp_path, None, doing)
+
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep=2, fence=fence)
+    for step in (1, 2):
+        ck.save(step, _shared(step), {})
+    lost.set()
+    ck.save(3, _shared(3), {})
+    with pytest.raises(LockLost, match="not going to prune checkpoints older than step-3"):
+        ck.wait()
+    assert _names(tmp_path) == ["latest", "step-1", "step-2", "step-3"]
 
 
 @pytest.mark.parametrize(
