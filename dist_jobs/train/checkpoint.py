@@ -3,10 +3,10 @@
 Write protocol (each file: temporary name, flush, fsync, rename; directories fsynced after renames):
 every rank writes `rank-<r>.pt` into `.step-<N>.partial/`, rank 0 also `shared.pt`; rank 0 polls
 until every rank's file exists (no collective, so it also works from a background thread), writes
-`COMPLETE` (sizes + CRC32 of every file) last, renames the folder to `step-<N>`, replaces `latest`,
-then prunes on a thread of its own (unlinking old checkpoints need not hold up training; wait() and
-the next save() finish it). A crash at any point leaves the previous complete checkpoint as the
-newest that counts.
+`COMPLETE` (sizes + CRC32 of every file) last and renames the folder to `step-<N>`; a thread of
+its own then replaces `latest` and prunes (unlinking old checkpoints need not hold up training;
+wait() and the next save() finish it). A crash at any point leaves the previous complete
+checkpoint as the newest that counts.
 
 Resuming: each rank verifies only the files it loads (`shared.pt` and its own), and the ranks
 agree with one all_reduce per checkpoint tried whether all of them could, so a bad part on any
@@ -105,7 +105,8 @@ class Checkpointer:
         # each write, so a run that lost it writes nothing more there.
         self.fence = fence
         self._writer = BackgroundWriter(f"checkpoint-writer-rank{rank}")
-        # Deleting old checkpoints takes as long as unlinking their files: not the training thread's job.
+        # Moving `latest` and deleting old checkpoints (as long as unlinking their files) come after
+        # the commit, on a thread: not the training thread's job.
         self._pruner = BackgroundWriter(f"checkpoint-pruner-rank{rank}")
         self._buffers = {"shared": TensorBuffers(), "rank": TensorBuffers()}
         self._bad: set[int] = set()  # committed steps latest() found unusable: save() replaces them
@@ -128,9 +129,9 @@ class Checkpointer:
         """Write this rank's part of checkpoint `step` (rank 0: also `shared`, then commit).
 
         Async: returns once the tensors are copied into reused CPU buffers; the write finishes on
-        a thread (wait() to be sure). Either way, older checkpoints are pruned on a thread after
-        the commit (wait() finishes that too). Raises at once if the state is not weights_only-safe or
-        its tensors alone exceed the free space.
+        a thread (wait() to be sure). Either way, `latest` is moved and older checkpoints are
+        pruned on a thread after the commit (wait() finishes that too). Raises at once if the
+        state is not weights_only-safe or its tensors alone exceed the free space.
         """
         if self._closed:
             raise CheckpointError("save() after close()", hint="create a new Checkpointer")
@@ -306,26 +307,23 @@ class Checkpointer:
             )
 
     def _after_commit(self, step: int) -> None:
-        """Pointer, then pruning on the pruner thread: the checkpoint already counts, so failures
-        here only warn (a lost lock is raised by the next wait())."""
-        self.fence(f"point {LATEST} at step-{step}")
+        """Pointer and pruning, on the pruner thread: the checkpoint already counts (dist-jobs
+        never reads `latest`; it is for people and tools), so failures only warn, and a lost
+        lock is raised by the next wait()."""
+        self._pruner.submit(lambda: self._tidy(step))
+
+    def _tidy(self, step: int) -> None:
+        self.fence(f"point {LATEST} at step-{step} and prune older checkpoints")
         try:
             payload = f"step-{step}\n".encode()
             disk.write_atomic(self.directory / LATEST, lambda f: f.write(payload))
             fsync_dir(self.directory)
-        except OSError as exc:
-            log.warning("checkpoint step-%d is committed, but updating %s failed: %s", step, LATEST, exc)
-        self._pruner.submit(lambda: self._prune(step))
-
-    def _prune(self, step: int) -> None:
-        self.fence(f"prune checkpoints older than step-{step}")
-        try:
             older = sorted((s for s in self._committed() if s < step), reverse=True)
             doomed = [self._folder(s) for s in older[self.keep - 1 :]] + self._leftovers(below=step + 1)
             for folder in doomed:
                 disk.remove(folder)
         except OSError as exc:
-            log.warning("checkpoint step-%d is committed, but pruning older ones failed: %s", step, exc)
+            log.warning("checkpoint step-%d is committed, but updating %s or pruning failed: %s", step, LATEST, exc)
 
     def _disk_full(self, step: int, needed: int, free: int) -> CheckpointError:
         return CheckpointError(

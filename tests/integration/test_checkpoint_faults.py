@@ -36,6 +36,7 @@ def _two_checkpoints(directory: Path) -> Checkpointer:
     ck = Checkpointer(directory, rank=0, world_size=1)
     ck.save(1, _state(1, 1 << 16), {"r": 1})
     ck.save(2, _state(2, 1 << 16), {"r": 2})
+    ck.wait()  # its pointer and pruning are done: the test is alone in the folder now
     return ck
 
 
