@@ -16,9 +16,12 @@ AdamW (fused where torch has it, as fit() builds it), fp32 on both sides.
 - memory per rank: bytes of this rank's parameters, gradients and AdamW state after one step,
   FSDP (as fit() shards) against DDP (as fit() places), and the process's peak RSS.
 - checkpoints: ShardedCheckpointer.save (DCP + shared.pt + each rank's file + COMPLETE, fsyncs,
-  rename, latest) against dcp.save of the same state; loading (latest() + load_sharded) against
-  get_state_dict + dcp.load + set_state_dict (each pair in turn first); the time an async save
-  blocks training against a synchronous one. Medians of `--rounds` rounds.
+  rename, latest) against dcp.save of the same state (save() returns once the step counts; the
+  wait for its pruning of older checkpoints on a thread is timed after it, apart, and the two
+  together against dcp.save + shutil.rmtree of the checkpoint two back, keep=2); loading
+  (latest() + load_sharded) against get_state_dict + dcp.load + set_state_dict (each pair in
+  turn first); the time an async save blocks training against a synchronous one. Medians of
+  `--rounds` rounds (the ratios: medians of each round's ratio).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,13 +186,19 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
     ours = ShardedCheckpointer(folder / "ours", rank=rank, world_size=world, keep=2)
     later = ShardedCheckpointer(folder / "async", rank=rank, world_size=world, keep=2, async_write=True)
     shared = {"step": 0, "format": "dcp"} if rank == 0 else None
-    times: dict[str, list[float]] = {k: [] for k in ("save", "dcp_save", "load", "dcp_load", "async_blocked")}
+    keys = ("save", "pruning", "dcp_save", "dcp_keep", "load", "dcp_load", "async_blocked")
+    times: dict[str, list[float]] = {k: [] for k in keys}
 
     def direct_load(step: int) -> None:
         msd, osd = get_state_dict(model, optimizer)
         state = {"model": msd, "optimizer": osd}
         dcp.load(state, checkpoint_id=folder / f"direct-{step}")
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def keep_two(step: int) -> None:  # what a user keeping the last two checkpoints writes around dcp.save
+        dcp.save(state, checkpoint_id=folder / f"kept-{step}")
+        if rank == 0:
+            shutil.rmtree(folder / f"kept-{step - 2}", ignore_errors=True)
 
     def our_load() -> None:
         loaded = ours.latest(max_over_ranks)
@@ -200,14 +210,25 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
         mine = {"rank": rank}
         saves = [("save", partial(ours.save, step, shared, mine, state))]
         saves.append(("dcp_save", partial(dcp.save, state, checkpoint_id=folder / f"direct-{step}")))
+        saves.append(("dcp_keep", partial(keep_two, step)))
         loads = [("load", our_load), ("dcp_load", partial(direct_load, step))]
         for name, run in saves[:: 1 if step % 2 else -1] + loads[:: 1 if step % 2 else -1]:
             times[name].append(timed(run))  # in turn first: the page cache's write-back hits both
+            if name == "save":  # save() returns once the step counts; its pruning runs on a thread
+                times["pruning"].append(timed(ours.wait))
         times["async_blocked"].append(timed(partial(later.save, step, shared, mine, state)))
         later.wait()
     ours.close()
     later.close()
-    return {k: statistics.median(v) for k, v in times.items()}
+    result = {k: statistics.median(v) for k, v in times.items()}
+    whole = [a + b for a, b in zip(times["save"], times["pruning"])]
+    for name, ours_s, theirs in (
+        ("save", times["save"], "dcp_save"),
+        ("whole", whole, "dcp_keep"),
+        ("load", times["load"], "dcp_load"),
+    ):
+        result[f"{name}_ratio"] = statistics.median(a / b for a, b in zip(ours_s, times[theirs]))
+    return result
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -297,8 +318,12 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     f, d = sum(r["fsdp"].values()) / mib, sum(r["ddp"].values()) / mib
     print(f"  {'total':<22} {f:7.2f} {d:7.2f}  {f / d:.3f}   (peak RSS rank 0: {r['peak_rss'] / mib:.0f} MiB)")
     c = r["checkpoint"]
-    print(f"save: {c['save']:.3f} s vs dcp.save {c['dcp_save']:.3f} s = {c['save'] / c['dcp_save']:.2f}x")
-    print(f"load: {c['load']:.3f} s vs dcp.load {c['dcp_load']:.3f} s = {c['load'] / c['dcp_load']:.2f}x")
+    print(f"save: {c['save']:.3f} s vs dcp.save {c['dcp_save']:.3f} s: {c['save_ratio']:.2f}x (median of rounds)")
+    print(
+        f"  then the wait for its pruning {c['pruning']:.3f} s; save + that wait vs dcp.save + rmtree of the "
+        f"checkpoint two back ({c['dcp_keep']:.3f} s): {c['whole_ratio']:.2f}x"
+    )
+    print(f"load: {c['load']:.3f} s vs dcp.load {c['dcp_load']:.3f} s: {c['load_ratio']:.2f}x (median of rounds)")
     print(f"async save blocks {c['async_blocked']:.3f} s = {c['async_blocked'] / c['save']:.2f}x a synchronous save")
 
 
