@@ -133,7 +133,7 @@ def digest(path: Path) -> dict[str, Any]:
 def sync_digest(path: Path) -> dict[str, Any]:
     """fsync a written file and take its size and CRC32 (as digest()) at once: the CRC reads the
     page cache on this thread while the fsync, on another, waits on the disk (both release the GIL)."""
-    fd = os.open(regular(path), os.O_RDONLY)  # fsync makes the file's data durable whatever the fd's mode
+    fd = os.open(regular(path), os.O_RDWR)  # open for writing, as the descriptor DCP itself fsyncs
     try:
         size = os.fstat(fd).st_size
         with ThreadPoolExecutor(max_workers=1) as pool:
