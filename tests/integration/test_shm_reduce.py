@@ -36,6 +36,7 @@ def train(shared):
                           nn.Linear(64, 5))
     ddp = DDP(model, gradient_as_bucket_view=True, bucket_cap_mb=0.004)
     attached = shm_reduce.attach(ddp, rank, world, datetime.timedelta(seconds=60), folder) if shared else None
+    dist.barrier()  # rank 0 removes the arena's file once attach's last collective is over: look after that
     left = sorted(p.name for p in folder.glob("dist-jobs-grads-*")) if folder.is_dir() else []
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     data = torch.Generator().manual_seed(100 + rank)  # every rank its own batches
