@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dist_jobs.backends import BACKENDS, get_backend
+from dist_jobs.backends.base import Prepared
 from dist_jobs.errors import Problem, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.spec.paths import expand_home
@@ -38,6 +39,12 @@ class PreparedSweep:
     head: JobSpec | None  # SLURM: the array's own spec
     max_parallel: int | None
     text: str  # what `--dry-run` prints
+
+    def trials(self) -> list[Prepared]:
+        """Each trial as submit() takes it, for backends that submit a job per trial: the bytes
+        the dry run showed, not a second rendering of each trial."""
+        pairs = zip(self.specs, self.payloads, strict=True)
+        return [Prepared(self.backend, spec, payload, filename) for spec, (filename, payload) in pairs]
 
 
 class Sweeps(Protocol):

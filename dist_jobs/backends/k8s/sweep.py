@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.k8s.backend import K8sBackend
 from dist_jobs.backends.sweeps import SWEEPS_DIR, PreparedSweep, prepare_each
 from dist_jobs.errors import Problem
@@ -53,9 +52,7 @@ class K8sSweeps:
 
     def submit(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path, **options: Any) -> list[str]:
         k8s = K8sBackend(**options)
-        # the bytes the dry run showed (plan.payloads), not a second rendering of each trial
-        trials = zip(plan.specs, plan.payloads)
-        return [str(k8s.submit(Prepared("k8s", spec, payload, filename))) for spec, (filename, payload) in trials]
+        return [str(k8s.submit(trial)) for trial in plan.trials()]
 
     def attach_options(self, saved: Mapping[str, str]) -> dict[str, Any]:
         return {k: saved[k] for k in ("context", "kubeconfig") if saved.get(k)}

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from dist_jobs.backends.base import Prepared, checkpoint_root
+from dist_jobs.backends.base import checkpoint_root
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.snapshot import spec_in_copy
 from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, absolute, prepare_each, write_manifest
@@ -64,9 +64,7 @@ class LocalSweeps:
             start_driver(root / MANIFEST, options)
             return [t["handle"] for t in manifest["trials"]]
         local = LocalBackend(**options)
-        # the bytes the dry run showed (plan.payloads), not a second rendering of each trial
-        trials = zip(plan.specs, plan.payloads)
-        return [str(local.submit(Prepared("local", spec, payload, filename))) for spec, (filename, payload) in trials]
+        return [str(local.submit(trial)) for trial in plan.trials()]
 
     def attach_options(self, saved: Mapping[str, str]) -> dict[str, Any]:
         return {}
