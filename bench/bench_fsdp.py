@@ -195,7 +195,7 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
         dcp.load(state, checkpoint_id=folder / f"direct-{step}")
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
-    def keep_two(step: int) -> None:  # what a user keeping the last two checkpoints writes around dcp.save
+    def keep_two(step: int, state: dict[str, Any]) -> None:  # a user keeping two checkpoints with dcp.save
         dcp.save(state, checkpoint_id=folder / f"kept-{step}")
         if rank == 0:
             shutil.rmtree(folder / f"kept-{step - 2}", ignore_errors=True)
@@ -210,7 +210,7 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
         mine = {"rank": rank}
         saves = [("save", partial(ours.save, step, shared, mine, state))]
         saves.append(("dcp_save", partial(dcp.save, state, checkpoint_id=folder / f"direct-{step}")))
-        saves.append(("dcp_keep", partial(keep_two, step)))
+        saves.append(("dcp_keep", partial(keep_two, step, state)))
         loads = [("load", our_load), ("dcp_load", partial(direct_load, step))]
         for name, run in saves[:: 1 if step % 2 else -1] + loads[:: 1 if step % 2 else -1]:
             times[name].append(timed(run))  # in turn first: the page cache's write-back hits both
