@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.ranks.ports import derive_port
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 from dist_jobs.spec.paths import expand_home
@@ -41,7 +42,12 @@ class FunctionTask:
         # launcher would make submitit refuse to export its own (it never overwrites).
         for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(key, None)
-        dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # The spec's port, else the one dist-jobs derives everywhere: submitit's own pick (20000-60000)
+        # falls mostly in the kernel's ephemeral range, where srun's listening sockets on the first
+        # node can already hold it, and the other ranks then wait on srun instead of the store.
+        dist = submitit.helpers.TorchDistributedEnvironment()
+        dist.master_port = self.spec.master_port or derive_port(int(env.raw_job_id))
+        dist.export(set_cuda_visible_devices=False)
         ckpt = Path(expand_home(self.spec.checkpoint_dir))
         os.environ.update(
             {

@@ -453,7 +453,10 @@ def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
         deadline = time.monotonic() + 150
         while not job.done() and time.monotonic() < deadline:
             time.sleep(1)
-        assert job.done(), f"submitit job {job.job_id} did not finish: {job.state}"
+        if not job.done():
+            logs = sorted((tmp_path / "submitit" / job.job_id).glob("*_log.*"))
+            tails = "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
+            pytest.fail(f"submitit job {job.job_id} did not finish: {job.get_info().get('State')}\n{tails}")
         # 4 tasks: submitit refuses job.result() for a job with tasks; each task has its own.
         metrics = job.task(0).result()
         every_rank = job.results()

@@ -15,6 +15,7 @@ import pytest
 
 from dist_jobs.backends.submitit_backend import executor_parameters, make_executor
 from dist_jobs.errors import UsageError
+from dist_jobs.ranks.ports import derive_port
 from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from dist_jobs.train.task import SUBMITIT_SIGNAL, FunctionTask, TrainTask
@@ -159,14 +160,23 @@ def test_train_task_under_the_local_executor_returns_every_ranks_metrics(
     assert (tmp_path / "checkpoints" / "local" / "step-4" / "COMPLETE").exists()
 
 
+@pytest.mark.parametrize("port", [None, 29633])
 def test_your_own_function_gets_the_ranks_under_the_local_executor(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, port: int | None
 ) -> None:
     from support.envscript import report
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(TESTS)]))  # `support` for the children
+    monkeypatch.setenv("MASTER_PORT", "1")  # the submitter's own: never the job's
     spec = load_spec(
-        data={"name": "fn", "nodes": 1, "procs_per_node": 2, "time": "5", "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"}}
+        data={
+            "name": "fn",
+            "nodes": 1,
+            "procs_per_node": 2,
+            "time": "5",
+            "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"},
+            **({"master_port": port} if port else {}),
+        }
     )
     job = make_executor(spec, tmp_path / "jobs" / "%j", cluster="local").submit(FunctionTask(spec, report))
     try:
@@ -175,6 +185,8 @@ def test_your_own_function_gets_the_ranks_under_the_local_executor(
         job.cancel(check=False)
     assert [(r["rank"], r["local_rank"], r["world"], r["sum"]) for r in results] == [(0, 0, 2, 1.0), (1, 1, 2, 1.0)]
     assert {(r["local_world_size"], r["group_rank"], r["node_rank"]) for r in results} == {("2", "0", "0")}
+    # The spec's port, else dist-jobs' derived one (outside the ephemeral range), not submitit's pick.
+    assert {r["master_port"] for r in results} == {str(port or derive_port(int(job.job_id)))}
 
 
 def test_function_task_adds_submitits_signal_for_fit(monkeypatch: pytest.MonkeyPatch) -> None:
