@@ -11,7 +11,6 @@ code to $DIST_JOBS_EXIT_NOTE (a path the pod entrypoint gives), which the entryp
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import socket
 import sys
@@ -19,6 +18,7 @@ import sys
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, SpecError
 from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.logsetup import log_to_stderr
 
 BAD_FLAGS_EXIT_CODE = 2
 
@@ -32,13 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         return BAD_FLAGS_EXIT_CODE
     try:
         rank = preflight()
-        # Rank 0 tells the story; the others speak up only about problems.
-        logging.basicConfig(
-            level=logging.INFO if rank == 0 else logging.WARNING,
-            format="%(asctime)s %(levelname)s %(message)s",
-            datefmt="%H:%M:%S",
-            stream=sys.stderr,
-        )
+        log_to_stderr(rank)
         from dist_jobs.train.loop import fit  # torch loads here: seconds
 
         fit(config)

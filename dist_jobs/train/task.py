@@ -12,17 +12,22 @@ checkpoint. A function that does not call fit() is requeued the same way and sta
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.ranks.ports import derive_port
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 from dist_jobs.spec.paths import expand_home
+from dist_jobs.train.logsetup import log_to_stderr
 from dist_jobs.train.signals import LAUNCH_SIGNALS_VAR
+
+log = logging.getLogger("dist_jobs.train")
 
 # submitit's default preemption/timeout signal (SUBMITIT_PREEMPT_SIGNAL overrides it).
 SUBMITIT_SIGNAL = "SIGUSR2"
@@ -70,11 +75,14 @@ class FunctionTask:
         self._export_env()
         try:
             return self.run()
-        except Preempted:
+        except Preempted as stop:
+            log.warning("%s", stop)
             # The checkpoint is committed and fit() has put submitit's handler back: hand the
-            # signal to it, so it calls checkpoint() and requeues the job.
+            # signal to it. On rank 0 it calls checkpoint(), requeues the job and exits.
             os.kill(os.getpid(), getattr(signal, SUBMITIT_SIGNAL))
-            raise
+            # On the other ranks it returns. Leave without a result: submitit would record the
+            # Preempted error as this task's outcome until the requeued job overwrites it.
+            raise SystemExit(REQUEUE_EXIT_CODE) from None
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
@@ -92,4 +100,5 @@ class TrainTask(FunctionTask):
 def _fit_spec(spec: JobSpec) -> dict[str, float]:
     from dist_jobs.train.loop import fit
 
+    log_to_stderr(int(os.environ["RANK"]))  # as `python -m dist_jobs.train` does
     return fit(spec.train)

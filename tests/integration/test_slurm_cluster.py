@@ -468,6 +468,62 @@ def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "submitit" / "step-8" / "COMPLETE").exists()
 
 
+def test_submitit_job_preempted_by_its_signal_requeues_and_resumes_bit_identical(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """submitit's warning signal (SIGUSR2, which SLURM sends `grace_seconds` before the time
+    limit; here sent with `scancel --signal`) reaches every task: the ranks agree, checkpoint and
+    leave fit(); rank 0 hands the signal to submitit, which requeues the job, and the requeued
+    job resumes from that checkpoint and ends on the uninterrupted run's bits. The other ranks
+    leave without recording a result: an error there would read as a failed task."""
+    require_module("submitit")
+    from dist_jobs.backends.submitit_backend import make_executor
+    from dist_jobs.train.task import TrainTask
+
+    name = "submitit-preempted"
+    data = spec_data(tmp_path, name)
+    data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
+    spec = load_spec(data=data)
+    job = make_executor(spec, tmp_path / "submitit" / "%j", cluster="slurm").submit(TrainTask(spec))
+    folder = tmp_path / "submitit" / job.job_id
+
+    def tails() -> str:
+        found = sorted(folder.glob("*_log.*"))
+        return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in found)
+
+    def wait(what: str, ready: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                pytest.fail(f"submitit job {job.job_id}: no {what} within {timeout:.0f} s\n{tails()}")
+            time.sleep(1)
+
+    checkpoints = tmp_path / "checkpoints" / name
+    try:
+        wait("checkpoint step-4", lambda: 4 in committed_steps(checkpoints), 120)
+        proc = subprocess.run(["scancel", "--signal=USR2", job.job_id], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        wait("end", job.done, 240)
+        every_rank = job.results()
+    except BaseException:
+        job.cancel(check=False)  # only then: the job is to end COMPLETED on its own
+        raise
+    assert [r["step"] for r in every_rank] == [float(TOTAL_STEPS)] * 4, every_rank
+    told = {t: "".join(p.read_text(errors="replace") for p in sorted(folder.glob(f"*_{t}_log.*"))) for t in range(4)}
+    rank0 = told[0]
+    stopped = re.search(r"preempted by SIGUSR2 at step (\d+): checkpoint step-\1 .* is committed", rank0)
+    assert stopped, tails()
+    step = int(stopped.group(1))
+    assert 4 <= step < TOTAL_STEPS
+    assert re.search(rf"resumed from \S+/{name}/step-{step}: .* step {step} overall", rank0), tails()
+    assert f"Requeued job {job.job_id}" in rank0, tails()
+    for task in (1, 2, 3):  # they said why they left, and recorded no error for submitit
+        assert f"at step {step}: checkpoint step-{step} in" in told[task], tails()
+        assert "triggered an exception" not in told[task], tails()
+    assert final_sacct_state(job.job_id) == ("COMPLETED", 2)
+    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+
+
 # --- your own unmodified script: torch's env:// contract in every mode ------------------------
 
 ENV_SCRIPT = TESTS / "support" / "envscript.py"
