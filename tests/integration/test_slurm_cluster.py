@@ -441,6 +441,24 @@ def test_unknown_partition_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists(), "a failed submit left a job directory"
 
 
+def submitit_logs(folder: Path) -> str:
+    """The tail of every task's stdout and stderr in a submitit job's folder."""
+    found = sorted(folder.glob("*_log.*"))
+    return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in found)
+
+
+def wait_submitit(job: Any, folder: Path, what: str, ready: Any, timeout: float) -> None:
+    """Poll `ready()` until it is truthy; on timeout fail with the job's state and its logs."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            state = job.get_info().get("State")
+            pytest.fail(
+                f"submitit job {job.job_id} ({state}): no {what} within {timeout:.0f} s\n{submitit_logs(folder)}"
+            )
+        time.sleep(1)
+
+
 def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
     require_module("submitit")
     from dist_jobs.backends.submitit_backend import make_executor
@@ -450,13 +468,7 @@ def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
     executor = make_executor(spec, tmp_path / "submitit" / "%j", cluster="slurm")
     job = executor.submit(TrainTask(spec))
     try:
-        deadline = time.monotonic() + 150
-        while not job.done() and time.monotonic() < deadline:
-            time.sleep(1)
-        if not job.done():
-            logs = sorted((tmp_path / "submitit" / job.job_id).glob("*_log.*"))
-            tails = "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
-            pytest.fail(f"submitit job {job.job_id} did not finish: {job.get_info().get('State')}\n{tails}")
+        wait_submitit(job, tmp_path / "submitit" / job.job_id, "end", job.done, 150)
         # 4 tasks: submitit refuses job.result() for a job with tasks; each task has its own.
         metrics = job.task(0).result()
         every_rank = job.results()
@@ -486,24 +498,12 @@ def test_submitit_job_preempted_by_its_signal_requeues_and_resumes_bit_identical
     spec = load_spec(data=data)
     job = make_executor(spec, tmp_path / "submitit" / "%j", cluster="slurm").submit(TrainTask(spec))
     folder = tmp_path / "submitit" / job.job_id
-
-    def tails() -> str:
-        found = sorted(folder.glob("*_log.*"))
-        return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in found)
-
-    def wait(what: str, ready: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if time.monotonic() > deadline:
-                pytest.fail(f"submitit job {job.job_id}: no {what} within {timeout:.0f} s\n{tails()}")
-            time.sleep(1)
-
     checkpoints = tmp_path / "checkpoints" / name
     try:
-        wait("checkpoint step-4", lambda: 4 in committed_steps(checkpoints), 120)
+        wait_submitit(job, folder, "checkpoint step-4", lambda: 4 in committed_steps(checkpoints), 120)
         proc = subprocess.run(["scancel", "--signal=USR2", job.job_id], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-        wait("end", job.done, 240)
+        wait_submitit(job, folder, "end", job.done, 240)
         every_rank = job.results()
     except BaseException:
         job.cancel(check=False)  # only then: the job is to end COMPLETED on its own
@@ -512,14 +512,14 @@ def test_submitit_job_preempted_by_its_signal_requeues_and_resumes_bit_identical
     told = {t: "".join(p.read_text(errors="replace") for p in sorted(folder.glob(f"*_{t}_log.*"))) for t in range(4)}
     rank0 = told[0]
     stopped = re.search(r"preempted by SIGUSR2 at step (\d+): checkpoint step-\1 .* is committed", rank0)
-    assert stopped, tails()
+    assert stopped, submitit_logs(folder)
     step = int(stopped.group(1))
     assert 4 <= step < TOTAL_STEPS
-    assert re.search(rf"resumed from \S+/{name}/step-{step}: .* step {step} overall", rank0), tails()
-    assert f"Requeued job {job.job_id}" in rank0, tails()
+    assert re.search(rf"resumed from \S+/{name}/step-{step}: .* step {step} overall", rank0), submitit_logs(folder)
+    assert f"Requeued job {job.job_id}" in rank0, submitit_logs(folder)
     for task in (1, 2, 3):  # they said why they left, and recorded no error for submitit
-        assert f"at step {step}: checkpoint step-{step} in" in told[task], tails()
-        assert "triggered an exception" not in told[task], tails()
+        assert f"at step {step}: checkpoint step-{step} in" in told[task], submitit_logs(folder)
+        assert "triggered an exception" not in told[task], submitit_logs(folder)
     assert final_sacct_state(job.job_id) == ("COMPLETED", 2)
     assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
 
