@@ -141,6 +141,18 @@ TRAINJOBS = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
+def exited(core: client.CoreV1Api, job: str, timeout: float = 60) -> dict[str, Any]:
+    """The job's pods by name once the kubelet reports each one's container terminated. The
+    operator judges a job with a Master by the Master alone, so a worker may still be leaving."""
+
+    def check() -> dict[str, Any] | None:
+        found = pods(core, job)
+        done = all(p.status.container_statuses and p.status.container_statuses[0].state.terminated for p in found)
+        return {p.metadata.name: p for p in found} if found and done else None
+
+    return wait_for(check, timeout, f"every pod of {job} to exit")  # type: ignore[no-any-return]
+
+
 def trainjob_pods(core: client.CoreV1Api, job: str) -> list[Any]:
     return list(core.list_namespaced_pod(NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={job}").items)
 
@@ -183,7 +195,7 @@ def test_two_node_job_trains_checkpoints_on_the_pvc_and_succeeds(
     job = submit(job_spec("rp-train", claim))
     found = ended(custom, job, 240)
     assert state(found) == "Succeeded", found
-    by_name = {p.metadata.name: p for p in pods(core, job)}
+    by_name = exited(core, job)
     master, worker = by_name[f"{job}-master-0"], by_name[f"{job}-worker-0"]
     # One pod per node, each with an address of its node's pod network, both exited 0 (kubelet's word).
     assert (master.spec.node_name, worker.spec.node_name) == realpods_tier.NODES
