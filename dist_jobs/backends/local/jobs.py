@@ -118,9 +118,11 @@ class LocalBackend:
         folder = _folder(job_id)
         name = folder.parent.name
         code = _read_int(folder / EXIT)
+        if code is None and _alive(folder):
+            return JobStatus(job_id, name, "RUNNING", f"pid {_read_int(folder / PID)}")
+        if code is None:  # read again: the launcher may have written it and left since the first read
+            code = _read_int(folder / EXIT)
         if code is None:
-            if _alive(folder):
-                return JobStatus(job_id, name, "RUNNING", f"pid {_read_int(folder / PID)}")
             return JobStatus(job_id, name, "FAILED", f"the launcher died without an exit code; see {folder / LOG}")
         if code == 0:
             return JobStatus(job_id, name, "COMPLETED", "exit 0")
