@@ -222,13 +222,10 @@ class Controller:
                 },
             )
         ip = ((pod or {}).get("status") or {}).get("podIP")
-        alive = (
-            pod is not None
-            and not pod["metadata"].get("deletionTimestamp")
-            and pod["status"].get("phase") in ("Pending", "Running")
-        )
         subsets = (
-            [{"addresses": [{"ip": ip}], "ports": [{"name": "pytorchjob-port", "port": port}]}] if ip and alive else []
+            [{"addresses": [{"ip": ip}], "ports": [{"name": "pytorchjob-port", "port": port}]}]
+            if ip and alive(pod)
+            else []
         )
         current = self.api.get(ns_path("endpoints", name))
         if current is None:
@@ -260,11 +257,13 @@ class Controller:
         """Create, recreate and judge pods; True once the job has ended."""
         backoff = job["spec"].get("runPolicy", {}).get("backoffLimit")
         jname = job["metadata"]["name"]
+        # A pod's Service endpoint (the DNS answer) only while it is alive: a Worker recreated
+        # while the failed Master it would name is still listed must wait for the new Master.
         aliases = {}
         for pname, _, _ in expected:
             pod = mine.get(pname)
             ip = ((pod or {}).get("status") or {}).get("podIP")
-            if pod is not None and ip and not pod["metadata"].get("deletionTimestamp"):
+            if ip and alive(pod):
                 aliases[pname] = ip
         has_master = any(r == "Master" for _, r, _ in expected)
         for pname, rtype, index in expected:
@@ -554,6 +553,15 @@ class Controller:
                 self.api.delete(ns_path("pods", pod["metadata"]["name"]))
         if not mine and tj["metadata"].get("finalizers"):
             self.api.patch(trainjob.path(NAMESPACE, tj["metadata"]["name"]), {"metadata": {"finalizers": None}})
+
+
+def alive(pod: dict[str, Any] | None) -> bool:
+    """What the endpoints controller serves: a pod not being deleted that has not ended."""
+    return (
+        pod is not None
+        and not pod["metadata"].get("deletionTimestamp")
+        and pod["status"].get("phase") in ("Pending", "Running")
+    )
 
 
 def exit_code(pod: dict[str, Any]) -> int:
