@@ -81,7 +81,8 @@ def test_user_loss_metrics_are_averaged_over_all_ranks(reference: list[Any]) -> 
 def test_sigterm_mid_epoch_resumes_dict_batches_bit_identically(reference: list[Any], tmp_path: Path) -> None:
     # The ranks stop one to a few boundaries after the signal (the flag's all_reduce is a step
     # late, and a loaded machine adds more): signalled one step into the second epoch (steps
-    # 7-12), they stop inside it. A random step once landed the stop on an epoch's end.
+    # 7-12), they stop inside it, steps slow enough that a late signal still lands there. A
+    # random step once landed the stop on an epoch's end.
     stop_at, target = 7, random.randint(0, 1)
     print(f"SIGTERM to rank {target} once rank 0 logged step {stop_at}")
     (tmp_path / "first").mkdir()
@@ -89,7 +90,7 @@ def test_sigterm_mid_epoch_resumes_dict_batches_bit_identically(reference: list[
         flags(tmp_path / "ckpt"),
         tmp_path / "first",
         command=[PYTHON, str(JOB), str(tmp_path)],
-        DJ_TEST_STEP_DELAY="0.1",
+        DJ_TEST_STEP_DELAY="0.3",
     )
     deadline = time.monotonic() + 90
     while ranks[0].last_step() < stop_at:

@@ -27,6 +27,25 @@ def job(checkpoints: Path) -> list[str]:
     ]
 
 
+def read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def mtimes(folder: Path) -> dict[str, float]:
+    """Each entry's mtime; one renamed away between the listing and its stat (a writer's
+    temporary file) is left out."""
+    found = {}
+    for path in folder.iterdir():
+        try:
+            found[path.name] = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def test_a_hand_launch_holds_the_lock_and_a_second_one_is_refused_on_every_rank(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -62,21 +81,23 @@ def test_a_run_whose_lock_is_taken_over_stops_and_writes_nothing_more(tmp_path: 
     args = [*job(tmp_path / "ckpt"), "--checkpoint-every-steps", "2"]
     ranks = start_ranks(args, tmp_path / "a", DJ_TEST_STEP_DELAY="0.5", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.2")
     try:
+        # step-2 committed and tidied: `latest`, first written by the pruner thread after the
+        # commit, must not be a file this run creates after the takeover.
         deadline = time.monotonic() + 90
-        while not (run_dir / "step-2" / "COMPLETE").exists() and time.monotonic() < deadline:
-            assert all(r.proc.poll() is None for r in ranks), ranks[0].text()[-3000:]
+        while read(run_dir / "latest") != "step-2\n":
+            assert time.monotonic() < deadline and all(r.proc.poll() is None for r in ranks), ranks[0].text()[-3000:]
             time.sleep(0.05)
         thief = foreign("slurm:4300", "slurm", "4300")
         (run_dir / "LOCK").write_bytes(thief.to_bytes())  # the takeover: from now on the folder is 4300's
         taken = time.time()
-        before = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+        before = mtimes(run_dir)
     finally:
         codes = wait_all(ranks, timeout=120)
     assert codes == [6, 6], ranks[0].text()[-3000:]
     log = ranks[0].text()
     assert "lost the lock of run directory" in log and "slurm job 4300, pid 99999 on host elsewhere" in log, log
     assert "Traceback" not in log and "Traceback" not in ranks[1].text()
-    after = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+    after = mtimes(run_dir)
     # A write that passed its check just before the takeover may land a moment after it; none later.
     changed = {name for name, mtime in after.items() if mtime > taken + 0.3 or name not in before}
     assert changed == set(), changed
