@@ -291,6 +291,22 @@ def test_status_of_an_unknown_job(tmp_path: Path) -> None:
     assert "sacct" in (caught.value.hint or "")
 
 
+def test_status_of_a_job_submitted_here_that_ended_before_slurmdbd_recorded_it(tmp_path: Path) -> None:
+    """squeue drops a job the moment it ends; slurmdbd may not have its record yet. A job this
+    machine submitted exists: it reads UNKNOWN (the next poll finds it), as in `statuses`, not
+    "SLURM knows no job", which ended a `wait` on it."""
+    runner = FakeRunner(
+        sbatch=(0, fixture("sbatch_parsable.txt"), ""),
+        squeue=(1, "", fixture("squeue_err_unknown_job.txt")),
+        sacct=(0, "", ""),
+    )
+    slurm, job_id = submit(tmp_path, runner)
+    status = slurm.status(job_id)
+    assert (status.state, status.finished) == ("UNKNOWN", False)
+    assert status.detail == "squeue no longer lists it and sacct has no record of it yet"
+    assert slurm.statuses([job_id])[job_id] == status
+
+
 def test_status_with_the_controller_unreachable_says_so(tmp_path: Path) -> None:
     """It once answered "SLURM knows no job" (after squeue's retries and sacct's)."""
     runner = FakeRunner(squeue=(1, "", fixture("squeue_err_no_controller.txt")))

@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/t
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 ARRAY_TASK_SACCT_TRIES = 15  # seconds: slurmdbd's lag after an array task ends
+# A job squeue has dropped (it does so the moment the job ends) that slurmdbd has no record of yet.
+NOT_RECORDED_YET = "squeue no longer lists it and sacct has no record of it yet"
 NOT_INSTALLED_HINT = "run this on a SLURM login node, or bring up the local test cluster: bash slurm/cluster/up.sh"
 
 
@@ -158,7 +160,15 @@ class SlurmBackend:
             return self._completing(job_id, job)
         if job is not None:
             return _queued(job)
-        return self._ended(job_id, self._sacct_state(job_id))
+        acct = self._sacct_state(job_id)
+        if acct is not None:
+            return self._ended(job_id, acct)
+        if job_meta(self.jobs_dir, job_id):  # submitted from here: it exists, slurmdbd lags
+            return JobStatus(job_id, "", "UNKNOWN", NOT_RECORDED_YET)
+        raise BackendError(
+            f"SLURM knows no job {job_id}",
+            "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
+        )
 
     def _with_code(self, job_id: str, status: JobStatus) -> JobStatus:
         """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted with one."""
@@ -190,8 +200,7 @@ class SlurmBackend:
             elif acct is not None:
                 out[job_id] = self._ended(job_id, acct)
             else:
-                said = "squeue no longer lists it and sacct has no record of it yet"
-                out[job_id] = JobStatus(job_id, "", "UNKNOWN", said)
+                out[job_id] = JobStatus(job_id, "", "UNKNOWN", NOT_RECORDED_YET)
         return {job_id: self._with_code(job_id, found) for job_id, found in out.items()}
 
     def _ended(self, job_id: str, state: SacctJobState) -> JobStatus:
@@ -242,7 +251,7 @@ class SlurmBackend:
         if acct is None:
             try:
                 acct = self._sacct_state(job_id)
-            except BackendError:
+            except BackendError:  # sacct failed: the status is told without it
                 acct = None
         nodes = {}
         if job.nodelist:
@@ -250,10 +259,11 @@ class SlurmBackend:
             nodes = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
         return completing_status(job, acct, nodes)
 
-    def _sacct_state(self, job_id: str) -> SacctJobState:
-        """sacct's record of the job. An array task (ID_I) is looked up among its array's records
-        (one that never started is in the array's `ID_[...]` one); squeue drops a task the moment
-        it ends, before slurmdbd may have its record, so it is asked again for a while."""
+    def _sacct_state(self, job_id: str) -> SacctJobState | None:
+        """sacct's record of the job, None if it has none. An array task (ID_I) is looked up among
+        its array's records (one that never started is in the array's `ID_[...]` one); squeue
+        drops a task the moment it ends, before slurmdbd may have its record, so it is asked again
+        for a while."""
         task = "_" in job_id
         for attempt in range(ARRAY_TASK_SACCT_TRIES if task else 1):
             time.sleep(1.0 if attempt else 0.0)
@@ -270,10 +280,7 @@ class SlurmBackend:
             state = sacct_job_state(rows, array_task_key(rows, job_id) if task else job_id)
             if state is not None:
                 return state
-        raise BackendError(
-            f"SLURM knows no job {job_id}",
-            "check the id (`squeue --me`, `sacct -X`); finished jobs need accounting (sacct)",
-        )
+        return None
 
     def _squeue_job(self, job_id: str) -> SlurmJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
