@@ -343,7 +343,8 @@ def test_the_launcher_and_keepers_sleep_while_the_ranks_work(tmp_path: Path) -> 
     """Beside ranks that use every core, a supervisor that polls takes CPU from them many times a
     second; the launcher and each keeper wake only when something happens."""
     marker = f"djtest-{uuid.uuid4().hex}"
-    quiet = 'import os, time; print("up", os.environ["RANK"], flush=True); time.sleep(4)'
+    # each rank sleeps well past the window, however far apart the two start
+    quiet = 'import os, time; print("up", os.environ["RANK"], flush=True); time.sleep(8)'
     proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, quiet)
     _wait_up(proc, 2)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout

@@ -64,7 +64,8 @@ def test_a_hand_launch_holds_the_lock_and_a_second_one_is_refused_on_every_rank(
         refusal = second[0].text()
         assert f"is in use by another run (trainer run, pid {first[0].proc.pid} on host " in refusal, refusal
         assert "rank 0 was refused the lock" in second[1].text() and "Traceback" not in refusal
-        assert all(r.proc.poll() is None for r in first)  # the first run goes on
+        # the first run goes on (on a loaded machine it may have ended by now, and well)
+        assert all(r.proc.poll() in (None, 0) for r in first), first[0].text()[-3000:]
     finally:
         codes = wait_all(first, timeout=150)
     assert codes == [0, 0], first[0].text()[-3000:]
