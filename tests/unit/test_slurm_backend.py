@@ -295,16 +295,18 @@ def test_status_of_a_job_submitted_here_that_ended_before_slurmdbd_recorded_it(t
     """squeue drops a job the moment it ends; slurmdbd may not have its record yet. A job this
     machine submitted exists: it reads UNKNOWN (the next poll finds it), as in `statuses`, not
     "SLURM knows no job", which ended a `wait` on it."""
-    runner = FakeRunner(
-        sbatch=(0, fixture("sbatch_parsable.txt"), ""),
-        squeue=(1, "", fixture("squeue_err_unknown_job.txt")),
-        sacct=(0, "", ""),
-    )
-    slurm, job_id = submit(tmp_path, runner)
-    status = slurm.status(job_id)
+    record = tmp_path / "runs" / f"{RUN}-26" / "job.json"  # what submit records
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"job_id": "26", "run": RUN, "log_dir": str(tmp_path / "logs")}))
+    runner = FakeRunner(squeue=(1, "", fixture("squeue_err_unknown_job.txt")), sacct=(0, "", ""))
+    slurm = backend(tmp_path, runner)
+    status = slurm.status("26")
     assert (status.state, status.finished) == ("UNKNOWN", False)
     assert status.detail == "squeue no longer lists it and sacct has no record of it yet"
-    assert slurm.statuses([job_id])[job_id] == status
+    assert slurm.statuses(["26"])["26"] == status
+    record.unlink()  # an id nobody here submitted
+    with pytest.raises(BackendError, match="SLURM knows no job 26"):
+        slurm.status("26")
 
 
 def test_status_with_the_controller_unreachable_says_so(tmp_path: Path) -> None:
