@@ -8,12 +8,29 @@ same directory on both nodes and here, as an RWX filesystem would be).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
+
+from support.paths import REPO
 
 UP_SCRIPT = "k8s/kubelet/up.sh"
 NAMESPACE = "dist-jobs-pods"  # the namespace the tier's controller (the operator) watches
 NODES = ("10.78.0.11", "10.78.0.12")
+
+
+def tier_module(name: str) -> ModuleType:
+    """k8s/kubelet/<name>.py (the tier's scripts are not a package), loaded once as `realpods_<name>`."""
+    key = f"realpods_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "k8s" / "kubelet" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
 def state_dir() -> Path:

@@ -3,8 +3,6 @@ that records what it is asked. The pods running for real are in tests/integratio
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +10,9 @@ import yaml
 
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
-from support.paths import REPO
+from support.realpods_tier import tier_module
 
-_spec = importlib.util.spec_from_file_location("realpods_controller", REPO / "k8s" / "kubelet" / "controller.py")
-assert _spec is not None and _spec.loader is not None
-controller = importlib.util.module_from_spec(_spec)
-sys.modules["realpods_controller"] = controller
-_spec.loader.exec_module(controller)
+controller = tier_module("controller")
 
 SPEC = {"name": "pj", "nodes": 2, "procs_per_node": 2, "image": "localhost/img:1", "k8s": {"pvc": "ckpt"}}
 

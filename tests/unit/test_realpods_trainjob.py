@@ -4,7 +4,6 @@ TrainJob ends. The pods running for real are in tests/integration/test_k8s_pods.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import yaml
@@ -12,12 +11,9 @@ import yaml
 from dist_jobs.backends.k8s.backend import stamped
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
-from support.paths import REPO
+from support.realpods_tier import tier_module
 
-_spec = importlib.util.spec_from_file_location("trainjob", REPO / "k8s" / "kubelet" / "trainjob.py")
-assert _spec is not None and _spec.loader is not None
-trainjob = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(trainjob)
+trainjob = tier_module("trainjob")
 
 SPEC = {
     "name": "tj",
