@@ -60,7 +60,7 @@ pods-down:
 	bash k8s/kubelet/down.sh
 
 examples: $(VENV)/.installed
-	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/test_examples.py tests/unit/test_sweep.py
+	DIST_JOBS_REFRESH_EXAMPLES=1 $(PY) -m pytest -q tests/unit/render/test_examples.py tests/unit/api/test_sweep.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis .nox

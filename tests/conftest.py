@@ -1,5 +1,6 @@
 """Test set-up: tests/ on sys.path (for `support`), the tier gate of support.tiers, and
-`--torch-free`: the suite without the tests that need torch (support.needs_torch)."""
+`--torch-free`: the suite without the tests that need torch (support.torch_free and
+`@requires("torch")`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from support import tiers  # noqa: E402
-from support.needs_torch import file_needs_torch, marked_torch  # noqa: E402
+from support.torch_free import file_needs_torch  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,7 +26,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "requires_tiers(*tiers): needs these test tiers (support.tiers)")
+    config.addinivalue_line("markers", "requires_tiers(*needs): needs these (support.tiers.requires)")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -35,21 +36,27 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# A cluster tier is one shared machine-wide resource (the 2-node SLURM cluster runs one job of
+# the suite at a time well, not four): under pytest-xdist (`--dist loadgroup`) each tier's tests run
+# on one worker, one after the other, while other workers run what needs no tier.
+SHARED_TIERS = ("slurm", "realpods", "pods", "apiserver")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups on its workers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Each need is also a marker, so `-m 'not slurm and not apiserver'` keeps working.
     for item in items:
-        relative = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
-        if marked_torch(relative, getattr(item, "originalname", item.name)):
-            item.add_marker(pytest.mark.torch)
+        needs = [tier for mark in item.iter_markers("requires_tiers") for tier in mark.args]
+        for tier in needs:
+            item.add_marker(getattr(pytest.mark, tier))
+        shared = [tier for tier in SHARED_TIERS if tier in needs]
+        if shared and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
     if config.getoption("--torch-free"):
         dropped = [item for item in items if item.get_closest_marker("torch")]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = [item for item in items if not item.get_closest_marker("torch")]
-    # Each tier is also a marker, so `-m 'not slurm and not apiserver'` keeps working.
-    for item in items:
-        for mark in item.iter_markers("requires_tiers"):
-            for tier in mark.args:
-                item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,7 +1,7 @@
 """Quoting filters: the only way a user value reaches a shell script or a YAML manifest.
 
 The jinja environment registers these as filters and templates use them on every user value;
-tests/unit/test_quoting_props.py proves the round trips with hypothesis.
+tests/unit/render/test_quoting_props.py proves the round trips with hypothesis.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dist_jobs.errors import Problem
 
 # bash 5.x: assignments evaluated as arithmetic (code runs) or ignored, read-only or recomputed
-# (the value never reaches the job). tests/unit/test_reserved.py checks this against real bash.
+# (the value never reaches the job). tests/unit/spec/test_reserved.py checks this against real bash.
 BASH_OWNED = frozenset(
     {
         "_",
@@ -54,7 +54,7 @@ BASH_OWNED = frozenset(
         "UID",
     }
 )
-# What `dist_jobs.spec.env.job_env` sets (tests/unit/test_reserved.py keeps the two in step).
+# What `dist_jobs.spec.env.job_env` sets (tests/unit/spec/test_reserved.py keeps the two in step).
 DIST_JOBS_OWNED = frozenset(
     {
         "DIST_JOBS_BACKEND",
@@ -70,7 +70,7 @@ DIST_JOBS_OWNED = frozenset(
 TORCH_OWNED = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR"}
 )
-# What the batch script's own lines read, and why setting it breaks them (tests/unit/test_reserved.py
+# What the batch script's own lines read, and why setting it breaks them (tests/unit/spec/test_reserved.py
 # runs the rendered script with each).
 SCRIPT_READ = {
     "PWD": (

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from support.tiers import requires
 from support.train_support import PYTHON, start_ranks, wait_all
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [requires("torch"), pytest.mark.timeout(240)]
 
 WORLD, BAD_RANK = 4, 2
 

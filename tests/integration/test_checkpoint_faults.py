@@ -9,14 +9,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from support.paths import REPO
-from support.tiers import require_module
+from support.tiers import require_module, requires
+from support.waiting import eventually
 
 torch = require_module("torch")
 
@@ -56,17 +56,18 @@ print("finished", flush=True)
 """
 
 
-def _kill_when_writing(proc: subprocess.Popen, partial: Path, deadline: float) -> None:
+def _kill_when_writing(proc: subprocess.Popen, partial: Path, timeout: float) -> None:
     tmp = ".shared.pt.*.tmp"  # the atomic writer's temporary name: .<name>.<pid>.<random>.tmp
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if any(f.stat().st_size > (16 << 20) for f in partial.glob(tmp)):  # well inside the 512 MB write
-                proc.send_signal(signal.SIGKILL)
-                return
-        except FileNotFoundError:
-            pass
-        time.sleep(0.002)
-    pytest.fail(f"never saw {partial / tmp} growing (writer exited with {proc.poll()})")
+    eventually(
+        lambda: any(f.stat().st_size > (16 << 20) for f in partial.glob(tmp)),  # well inside the 512 MB write
+        retry_on=(FileNotFoundError,),
+        timeout=timeout,
+        interval=0.002,
+        what=f"{partial / tmp} growing",
+        give_up=lambda: proc.poll() is not None,
+        context=lambda: f"writer exited with {proc.poll()}",
+    )
+    proc.send_signal(signal.SIGKILL)
 
 
 @pytest.mark.timeout(120)
@@ -82,7 +83,7 @@ def test_sigkill_mid_write_keeps_previous_checkpoint(tmp_path: Path, mode: str) 
     )
     try:
         assert proc.stdout.readline().strip() == "committed"
-        _kill_when_writing(proc, tmp_path / ".step-2.partial", time.monotonic() + 60)
+        _kill_when_writing(proc, tmp_path / ".step-2.partial", 60)
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
@@ -105,8 +106,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill (needs root): {done.stderr.strip()}")
+    assert done.returncode == 0, f"cannot mount a 2 MiB tmpfs to fill: {done.stderr.strip()}"
     try:
         yield mnt
     finally:
@@ -126,6 +126,7 @@ def _assert_previous_survives(run: Path) -> None:
     assert loaded.step == 1 and torch.equal(loaded.shared["model"]["w"], torch.full((1000,), 1.0))
 
 
+@requires("root")  # mounts the tmpfs
 def test_disk_full_detected_before_writing(small_disk: Path) -> None:
     run = small_disk / "run"
     ck = Checkpointer(run, rank=0, world_size=1)
@@ -148,6 +149,7 @@ def _free_lies_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ckpt_async, "free_bytes", fake)
 
 
+@requires("root")  # mounts the tmpfs
 @pytest.mark.parametrize("async_write", [False, True], ids=["sync", "async"])
 def test_disk_full_while_writing(small_disk: Path, monkeypatch: pytest.MonkeyPatch, async_write: bool) -> None:
     run = small_disk / "run"

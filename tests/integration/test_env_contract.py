@@ -40,31 +40,16 @@ def check_world(got: list[dict[str, Any]], nodes: int, procs: int) -> None:
         assert r["sum"] == sum(range(world)), r
 
 
+def run_locally(cwd: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`dist-jobs run --backend local OPTIONS -- python envscript.py`, run in `cwd`."""
+    argv = [PYTHON, "-m", "dist_jobs", "run", "--backend", "local", *options, "--", "python", str(ENV_SCRIPT)]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+@requires("torch")
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_local_backend_gives_an_unmodified_script_its_ranks(tmp_path: Path, launcher: str) -> None:
-    proc = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "dist_jobs",
-            "run",
-            "--backend",
-            "local",
-            "--nodes",
-            "2",
-            "--procs-per-node",
-            "2",
-            "--launcher",
-            launcher,
-            "--",
-            "python",
-            str(ENV_SCRIPT),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_locally(tmp_path, "--nodes", "2", "--procs-per-node", "2", "--launcher", launcher)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = results(proc.stdout)
     check_world(got, nodes=2, procs=2)
@@ -72,30 +57,9 @@ def test_local_backend_gives_an_unmodified_script_its_ranks(tmp_path: Path, laun
     assert {r["omp_num_threads"] for r in got} == {"1"}
 
 
+@requires("torch")
 def test_users_thread_setting_wins(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "dist_jobs",
-            "run",
-            "--backend",
-            "local",
-            "--nodes",
-            "1",
-            "--procs-per-node",
-            "2",
-            "--env",
-            "OMP_NUM_THREADS=3",
-            "--",
-            "python",
-            str(ENV_SCRIPT),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_locally(tmp_path, "--nodes", "1", "--procs-per-node", "2", "--env", "OMP_NUM_THREADS=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {r["omp_num_threads"] for r in results(proc.stdout)} == {"3"}
 
@@ -133,6 +97,7 @@ def test_pytorchjob_pods_give_an_unmodified_script_its_ranks(tmp_path: Path, lau
     assert {r["host"] for r in got} == {"env-pods-master-0", "env-pods-worker-0"}
 
 
+@requires("torch")
 def test_call_local_runs_your_function_on_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dist_jobs
     from support.envscript import report
@@ -181,6 +146,7 @@ def _preemptible(checkpoints: str, stop_after: int) -> dict[str, float]:
     return fit(config, Regressor(), Points(64), loss=mse, state={"tick": Preempt()})
 
 
+@requires("torch")
 def test_call_local_preempted_function_resumes_when_called_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

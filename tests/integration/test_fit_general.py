@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,11 @@ from dist_jobs.train.ckpt_async import CheckpointError
 from dist_jobs.train.loop import fit
 from support.paths import PYTHON, TESTS
 from support.regression_job import EMA, Points, Regressor, mse
-from support.train_support import assert_bit_identical, start_ranks, wait_all
+from support.train_support import assert_bit_identical, clipped_sgd_step, start_ranks, wait_all
+from support.waiting import eventually
 
-pytestmark = pytest.mark.timeout(240)
+# Its tests share one module-scoped reference run: one xdist worker runs them all.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("test_fit_general")]
 
 JOB = TESTS / "support" / "regression_job.py"
 TOTAL = 18  # 96 samples / 2 ranks / batch 8 = 6 steps an epoch, 3 epochs
@@ -92,10 +93,14 @@ def test_sigterm_mid_epoch_resumes_dict_batches_bit_identically(reference: list[
         command=[PYTHON, str(JOB), str(tmp_path)],
         DJ_TEST_STEP_DELAY="0.3",
     )
-    deadline = time.monotonic() + 90
-    while ranks[0].last_step() < stop_at:
-        assert time.monotonic() < deadline and all(r.proc.poll() is None for r in ranks), ranks[0].text()[-3000:]
-        time.sleep(0.02)
+    eventually(
+        lambda: ranks[0].last_step() >= stop_at,
+        timeout=90,
+        interval=0.02,
+        what=f"rank 0's step {stop_at}",
+        give_up=lambda: [r.proc.returncode for r in ranks if r.proc.poll() is not None],
+        context=lambda: ranks[0].text()[-3000:],
+    )
     ranks[target].proc.send_signal(signal.SIGTERM)
     assert wait_all(ranks, timeout=60) == [REQUEUE_EXIT_CODE] * 2, ranks[0].text()[-3000:]
     stopped = int((tmp_path / "ckpt" / "regress" / "PREEMPTED").read_text())
@@ -107,31 +112,11 @@ def test_sigterm_mid_epoch_resumes_dict_batches_bit_identically(reference: list[
         assert got["ema"]["updates"] == want["ema"]["updates"] == TOTAL * 1  # one per micro-batch
 
 
-@pytest.fixture
-def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "DIST_JOBS_CHECKPOINT_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DIST_JOBS_ENV", "single")
-
-
 def test_gradient_clipping_bounds_the_step(one_process: None) -> None:
     torch.manual_seed(0)
     model = Regressor()
     before = [p.detach().clone() for p in model.parameters()]
-    config = TrainConfig(
-        optimizer="sgd",
-        momentum=0.0,
-        weight_decay=0.0,
-        lr=1.0,
-        grad_clip=1e-3,
-        max_steps=1,
-        batch_size=8,
-        scheduler="constant",
-        progress=False,
-        eval_every_epoch=False,
-        device="cpu",
-    )
-    fit(config, model, Points(8), loss=mse)
+    fit(clipped_sgd_step(), model, Points(8), loss=mse)
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)]).norm()
     assert 0 < moved <= 1e-3 * (1 + 1e-5)  # SGD: step = lr x clipped gradient
 

@@ -18,25 +18,14 @@ from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import read_hang
 from dist_jobs.rundir.progress import read_history, read_progress
 from support.paths import PYTHON, REPO, TESTS
+from support.specs import tiny_train
+from support.tiers import requires
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(420)]
 
 TOTAL = 32  # 128 samples / (2 ranks x batch 4) = 16 steps an epoch, 2 epochs
-TRAIN = {
-    "model": "support.hang_support:stalling_net",
-    "data": "fake",
-    "image_size": 16,
-    "fake_samples": 128,
-    "batch_size": 4,
-    "epochs": 2,
-    "seed": 5,
-    "device": "cpu",
-    "log_every": 2,
-    "progress": False,
-    "checkpoint_every_steps": 4,
-    "hang_min_seconds": 4,
-    "hang_factor": 10,
-}
+STALLING = {"model": "support.hang_support:stalling_net", "hang_min_seconds": 4, "hang_factor": 10}
+TRAIN = tiny_train(**STALLING, fake_samples=128, epochs=2, seed=5, log_every=2, checkpoint_every_steps=4)
 
 
 def command(verb: str = "run") -> list[str]:

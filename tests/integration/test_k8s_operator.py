@@ -29,6 +29,7 @@ from support.lock_support import foreign
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO
 from support.tiers import require_module, requires
+from support.waiting import eventually
 
 require_module("kubernetes")
 
@@ -142,6 +143,18 @@ def committed(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in run_dir.glob("step-*") if (p / "COMPLETE").exists())
 
 
+def first_checkpoint(operator: Operator, run_dir: Path) -> list[int]:
+    """The committed steps once there is one; fails at once if a pod exits before."""
+    return eventually(
+        lambda: committed(run_dir),
+        timeout=240,
+        interval=0.05,
+        what="a first committed checkpoint",
+        give_up=lambda: [(a.pod, a.process.returncode) for a in operator.attempts if a.process.poll() is not None],
+        context=lambda: operator.attempts[0].text()[-3000:],
+    )
+
+
 @needs_pods
 @pytest.mark.timeout(300)
 def test_submitted_job_trains_to_completion_with_pod_ranks(submitted: Any, tmp_path: Path) -> None:
@@ -169,10 +182,7 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
-        deadline = time.monotonic() + 240
-        while not committed(run_dir) and time.monotonic() < deadline:
-            assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
-            time.sleep(0.05)
+        first_checkpoint(operator, run_dir)
         held = json.loads((run_dir / "LOCK").read_text())  # pod rank 0's entrypoint holds the run directory
         assert (held["backend"], held["owner"]) == ("k8s", f"k8s:pytorchjob/default/{JOB}"), held
         operator.evict(f"{JOB}-master-0")
@@ -209,10 +219,7 @@ def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted:
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
-        deadline = time.monotonic() + 240
-        while not committed(run_dir) and time.monotonic() < deadline:
-            assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
-            time.sleep(0.05)
+        first_checkpoint(operator, run_dir)
         before = committed(run_dir)[-1]
         operator.kill(f"{JOB}-master-0")
         phase = operator.run(timeout=300)
@@ -320,10 +327,7 @@ def test_a_job_whose_lock_is_taken_over_stops_its_pods_and_fails_without_writing
     (tmp_path / "logs").mkdir()
     thief = foreign("k8s:pytorchjob/other/op-harness", "k8s", "pytorchjob/other/op-harness")
     with Operator(job, tmp_path / "logs") as operator:
-        deadline = time.monotonic() + 240
-        while not committed(run_dir) and time.monotonic() < deadline:
-            assert not any(a.process.poll() is not None for a in operator.attempts), operator.attempts[0].text()[-3000:]
-            time.sleep(0.05)
+        first_checkpoint(operator, run_dir)
         (run_dir / "LOCK").write_bytes(thief.to_bytes())
         taken = time.time()
         phase = operator.run(timeout=300)

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
 from support.tiers import require_module, require_tool, requires
+from support.waiting import eventually
 
 kubernetes = require_module("kubernetes")
 client, config = kubernetes.client, kubernetes.config
@@ -119,18 +119,7 @@ def submit(
                 if exc.status != 404:
                     raise
     left = lambda: any(pods(core, n) or trainjob_pods(core, n) for n in names)
-    wait_for(lambda: not left(), 120, "the deleted jobs' pods to go")
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
-        time.sleep(0.5)
+    eventually(lambda: not left(), timeout=120, interval=0.5, what="the deleted jobs' pods to go")
 
 
 def pods(core: client.CoreV1Api, job: str) -> list[Any]:
@@ -150,7 +139,7 @@ def exited(core: client.CoreV1Api, job: str, timeout: float = 60) -> dict[str, A
         done = all(p.status.container_statuses and p.status.container_statuses[0].state.terminated for p in found)
         return {p.metadata.name: p for p in found} if found and done else None
 
-    return wait_for(check, timeout, f"every pod of {job} to exit")  # type: ignore[no-any-return]
+    return eventually(check, timeout=timeout, interval=0.5, what=f"every pod of {job} to exit")
 
 
 def trainjob_pods(core: client.CoreV1Api, job: str) -> list[Any]:
@@ -171,7 +160,7 @@ def ended(custom: client.CustomObjectsApi, job: str, timeout: float, kind: str =
         done = [c for c in found if c["type"] in ("Succeeded", "Complete", "Failed") and c["status"] == "True"]
         return found if done else None
 
-    return wait_for(check, timeout, f"{kind} {job} to end")  # type: ignore[no-any-return]
+    return eventually(check, timeout=timeout, interval=0.5, what=f"{kind} {job} to end")
 
 
 def state(found: list[dict[str, Any]]) -> str:
@@ -287,8 +276,13 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
-    wait_for(lambda: committed(run_dir), 240, "a first checkpoint")
-    first_master = wait_for(lambda: [p for p in pods(core, job) if p.metadata.name.endswith("master-0")], 5, "master")
+    eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
+    first_master = eventually(
+        lambda: [p for p in pods(core, job) if p.metadata.name.endswith("master-0")],
+        timeout=5,
+        interval=0.5,
+        what="master",
+    )
     # What a preemption does: the pod is deleted, the kubelet sends SIGTERM and waits the grace period.
     core.delete_namespaced_pod(f"{job}-worker-0", NS)
     found = ended(custom, job, 240)
@@ -330,7 +324,7 @@ def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
     data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
-    wait_for(lambda: committed(run_dir), 240, "a first checkpoint")
+    eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
     (master,) = [p for p in pods(core, job) if p.metadata.name.endswith("master-0")]
     os.kill(container_pid(master), signal.SIGKILL)
     found = ended(custom, job, 240)
@@ -364,13 +358,13 @@ def test_status_and_cancel_of_a_running_job(
             and state(conditions(custom, job)) == "Running"
         )
 
-    wait_for(running, 120, "both pods to run")
+    eventually(running, timeout=120, interval=0.5, what="both pods to run")
     code, out, err = cli(capsys, "status", handle, "-o", "json")
     assert code == 0 and json.loads(out)["state"] == "running", out + err
-    wait_for(lambda: "up" in logs(capsys, job, 1).split(), 60, "the worker's first line")
+    eventually(lambda: "up" in logs(capsys, job, 1).split(), timeout=60, interval=0.5, what="the worker's first line")
     code, _, err = cli(capsys, "cancel", handle)
     assert code == 0, err
-    wait_for(lambda: not pods(core, job), 90, "the cancelled job's pods to go")
+    eventually(lambda: not pods(core, job), timeout=90, interval=0.5, what="the cancelled job's pods to go")
 
     def gone() -> bool:
         try:
@@ -379,7 +373,7 @@ def test_status_and_cancel_of_a_running_job(
             return exc.status == 404
         return False
 
-    wait_for(gone, 30, "the cancelled job to be deleted")
+    eventually(gone, timeout=30, interval=0.5, what="the cancelled job to be deleted")
     code, _, err = cli(capsys, "status", handle)
     assert code != 0 and job in err, err
 
@@ -496,7 +490,7 @@ def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_k
     data["env"].update({"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"})
     holder = submit({**data, "k8s": {**data["k8s"], "api": "trainjob"}})
     run_dir = realpods_tier.volume(claim) / "ckpt" / holder
-    wait_for(lambda: committed(run_dir), 240, "the holder's first checkpoint")
+    eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="the holder's first checkpoint")
     assert b"k8s:trainjob/" in (run_dir / "LOCK").read_bytes()
 
     second = submit(data)  # k8s.api: pytorchjob, the same name

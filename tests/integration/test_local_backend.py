@@ -19,6 +19,8 @@ from dist_jobs.backends.local.launch import plan
 from dist_jobs.ranks import resolve
 from dist_jobs.spec.load import load_spec
 from support.paths import PYTHON
+from support.tiers import requires
+from support.waiting import eventually
 
 ALLREDUCE = textwrap.dedent("""
     import json, os, socket, datetime
@@ -75,6 +77,7 @@ def _records(stdout: str) -> list[dict]:
     return out
 
 
+@requires("torch")
 def test_real_allreduce_srun_mode(tmp_path) -> None:
     (tmp_path / "ar.py").write_text(ALLREDUCE)
     proc = _run(["--nodes", "2", "--procs-per-node", "2", "--", PYTHON, "ar.py"], tmp_path)
@@ -86,6 +89,7 @@ def test_real_allreduce_srun_mode(tmp_path) -> None:
     assert "[rank 3] {" in proc.stdout  # every line carries its rank
 
 
+@requires("torch")
 def test_real_allreduce_torchrun_mode(tmp_path) -> None:
     (tmp_path / "ar.py").write_text(ALLREDUCE)
     proc = _run(
@@ -99,6 +103,7 @@ def test_real_allreduce_torchrun_mode(tmp_path) -> None:
     assert all(r["sum"] == 6.0 and r["source"] == "torchrun" for r in recs)
 
 
+@requires("torch")
 def test_torchrun_mode_keeps_the_interpreter_and_its_flags(tmp_path) -> None:
     """`-- python3 -u -c CODE` under torchrun runs exactly that (torchrun once got `-u -c CODE`)."""
     code = "import os, sys; print('flags', sys.stdout.write_through, sys.flags.optimize, os.environ['RANK'])"
@@ -107,6 +112,7 @@ def test_torchrun_mode_keeps_the_interpreter_and_its_flags(tmp_path) -> None:
     assert "flags True 1 0" in proc.stdout
 
 
+@requires("torch")
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_args_with_dollars_reach_the_program_intact(tmp_path: Path, launcher: str) -> None:
     """torchrun runs every worker arg through string.Template (its `${local_rank}` macro), which
@@ -119,6 +125,7 @@ def test_args_with_dollars_reach_the_program_intact(tmp_path: Path, launcher: st
     assert json.loads(line.split("ARGS ", 1)[1]) == words
 
 
+@requires("torch")
 def test_a_checkpoint_dir_that_is_a_file_is_bad_input(tmp_path) -> None:
     (tmp_path / "ckfile").write_text("")
     proc = _run(["--procs-per-node", "1", "--checkpoint-dir", "ckfile", "--", PYTHON, "-c", "pass"], tmp_path)
@@ -231,14 +238,20 @@ def _read_until(proc: subprocess.Popen[str], text: str) -> list[str]:
     return lines
 
 
-def _left(marker: str, within: float = 0.0) -> list[str]:
-    """pids whose command line holds `marker`, after waiting up to `within` s for them to go."""
-    deadline = time.monotonic() + within
-    while True:
-        found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-        if not found or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.1)
+def _left(marker: str) -> list[str]:
+    """pids whose command line holds `marker`."""
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+
+
+def _all_gone(marker: str, within: float) -> None:
+    """Wait up to `within` s for every process whose command line holds `marker` to go."""
+    eventually(
+        lambda: _left(marker),
+        until=lambda left: left == [],
+        timeout=within,
+        interval=0.1,
+        what="every process of the run to go (pids still running)",
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
@@ -294,6 +307,7 @@ def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
     assert _left(marker) == []
 
 
+@requires("torch")
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_sigkill_of_the_launcher_leaves_no_process_and_the_next_run_takes_over(tmp_path: Path, launcher: str) -> None:
     """The launcher SIGKILLed mid-run: every rank (torchrun's workers too, which torchrun puts in
@@ -306,8 +320,7 @@ def test_sigkill_of_the_launcher_leaves_no_process_and_the_next_run_takes_over(t
     killed = time.monotonic()
     proc.kill()
     proc.wait()
-    left = _left(marker, within=5.0)
-    assert left == [], f"processes left running: {left}"
+    _all_gone(marker, within=5.0)
     print(f"{launcher}: every rank gone {time.monotonic() - killed:.2f} s after the SIGKILL")
     again = _run(["--nodes", "1", "--procs-per-node", "1", "--", PYTHON, "-c", "print('second run')"], tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -328,7 +341,7 @@ def test_what_a_rank_leaves_behind_does_not_outlive_the_run(tmp_path: Path) -> N
     proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, daemon)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert _left(marker, within=5.0) == []
+    _all_gone(marker, within=5.0)
 
 
 def _wakeups(pid: int) -> int:

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -19,21 +18,14 @@ import pytest
 import dist_jobs
 from dist_jobs.api.job import Job
 from support.paths import PYTHON, REPO, TESTS
+from support.specs import tiny_train
+from support.tiers import requires
+from support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-TRAIN = {
-    "model": "support.train_support:tiny_net",
-    "data": "fake",
-    "image_size": 16,
-    "fake_samples": 32,
-    "batch_size": 4,
-    "epochs": 1,
-    "device": "cpu",
-    "progress": False,
-    "log_every": 1,
-}
+TRAIN = tiny_train()
 
 
 def dj(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -43,6 +35,7 @@ def dj(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProce
     )
 
 
+@requires("torch")
 def test_python_api_submit_attach_from_another_process_wait_logs_result(tmp_path: Path) -> None:
     spec = dist_jobs.load_spec(data={"name": "api-train", "nodes": 1, "procs_per_node": 2, "env": ENV, "train": TRAIN})
     job = dist_jobs.submit(spec, backend="local", workdir=tmp_path)
@@ -99,9 +92,13 @@ def test_cancel_stops_every_rank_and_says_cancelled(tmp_path: Path) -> None:
     assert sub.returncode == 0, sub.stderr
     handle = json.loads(sub.stdout)["handle"]
     job = dist_jobs.attach(handle)
-    deadline = time.monotonic() + 60
-    while len([line for line in job.logs() if " pid " in line]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    eventually(
+        lambda: [line for line in job.logs() if " pid " in line],
+        until=lambda said: len(said) >= 2,
+        timeout=60,
+        interval=0.2,
+        what="both ranks' pid lines",
+    )
     pids = [int(line.split()[-1]) for line in job.logs() if " pid " in line]
     assert len(pids) == 2 and job.status().state == "running"
     assert dj("cancel", handle, cwd=REPO).stdout == f"cancelled {handle}\n"

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,25 +22,21 @@ import pytest
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from support.paths import PYTHON, REPO, TESTS
+from support.specs import tiny_train
+from support.tiers import requires
 from support.train_support import assert_bit_identical, final_state
+from support.waiting import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# Its tests share one module-scoped reference run: one xdist worker runs them all.
+pytestmark = [
+    requires("torch"),
+    pytest.mark.slow,
+    pytest.mark.timeout(420),
+    pytest.mark.xdist_group("test_local_preemption"),
+]
 
 TOTAL = 32  # 128 samples / (2 ranks x batch 4) = 16 steps an epoch, 2 epochs
-TRAIN = {
-    "model": "support.train_support:tiny_net",
-    "data": "fake",
-    "image_size": 16,
-    "fake_samples": 128,
-    "batch_size": 4,
-    "epochs": 2,
-    "deterministic": True,
-    "seed": 5,
-    "device": "cpu",
-    "log_every": 1,
-    "progress": False,
-    "checkpoint_every_steps": 4,
-}
+TRAIN = tiny_train(fake_samples=128, epochs=2, deterministic=True, seed=5, checkpoint_every_steps=4)
 STEP = re.compile(r"step (\d+)/\d+ epoch")
 
 
@@ -162,10 +157,13 @@ def test_a_rerun_after_the_launcher_was_sigkilled_resumes_from_the_last_checkpoi
     stop_at(proc, 9, signal.SIGKILL)
     proc.wait()
     # Every rank and keeper dies with the launcher; once none is left, nothing can commit more.
-    deadline = time.monotonic() + 10
-    while alive := carrying(marker):
-        assert time.monotonic() < deadline, f"a rank outlived its launcher: pids {alive}"
-        time.sleep(0.05)
+    eventually(
+        lambda: carrying(marker),
+        until=lambda alive: not alive,
+        timeout=10,
+        interval=0.05,
+        what="every process of the run to die with its launcher (pids carrying the marker)",
+    )
     newest = committed(run_dir)[-1]
     again = subprocess.run(command("srun"), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr

@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 import dist_jobs
 from support.git_project import git
 from support.paths import PYTHON, REPO, TESTS
+from support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -67,15 +67,18 @@ def gate(path: Path) -> Path:
 def release(fifo: Path, timeout: float = 120.0) -> None:
     """Let the job held at `fifo` through, once it waits there (a FIFO opens for writing only
     while a reader has it open: polled with a deadline, never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def open_for_writing() -> int | None:
         try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            break
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError as exc:
-            assert exc.errno == errno.ENXIO, exc
-            assert time.monotonic() < deadline, f"no job reached {fifo}"
-            time.sleep(0.05)
+            assert exc.errno == errno.ENXIO, exc  # no reader yet
+            return None
+
+    fd = eventually(
+        open_for_writing, until=lambda fd: fd is not None, timeout=timeout, interval=0.05, what=f"a job at {fifo}"
+    )
+    assert fd is not None
     os.write(fd, b"go\n")
     os.close(fd)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import dist_jobs
+from dist_jobs.spec.model import JobSpec
+from support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -24,11 +25,10 @@ RECORD = textwrap.dedent("""
 """)
 
 
-def wait_for(done: Callable[[], object], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+def one_process_job(tmp_path: Path, name: str, code: str, **fields: Any) -> JobSpec:
+    """A job of one process running `python3 -c CODE`, its run directories in tmp_path/ck."""
+    data = {"name": name, "nodes": 1, "procs_per_node": 1, "checkpoint_dir": str(tmp_path / "ck"), **fields}
+    return dist_jobs.load_spec(data={**data, "command": ["python3", "-c", code]})
 
 
 def _pid(path: Path) -> int:
@@ -59,23 +59,17 @@ def driving(pid: int) -> bool:
 def test_local_sweep_runs_k_at_a_time_and_returns_handles(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    spec = dist_jobs.load_spec(
-        data={
-            "name": "loc",
-            "nodes": 1,
-            "procs_per_node": 1,
-            "checkpoint_dir": str(tmp_path / "ck"),
-            "env": {"OUT": str(out)},
-            "command": ["python3", "-c", RECORD],
-        }
-    )
+    spec = one_process_job(tmp_path, "loc", RECORD, env={"OUT": str(out)})
     sweep = dist_jobs.sweep(spec, grid={"env.TAG": ["a", "b c", "$d"]}, max_parallel=2, backend="local")
     assert sweep.handles == [f"local://{tmp_path / 'ck' / 'loc' / f'loc-t{i}'}" for i in range(3)]
     assert [str(job) for job in sweep.jobs] == sweep.handles
-    deadline = time.monotonic() + 120
-    while len(list(out.glob("*.json"))) < 3 or any(r.state != "succeeded" for r in sweep.status()):
-        assert time.monotonic() < deadline, [r.to_dict() for r in sweep.status()]
-        time.sleep(0.5)
+    eventually(
+        lambda: len(list(out.glob("*.json"))) >= 3 and all(r.state == "succeeded" for r in sweep.status()),
+        timeout=120,
+        interval=0.5,
+        what="every trial to write its record and succeed",
+        context=lambda: [r.to_dict() for r in sweep.status()],
+    )
     runs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert {k: v["tag"] for k, v in runs.items()} == {"loc-t0": "a", "loc-t1": "b c", "loc-t2": "$d"}
     events = sorted([(r["start"], 1) for r in runs.values()] + [(r["end"], -1) for r in runs.values()])
@@ -90,26 +84,31 @@ def test_sweep_cancel_stops_the_driver_and_the_running_trial(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    spec = dist_jobs.load_spec(
-        data={
-            "name": "long",
-            "nodes": 1,
-            "procs_per_node": 1,
-            "checkpoint_dir": str(tmp_path / "ck"),
-            "command": ["python3", "-c", "import time; time.sleep(60)"],
-        }
-    )
+    spec = one_process_job(tmp_path, "long", "import time; time.sleep(60)")
     sweep = dist_jobs.sweep(spec, grid={"env.X": ["1", "2", "3"]}, max_parallel=1, backend="local")
     run_dirs = [Path(h.removeprefix("local://")) for h in sweep.handles]
     # The detached `dist-jobs run` installs its signal handlers before it starts any process: once
     # it has a child, a SIGTERM is a cancel.
-    wait_for(lambda: (run_dirs[0] / "local" / "pid").exists() and children(_pid(run_dirs[0] / "local" / "pid")))
+    pid_file = run_dirs[0] / "local" / "pid"
+    eventually(
+        lambda: pid_file.exists() and children(_pid(pid_file)),
+        timeout=60,
+        interval=0.05,
+        what="trial 0's `dist-jobs run` to have a child",
+    )
     argv = [sys.executable, "-m", "dist_jobs", "sweep", "cancel", "long", "--checkpoint-dir", str(tmp_path / "ck")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"cancelled {sweep.handles[0]}", proc.stdout + proc.stderr
-    wait_for(lambda: sweep.status()[0].state == "cancelled")
+    eventually(
+        lambda: sweep.status()[0],
+        until=lambda trial: trial.state == "cancelled",
+        timeout=60,
+        interval=0.05,
+        what="trial 0 to be cancelled",
+    )
     # Once the driver has exited, nothing can start trial 1 any more.
-    wait_for(lambda: not driving(_pid(tmp_path / "ck" / "long" / "driver.pid")))
+    driver = tmp_path / "ck" / "long" / "driver.pid"
+    eventually(lambda: not driving(_pid(driver)), timeout=60, interval=0.05, what="the sweep driver to exit")
     assert [r.state for r in sweep.status()] == ["cancelled", "pending", "pending"]
     assert not (run_dirs[1] / "local").exists()
 

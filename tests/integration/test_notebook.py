@@ -12,7 +12,7 @@ import pytest
 from support.paths import REPO
 from support.tiers import require_module, requires
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.mark.parametrize("cluster", [pytest.param("slurm", marks=requires("slurm")), "local"])

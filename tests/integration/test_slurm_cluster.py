@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from support.slurm_jobs import (
     write_spec,
 )
 from support.tiers import require_module, requires
+from support.waiting import eventually
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -221,6 +221,17 @@ def test_examples_pass_sbatch_test_only(example: Path, tmp_path: Path) -> None:
 # --- preemption ------------------------------------------------------------------------------------
 
 
+def submit_api(root: Path, data: dict[str, Any], cleanup: list[str], slow_first: str | None = None) -> str:
+    """Submit `data` through the Python backend (prepare, then submit); the job is cancelled after
+    the test. `slow_first`: seconds every training forward of the first attempt sleeps."""
+    if slow_first is not None:
+        data["setup"].append(SLOW_FIRST_ATTEMPT % slow_first)
+    slurm = backend(root)
+    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
+    cleanup.append(job_id)
+    return job_id
+
+
 def assert_second_attempt(root: Path, name: str, job_id: str, tasks: int) -> None:
     """SLURM_RESTART_COUNT went to 1: the batch script says so and named attempt 1's files by it
     (one per SLURM task: per rank in srun mode, per node in torchrun mode)."""
@@ -237,11 +248,8 @@ def test_external_requeue_resumes_from_latest_checkpoint_bit_identical(
     and exit; SLURM requeues (the script must not requeue again), and attempt 1 resumes from the
     newest committed checkpoint, which is that preemption checkpoint."""
     name = "requeue"
-    data = spec_data(tmp_path, name)
-    data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
+    job_id = submit_api(tmp_path, spec_data(tmp_path, name), cleanup, slow_first="1.0")
     slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
-    cleanup.append(job_id)
     log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
     wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
     proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
@@ -280,10 +288,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     so the warning lands mid-training."""
     name = f"warned-{launcher}"
     data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
-    data["setup"].append(SLOW_FIRST_ATTEMPT % "3.0")
-    slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
-    cleanup.append(job_id)
+    job_id = submit_api(tmp_path, data, cleanup, slow_first="3.0")
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
     assert status.state == "COMPLETED", batch
@@ -310,11 +315,7 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     The batch shell of attempt 0 holds the run directory lock (and releases it), attempt 1 takes
     it again, and it is gone once the job has finished."""
     name = "scancel-term"
-    data = spec_data(tmp_path, name)
-    data["setup"].append(SLOW_FIRST_ATTEMPT % "1.0")
-    slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
-    cleanup.append(job_id)
+    job_id = submit_api(tmp_path, spec_data(tmp_path, name), cleanup, slow_first="1.0")
     log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
     wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
     lock = json.loads((tmp_path / "checkpoints" / name / "LOCK").read_text())
@@ -348,9 +349,7 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
     train = {**TRAIN, "model": "support.hang_support:stalling_net", "hang_min_seconds": 5, "hang_factor": 10}
     data = spec_data(tmp_path, name, train)
     data["env"].update({"DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"), "DJ_TEST_HANG_STEP": "7"})
-    slurm = backend(tmp_path)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
-    cleanup.append(job_id)
+    job_id = submit_api(tmp_path, data, cleanup)
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
     assert status.state == "COMPLETED", batch
@@ -449,14 +448,13 @@ def submitit_logs(folder: Path) -> str:
 
 def wait_submitit(job: Any, folder: Path, what: str, ready: Any, timeout: float) -> None:
     """Poll `ready()` until it is truthy; on timeout fail with the job's state and its logs."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            state = job.get_info().get("State")
-            pytest.fail(
-                f"submitit job {job.job_id} ({state}): no {what} within {timeout:.0f} s\n{submitit_logs(folder)}"
-            )
-        time.sleep(1)
+    eventually(
+        ready,
+        timeout=timeout,
+        interval=1.0,
+        what=f"{what} of submitit job {job.job_id}",
+        context=lambda: f"state {job.get_info().get('State')}\n{submitit_logs(folder)}",
+    )
 
 
 def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:

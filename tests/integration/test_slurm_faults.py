@@ -44,6 +44,7 @@ from support.slurm_jobs import (
     write_spec,
 )
 from support.tiers import requires
+from support.waiting import eventually
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -93,15 +94,13 @@ def assert_every_checkpoint_intact(run_dir: Path, world_size: int) -> list[int]:
 
 
 def until(what: str, ready: Callable[[], Any], timeout: float, timeline: Timeline, *job_ids: str) -> Any:
-    """Poll `ready()` (looking at the jobs' status each time) until it is truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """Poll `ready()` (looking at the jobs' status each time) until it is truthy; fail with the timeline."""
+
+    def check() -> Any:
         timeline.look(*job_ids)
-        value = ready()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s; timeline:\n{timeline}"
-        time.sleep(1.0)
+        return ready()
+
+    return eventually(check, timeout=timeout, interval=1.0, what=what, context=lambda: f"timeline:\n{timeline}")
 
 
 # --- the lock ---------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ logs, result, and the status of a failed rank (which rank, which code), by handl
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,39 +15,16 @@ import pytest
 import yaml
 
 import dist_jobs
-from support.paths import REPO, TESTS
+from support import slurm_jobs
+from support.specs import tiny_train
 from support.tiers import requires
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(300)]
 
-VENV_BIN = Path(sys.executable).parent
-TRAIN = {
-    "model": "support.train_support:tiny_net",
-    "data": "fake",
-    "image_size": 16,
-    "fake_samples": 32,
-    "batch_size": 4,
-    "epochs": 1,
-    "device": "cpu",
-    "progress": False,
-    "log_every": 1,
-}
-
 
 def spec_data(root: Path, name: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "nodes": 2,
-        "procs_per_node": 1,
-        "cpus_per_task": 1,
-        "time": "5",
-        "log_dir": str(root / "logs"),
-        "checkpoint_dir": str(root / "checkpoints"),
-        "setup": [f'export PATH="{VENV_BIN}:$PATH"'],
-        "env": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"},
-        "train": TRAIN,
-        **fields,
-    }
+    """A 2 x 1 job of the one-epoch tiny_net run (support.specs.tiny_train)."""
+    return slurm_jobs.spec_data(root, name, tiny_train(), **{"procs_per_node": 1, "unbuffered": False, **fields})
 
 
 def dj(root: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:

@@ -10,46 +10,24 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from support.paths import REPO, TESTS
+from support import slurm_jobs
+from support.specs import tiny_train
 from support.tiers import requires
+from support.waiting import eventually
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(420)]
 
-VENV_BIN = Path(sys.executable).parent
-
 
 def spec_data(root: Path, name: str, **train: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "nodes": 2,
-        "procs_per_node": 1,
-        "cpus_per_task": 1,
-        "time": "5",
-        "log_dir": str(root / "logs"),
-        "checkpoint_dir": str(root / "checkpoints"),
-        "setup": [f'export PATH="{VENV_BIN}:$PATH"'],
-        "env": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"},
-        "train": {
-            "model": "support.train_support:tiny_net",
-            "data": "fake",
-            "image_size": 16,
-            "fake_samples": 32,
-            "batch_size": 4,
-            "epochs": 1,
-            "device": "cpu",
-            "progress": False,
-            "log_every": 1,
-            "checkpoint_every_steps": 1,
-            **train,
-        },
-    }
+    """A 2 x 1 job of the tiny_net run (support.specs.tiny_train), a checkpoint every step."""
+    train = tiny_train(checkpoint_every_steps=1, **train)
+    return slurm_jobs.spec_data(root, name, train, procs_per_node=1, unbuffered=False)
 
 
 def dj(root: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -116,10 +94,12 @@ def test_a_stopped_trial_is_requeued_alone_and_resumes(tmp_path: Path) -> None:
     try:
         task = handles[0].rsplit("/", 1)[1]
         log0 = tmp_path / "logs" / f"rq-t0-{task}-attempt0-rank0.out"
-        deadline = time.monotonic() + 120
-        while not (log0.exists() and "step 3/12" in log0.read_text(errors="replace")):
-            assert time.monotonic() < deadline, "trial 0 did not reach step 3"
-            time.sleep(0.5)
+        eventually(
+            lambda: log0.exists() and "step 3/12" in log0.read_text(errors="replace"),
+            timeout=120,
+            interval=0.5,
+            what="trial 0 to reach step 3",
+        )
         assert subprocess.run(["scancel", "--signal=TERM", task], capture_output=True).returncode == 0
         wait_all(tmp_path, handles, 330)
         batch = (tmp_path / "logs" / f"rq-{task}.out").read_text()
@@ -141,22 +121,26 @@ def test_sweep_cancel_cancels_the_running_and_the_waiting_trials(tmp_path: Path)
     handles = [t["handle"] for t in trials]
     try:
         first = handles[0].rsplit("/", 1)[1]
-        deadline = time.monotonic() + 60
-        while (
-            "RUNNING"
-            not in subprocess.run(["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True).stdout
-        ):
-            assert time.monotonic() < deadline, "trial 0 did not start"
-            time.sleep(0.5)
+        eventually(
+            lambda: subprocess.run(["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True).stdout,
+            until=lambda said: "RUNNING" in said,
+            timeout=60,
+            interval=0.5,
+            what="trial 0 to start",
+        )
         proc = dj(tmp_path, "sweep", "cancel", "long", "--checkpoint-dir", "checkpoints")
         assert proc.returncode == 0 and proc.stdout.split() == [w for h in handles for w in ("cancelled", h)]
-        deadline = time.monotonic() + 60
-        while True:
+
+        def states() -> list[str]:
             status = dj(tmp_path, "sweep", "status", "long", "--checkpoint-dir", "checkpoints", "-o", "json")
-            states = [r["state"] for r in json.loads(status.stdout)]
-            if states == ["cancelled"] * 3:
-                break
-            assert time.monotonic() < deadline, states
-            time.sleep(1)
+            return [r["state"] for r in json.loads(status.stdout)]
+
+        eventually(
+            states,
+            until=lambda seen: seen == ["cancelled"] * 3,
+            timeout=60,
+            interval=1.0,
+            what="every trial to be cancelled",
+        )
     finally:
         cancel(handles)

@@ -20,7 +20,8 @@ from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
 from dist_jobs.train.task import SUBMITIT_SIGNAL, FunctionTask, TrainTask
 from support.paths import REPO, TESTS
-from support.tiers import require_module
+from support.specs import tiny_train
+from support.tiers import require_module, requires
 
 submitit = require_module("submitit")
 pytestmark = pytest.mark.timeout(180)
@@ -124,6 +125,7 @@ def test_train_task_pickles_and_requeues_itself() -> None:
     assert isinstance(again.function, TrainTask) and again.function.spec == spec
 
 
+@requires("torch")
 def test_train_task_under_the_local_executor_returns_every_ranks_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -136,17 +138,7 @@ def test_train_task_under_the_local_executor_returns_every_ranks_metrics(
             "checkpoint_dir": str(tmp_path / "checkpoints"),
             "env": {"OMP_NUM_THREADS": "1"},
             "time": "5",
-            "train": {
-                "model": "support.train_support:tiny_net",
-                "data": "fake",
-                "image_size": 16,
-                "fake_samples": 32,
-                "batch_size": 4,
-                "epochs": 1,
-                "progress": False,
-                "device": "cpu",
-                "deterministic": True,
-            },
+            "train": tiny_train(log_every=None, deterministic=True),
         }
     )
     job = make_executor(spec, tmp_path / "jobs" / "%j", cluster="local").submit(TrainTask(spec))
@@ -160,6 +152,7 @@ def test_train_task_under_the_local_executor_returns_every_ranks_metrics(
     assert (tmp_path / "checkpoints" / "local" / "step-4" / "COMPLETE").exists()
 
 
+@requires("torch")
 @pytest.mark.parametrize("port", [None, 29633])
 def test_your_own_function_gets_the_ranks_under_the_local_executor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, port: int | None

@@ -14,22 +14,27 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from support.tiers import requires
 from support.train_support import (
     Launch,
     assert_bit_identical,
     final_state,
+    kill_all,
     rank_of,
     start_ranks,
     start_torchrun,
     wait_all,
 )
+from support.waiting import eventually
 
-pytestmark = pytest.mark.timeout(240)
+# Its tests share one module-scoped reference run: one xdist worker runs them all.
+pytestmark = [requires("torch"), pytest.mark.timeout(240), pytest.mark.xdist_group("test_train_exact")]
 
 EVERY = 5  # checkpoint interval in steps
 TOTAL = 18  # 96 samples / 2 ranks / batch 4 / grad_accum 2 = 6 steps per epoch, 3 epochs
@@ -73,15 +78,17 @@ def job(checkpoints: Path) -> list[str]:
     ]
 
 
-def wait_for(what: str, ready, launches: list[Launch], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline or any(l.proc.poll() is not None for l in launches):
-            logs = "\n".join(l.text()[-2000:] for l in launches)
-            for launch in launches:
-                launch.kill()
-            raise AssertionError(f"never saw {what}:\n{logs}")
-        time.sleep(0.02)
+def wait_for(what: str, ready: Callable[[], object], launches: list[Launch], timeout: float = 90) -> None:
+    """Poll `ready()`; once the deadline passes or a launch has exited, kill them all and fail with their logs."""
+    eventually(
+        ready,
+        timeout=timeout,
+        interval=0.02,
+        what=what,
+        give_up=lambda: [launch.proc.returncode for launch in launches if launch.proc.poll() is not None],
+        on_timeout=lambda: kill_all(launches),
+        context=lambda: "\n".join(launch.text()[-2000:] for launch in launches),
+    )
 
 
 @pytest.fixture(scope="module")

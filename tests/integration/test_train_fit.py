@@ -20,7 +20,8 @@ from dist_jobs.train.checkpoint import Checkpointer
 from dist_jobs.train.loop import fit
 from support.train_support import PYTHON, final_state, plain_net, start_ranks, tiny_data, tiny_net, wait_all
 
-pytestmark = pytest.mark.timeout(180)
+# Its tests share one module-scoped reference run: one xdist worker runs them all.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("test_train_fit")]
 
 USER_SCRIPT = """
 import logging, os, sys, torch
@@ -41,21 +42,6 @@ torch.save({"metrics": metrics, "params": model.state_dict()},
            os.path.join(sys.argv[1], "rank%s.pt" % os.environ["RANK"]))
 """
 SMALL = ["--image-size", "8", "--fake-samples", "64", "--epochs", "2", "--lr", "0.05", "--no-progress", "--seed", "11"]
-
-
-@pytest.fixture
-def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "TORCHELASTIC_RUN_ID",
-        "SLURM_JOB_ID",
-        "DIST_JOBS_CHECKPOINT_DIR",
-        "DIST_JOBS_RUN",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DIST_JOBS_ENV", "single")
 
 
 def _two_ranks(tmp_path: Path, name: str, *args: str, logs: list[str] | None = None) -> list[dict]:

@@ -17,7 +17,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,18 @@ from support.train_support import (
     Launch,
     assert_bit_identical,
     child_env,
+    clipped_sgd_step,
+    kill_all,
     max_difference,
     newest_state,
     slow_gpt,
     start_ranks,
     wait_all,
 )
+from support.waiting import eventually
 
-pytestmark = pytest.mark.timeout(180)
+# Its tests share one module-scoped reference run: one xdist worker runs them all.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("test_train_fsdp")]
 
 TOTAL = 14  # 224 chunks of 16 tokens / 16 samples per step, one epoch
 DELAY = {"DJ_TEST_STEP_DELAY": "0.1"}  # per forward (2 a step): time to aim a signal, same numbers
@@ -83,12 +86,15 @@ def preempt(root: Path, world: int, after: int, strategy: str = "fsdp", *extra: 
     target = random.Random().randrange(world)
     print(f"SIGTERM to rank {target} of {world} once rank 0 logged step {after}")
     launches = start_ranks(job(root.parent / "ckpt", world, strategy, *extra), root, world=world, **DELAY)
-    deadline = time.monotonic() + 120
-    while last_step(launches[0]) < after:
-        if time.monotonic() > deadline or any(launch.proc.poll() is not None for launch in launches):
-            wait_all(launches, timeout=1)
-            raise AssertionError(f"never saw step {after}:\n{launches[0].text()[-3000:]}")
-        time.sleep(0.02)
+    eventually(
+        lambda: last_step(launches[0]) >= after,
+        timeout=120,
+        interval=0.02,
+        what=f"step {after}",
+        give_up=lambda: [launch.proc.returncode for launch in launches if launch.proc.poll() is not None],
+        on_timeout=lambda: kill_all(launches),
+        context=lambda: launches[0].text()[-3000:],
+    )
     launches[target].proc.send_signal(signal.SIGTERM)
     assert wait_all(launches, timeout=60) == [REQUEUE_EXIT_CODE] * world, launches[0].text()[-3000:]
     marker = int((root.parent / "ckpt" / "fsdp" / "PREEMPTED").read_text())
@@ -259,38 +265,16 @@ def test_export_refuses_a_checkpoint_with_a_damaged_shard(reference: dict[str, A
     assert older.returncode == 0, older.stderr
 
 
-@pytest.fixture
-def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "DIST_JOBS_CHECKPOINT_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DIST_JOBS_ENV", "single")
-
-
 def test_fit_shards_a_users_materialised_model_and_clips_its_sharded_gradients(one_process: None) -> None:
     from torch.distributed.tensor import DTensor
 
-    from dist_jobs.spec.train import TrainConfig
     from dist_jobs.train.loop import fit
     from support.regression_job import Points, Regressor, mse
 
     torch.manual_seed(0)
     model = Regressor()
     before = [p.detach().clone() for p in model.parameters()]
-    config = TrainConfig(
-        strategy="fsdp",
-        optimizer="sgd",
-        momentum=0.0,
-        weight_decay=0.0,
-        lr=1.0,
-        grad_clip=1e-3,
-        max_steps=1,
-        batch_size=8,
-        scheduler="constant",
-        progress=False,
-        eval_every_epoch=False,
-        device="cpu",
-    )
-    fit(config, model, Points(8), loss=mse)
+    fit(clipped_sgd_step(strategy="fsdp"), model, Points(8), loss=mse)
     assert all(isinstance(p, DTensor) for p in model.parameters())  # sharded in place
     after = [p.full_tensor() for p in model.parameters()]  # type: ignore[attr-defined]
     moved = torch.cat([(a - b).flatten() for a, b in zip(after, before)]).norm()

@@ -13,9 +13,11 @@ import pytest
 
 from dist_jobs.rundir.holder import Holder
 from support.lock_support import foreign
+from support.tiers import requires
 from support.train_support import start_ranks, wait_all
+from support.waiting import eventually
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [requires("torch"), pytest.mark.timeout(240)]
 
 
 def job(checkpoints: Path) -> list[str]:
@@ -52,10 +54,14 @@ def test_a_hand_launch_holds_the_lock_and_a_second_one_is_refused_on_every_rank(
     lock = tmp_path / "ckpt" / "locked" / "LOCK"
     first = start_ranks(job(tmp_path / "ckpt"), tmp_path / "a", DJ_TEST_STEP_DELAY="0.3")
     try:
-        deadline = time.monotonic() + 90
-        while first[0].last_step() < 1 and time.monotonic() < deadline:
-            assert all(r.proc.poll() is None for r in first), first[0].text()[-3000:]
-            time.sleep(0.05)
+        eventually(
+            lambda: first[0].last_step() >= 1,
+            timeout=90,
+            interval=0.05,
+            what="the first run's step 1",
+            give_up=lambda: [r.proc.returncode for r in first if r.proc.poll() is not None],
+            context=lambda: first[0].text()[-3000:],
+        )
         held = json.loads(lock.read_text())
         assert (held["pid"], held["backend"], held["owner"]) == (first[0].proc.pid, "trainer", "")
 
@@ -84,10 +90,15 @@ def test_a_run_whose_lock_is_taken_over_stops_and_writes_nothing_more(tmp_path: 
     try:
         # step-2 committed and tidied: `latest`, first written by the pruner thread after the
         # commit, must not be a file this run creates after the takeover.
-        deadline = time.monotonic() + 90
-        while read(run_dir / "latest") != "step-2\n":
-            assert time.monotonic() < deadline and all(r.proc.poll() is None for r in ranks), ranks[0].text()[-3000:]
-            time.sleep(0.05)
+        eventually(
+            lambda: read(run_dir / "latest"),
+            until=lambda latest: latest == "step-2\n",
+            timeout=90,
+            interval=0.05,
+            what="`latest` naming step-2",
+            give_up=lambda: [r.proc.returncode for r in ranks if r.proc.poll() is not None],
+            context=lambda: ranks[0].text()[-3000:],
+        )
         thief = foreign("slurm:4300", "slurm", "4300")
         (run_dir / "LOCK").write_bytes(thief.to_bytes())  # the takeover: from now on the folder is 4300's
         taken = time.time()

@@ -21,8 +21,12 @@ import copy
 import json
 import queue
 import random
+import ssl
+import subprocess
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,6 +61,11 @@ class Reply(Exception):
     def __init__(self, code: int, body: Any, headers: list[tuple[str, str]] | None = None) -> None:
         super().__init__(code)
         self.code, self.body, self.headers = code, body, headers or []
+
+
+def failure(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> Reply:
+    """The apiserver's answer to a failed request: HTTP `code` with a Status body."""
+    return Reply(code, status(code, reason, message, details))
 
 
 def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -96,13 +105,10 @@ def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
         elif term.startswith("!"):
             ok = term[1:].strip() not in labels
         elif " " in term or "(" in term:
-            raise Reply(
+            raise failure(
                 400,
-                status(
-                    400,
-                    "BadRequest",
-                    f"unable to parse requirement: {term!r}: set-based selectors are not supported by the stand-in",
-                ),
+                "BadRequest",
+                f"unable to parse requirement: {term!r}: set-based selectors are not supported by the stand-in",
             )
         else:
             ok = term in labels
@@ -271,25 +277,18 @@ class FakeKubeAPI:
         obj = _decode(info, raw)
         api_version = f"{info.group}/{version}"
         if obj.get("apiVersion") != api_version:
-            raise Reply(
+            raise failure(
                 400,
-                status(
-                    400,
-                    "BadRequest",
-                    f"the API version in the data ({obj.get('apiVersion', '')}) "
-                    f"does not match the expected API version ({api_version})",
-                ),
+                "BadRequest",
+                f"the API version in the data ({obj.get('apiVersion', '')}) "
+                f"does not match the expected API version ({api_version})",
             )
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
-            raise Reply(
+            raise failure(
                 400,
-                status(
-                    400,
-                    "BadRequest",
-                    f'{info.kind} in version "{version}" cannot be handled as '
-                    f"a {info.kind}: metadata must be an object",
-                ),
+                "BadRequest",
+                f'{info.kind} in version "{version}" cannot be handled as a {info.kind}: metadata must be an object',
             )
         name = str(meta.get("name") or "")
         if obj.get("kind") != info.kind:
@@ -304,26 +303,20 @@ class FakeKubeAPI:
                 ],
             )
         if meta.get("namespace") not in (None, "", ns):
-            raise Reply(
+            raise failure(
                 400,
-                status(
-                    400,
-                    "BadRequest",
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                ),
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
             )
         meta["namespace"] = ns
         stored, unknown = kv.prune_and_default(obj, info.path)
         if unknown and mode == "Strict":
             fields = ", ".join(f'unknown field "{p}"' for p in unknown)
-            raise Reply(
+            raise failure(
                 400,
-                status(
-                    400,
-                    "BadRequest",
-                    f'{info.kind} in version "{version}" cannot be handled as '
-                    f"a {info.kind}: strict decoding error: {fields}",
-                ),
+                "BadRequest",
+                f'{info.kind} in version "{version}" cannot be handled as '
+                f"a {info.kind}: strict decoding error: {fields}",
             )
         warnings = [("Warning", "299 - " + json.dumps(f'unknown field "{p}"')) for p in unknown if mode == "Warn"]
         if not name and meta.get("generateName"):  # rest.BeforeCreate names it before validating
@@ -334,13 +327,8 @@ class FakeKubeAPI:
         if self.webhooks and info.kind == "PyTorchJob":
             denied = kv.admission_errors(stored)
             if denied:
-                raise Reply(
-                    403,
-                    status(
-                        403,
-                        "Forbidden",
-                        f'admission webhook "{kv.WEBHOOK_NAME}" denied the request: {_aggregate(denied)}',
-                    ),
+                raise failure(
+                    403, "Forbidden", f'admission webhook "{kv.WEBHOOK_NAME}" denied the request: {_aggregate(denied)}'
                 )
         return Reply(201, self._commit(info, stored, dry_run), warnings)
 
@@ -377,14 +365,11 @@ class FakeKubeAPI:
             if key in self.store:
                 # the apiserver's registry store prefixes this while the old object is Terminating
                 deleting = "object is being deleted: " if self.store[key]["metadata"].get("deletionTimestamp") else ""
-                raise Reply(
+                raise failure(
                     409,
-                    status(
-                        409,
-                        "AlreadyExists",
-                        f'{deleting}{info.plural}.{info.group} "{meta["name"]}" already exists',
-                        {"name": meta["name"], "group": info.group, "kind": info.plural},
-                    ),
+                    "AlreadyExists",
+                    f'{deleting}{info.plural}.{info.group} "{meta["name"]}" already exists',
+                    {"name": meta["name"], "group": info.group, "kind": info.plural},
                 )
             stamp = _now()
             meta.update(uid=new_uid(), generation=1, creationTimestamp=stamp)
@@ -407,14 +392,11 @@ class FakeKubeAPI:
         with self.lock:
             obj = self.store.get((info.plural, ns, name))
         if obj is None:
-            raise Reply(
+            raise failure(
                 404,
-                status(
-                    404,
-                    "NotFound",
-                    f'{info.plural}.{info.group} "{name}" not found',
-                    {"name": name, "group": info.group, "kind": info.plural},
-                ),
+                "NotFound",
+                f'{info.plural}.{info.group} "{name}" not found',
+                {"name": name, "group": info.group, "kind": info.plural},
             )
         return obj
 
@@ -473,7 +455,7 @@ class FakeKubeAPI:
             pod = self.pods.get((ns or "", rest[0]))
             logs = self.pod_logs.get((ns or "", rest[0]), "")
         if pod is None:
-            raise Reply(404, status(404, "NotFound", f'pods "{rest[0]}" not found', {"name": rest[0], "kind": "pods"}))
+            raise failure(404, "NotFound", f'pods "{rest[0]}" not found', {"name": rest[0], "kind": "pods"})
         if len(rest) == 1:
             return Reply(200, _pod(pod, ns or "", rest[0]))
         if rest[1:] == ["log"]:
@@ -494,17 +476,13 @@ def _decode(info: kv.CrdInfo, raw: bytes) -> dict[str, Any]:
     else:
         error = "json parse error: not a JSON object"
     if not isinstance(obj, dict):
-        raise Reply(
+        raise failure(
             400,
-            status(
-                400,
-                "BadRequest",
-                f"the object provided is unrecognized (must be of type "
-                f"{info.kind}): couldn't get version/kind; {error}",
-            ),
+            "BadRequest",
+            f"the object provided is unrecognized (must be of type {info.kind}): couldn't get version/kind; {error}",
         )
     if "kind" not in obj:
-        raise Reply(400, status(400, "BadRequest", f"Object 'Kind' is missing in '{raw.decode('utf-8', 'replace')}'"))
+        raise failure(400, "BadRequest", f"Object 'Kind' is missing in '{raw.decode('utf-8', 'replace')}'")
     return obj
 
 
@@ -513,7 +491,7 @@ def _invalid_reply(group: str, kind: str, name: str, errors: list[kv.FieldError]
     causes = [{"reason": e.reason, "message": e.message, "field": e.field} for e in errors]
     message = f'{kind}.{group} "{name}" is invalid: {_aggregate([str(e) for e in errors])}'
     details = {"name": name} if name else {}  # omitempty
-    raise Reply(422, status(422, "Invalid", message, {**details, "group": group, "kind": kind, "causes": causes}))
+    raise failure(422, "Invalid", message, {**details, "group": group, "kind": kind, "causes": causes})
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:
@@ -545,14 +523,11 @@ def _log_text(name: str, logs: str | dict[str, str], query: dict[str, list[str]]
         container = query.get("container", [""])[0]
         if not container and len(logs) > 1:
             choices = " ".join(sorted(logs))
-            raise Reply(
-                400,
-                status(
-                    400, "BadRequest", f"a container name must be specified for pod {name}, choose one of: [{choices}]"
-                ),
+            raise failure(
+                400, "BadRequest", f"a container name must be specified for pod {name}, choose one of: [{choices}]"
             )
         if container and container not in logs:
-            raise Reply(400, status(400, "BadRequest", f"container {container} is not valid for pod {name}"))
+            raise failure(400, "BadRequest", f"container {container} is not valid for pod {name}")
         logs = logs[container] if container else next(iter(logs.values()), "")
     tail = query.get("tailLines", [""])[0]
     if tail.isdigit():
@@ -562,9 +537,7 @@ def _log_text(name: str, logs: str | dict[str, str], query: dict[str, list[str]]
 
 
 def _not_allowed() -> Reply:
-    return Reply(
-        405, status(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {})
-    )
+    return failure(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {})
 
 
 def generate_name(prefix: str) -> str:
@@ -606,7 +579,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Reply as exc:
             reply = exc
         except Exception as exc:
-            reply = Reply(500, status(500, "InternalError", f"stand-in error: {exc!r}"))
+            reply = failure(500, "InternalError", f"stand-in error: {exc!r}")
         record.status = reply.code
         record.warnings = [v for k, v in reply.headers if k == "Warning"]
         self._send(reply)
@@ -711,3 +684,25 @@ def write_kubeconfig(path: Path, server: str) -> Path:
         )
     )
     return path
+
+
+@contextmanager
+def untrusted_https(folder: Path, handler: type[BaseHTTPRequestHandler] = BaseHTTPRequestHandler) -> Iterator[str]:
+    """An HTTPS server on loopback serving `handler`, whose certificate no CA signed (openssl writes
+    it and its key into `folder`): yields the server's URL, and shuts it down on leaving."""
+    key, cert = folder / "k.pem", folder / "c.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

@@ -32,12 +32,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from support import kubelet
+from support.waiting import eventually
 
 DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
 BRIDGE = "djopbr0"
@@ -387,13 +387,20 @@ class Operator:
                 self._finished(attempt, 128 - code if code < 0 else code)
 
     def run(self, timeout: float) -> str:
-        """Reconcile until the job ends: 'Succeeded' or 'Failed' (pods may still run), or raise on timeout."""
-        deadline = time.monotonic() + timeout
-        while self.condition == "Running":
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job still running after {timeout:.0f} s: {[a.pod for a in self.running()]}")
-            self.poll()
-            time.sleep(0.1)
+        """Reconcile until the job ends: 'Succeeded' or 'Failed' (pods may still run); fail on timeout."""
+
+        def ended() -> bool:
+            if self.condition == "Running":
+                self.poll()
+            return self.condition != "Running"
+
+        eventually(
+            ended,
+            timeout=timeout,
+            interval=0.1,
+            what="the job's end",
+            context=lambda: f"pods still running: {[a.pod for a in self.running()]}",
+        )
         return self.condition
 
     def settle(self, timeout: float) -> None:
@@ -401,10 +408,12 @@ class Operator:
         their codes. The job succeeds when its Master does, and under cleanPodPolicy None a Worker
         that is still writing its last lines keeps running; on a loaded machine it can end a few
         seconds after the Master. One that does not end in `timeout` keeps code None."""
-        deadline = time.monotonic() + timeout
-        while self.running() and time.monotonic() < deadline:
+
+        def all_exited() -> bool:
             self.poll()
-            time.sleep(0.1)
+            return not self.running()
+
+        eventually(all_exited, timeout=timeout, interval=0.1, what="the pods' own exit", default=False)
 
     def _finished(self, attempt: Attempt, code: int) -> None:
         attempt.code = code

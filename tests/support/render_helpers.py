@@ -1,12 +1,18 @@
-"""Run a rendered sbatch script with stub `srun`/`scontrol` that record what they were given."""
+"""Run the rendered job scripts: the sbatch script with stub `srun`/`scontrol` that record what
+they were given, and a pod's entrypoint as its container runs it."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from dist_jobs.render.k8s import container_command
+from dist_jobs.spec.load import load_spec
+from support import kubelet
 from support.paths import REPO, venv_bin
 
 STUB = """#!{python}
@@ -48,6 +54,26 @@ def run_script(
     proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
     calls = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return proc, calls
+
+
+def run_pod_entrypoint(
+    spec: dict[str, Any], program: str, shared: Path, env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The pod entrypoint of the k8s spec `spec` as its container runs it (the kubelet's `$$`
+    undone), with `program` (sh code) in place of the trainer: the run's checkpoint folder is
+    `shared`, and `env` adds to (or overrides) what the pod is given."""
+    command = [kubelet.expand(arg, {}) for arg in container_command(load_spec(data=spec))]
+    assert command[:2] == ["/bin/sh", "-c"]
+    environ = {
+        "PATH": f"{venv_bin()}:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "DIST_JOBS_CHECKPOINT_DIR": str(shared),
+        "DIST_JOBS_RUN": spec["name"],
+        "DIST_JOBS_MAX_REQUEUES": "3",
+        **env,
+    }
+    argv = [*command[:4], "sh", "-c", program]
+    return subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
 def clean_env() -> dict[str, str]:

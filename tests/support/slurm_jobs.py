@@ -11,57 +11,52 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm.backend import SlurmBackend
-from dist_jobs.backends.slurm.output import SACCT_FIELDS, parse_sacct, sacct_job_state
+from dist_jobs.backends.slurm.output import SACCT_FIELDS, SacctJobState, parse_sacct, sacct_job_state
 from support.paths import REPO, TESTS
+from support.specs import PREEMPTIBLE_TRAIN
+from support.waiting import eventually
 
 VENV_BIN = Path(sys.executable).parent
 TOTAL_STEPS = 24  # 128 samples / (4 ranks x batch 4) = 8 steps an epoch, 3 epochs
-TRAIN: dict[str, Any] = {
-    "model": "support.train_support:tiny_net",
-    "data": "fake",
-    "image_size": 16,
-    "fake_samples": 128,
-    "batch_size": 4,
-    "epochs": 3,
-    "lr": 0.05,
-    "deterministic": True,
-    "seed": 5,
-    "device": "cpu",
-    "log_every": 1,
-    "progress": False,
-    "checkpoint_every_steps": 4,
-}
+TRAIN: dict[str, Any] = PREEMPTIBLE_TRAIN
 # tiny_net sleeps this long in every training forward: wall time only, never the numbers.
 # Only the first attempt is slowed, so it is still training when it is preempted and the
 # resumed attempt is over before a second warning could come.
 SLOW_FIRST_ATTEMPT = 'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=%s; fi'
 
 
-def spec_data(root: Path, name: str, train: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    """A 2 x 2 job whose logs and checkpoints live under `root` (this machine's shared filesystem)."""
+def spec_data(
+    root: Path,
+    name: str,
+    train: dict[str, Any] | None = None,
+    *,
+    procs_per_node: int = 2,
+    unbuffered: bool = True,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A 2 x `procs_per_node` job (training TRAIN unless `train` is given) whose logs and
+    checkpoints live under `root` (this machine's shared filesystem); `unbuffered`: its ranks
+    write their logs unbuffered (PYTHONUNBUFFERED=1)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
     return {
         "name": name,
         "nodes": 2,
-        "procs_per_node": 2,
+        "procs_per_node": procs_per_node,
         "cpus_per_task": 1,
         "time": "5",
         "log_dir": str(root / "logs"),
         "checkpoint_dir": str(root / "checkpoints"),
         "setup": [f'export PATH="{VENV_BIN}:$PATH"'],
-        "env": {
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-        },
+        "env": env,
         "train": dict(train or TRAIN),
         **fields,
     }
@@ -109,20 +104,20 @@ def batch_log(root: Path, name: str, job_id: str) -> str:
 
 def wait_for(what: str, ready: Any, timeout: float, job_id: str, root: Path, name: str) -> Any:
     """Poll `ready()` until it is truthy; on timeout cancel the job and fail with its logs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = ready()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], capture_output=True)
-            files = sorted((root / "logs").glob(f"{name}-{job_id}-attempt*-rank0.out"))
-            rank0 = "\n".join(f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in files)
-            pytest.fail(
-                f"job {job_id}: no {what} within {timeout:.0f} s\n--- batch log:\n"
-                f"{batch_log(root, name, job_id)}\n--- rank 0:\n{rank0}"
-            )
-        time.sleep(1.0)
+
+    def logs() -> str:
+        files = sorted((root / "logs").glob(f"{name}-{job_id}-attempt*-rank0.out"))
+        rank0 = "\n".join(f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in files)
+        return f"--- batch log:\n{batch_log(root, name, job_id)}\n--- rank 0:\n{rank0}"
+
+    return eventually(
+        ready,
+        timeout=timeout,
+        interval=1.0,
+        what=f"{what} of job {job_id}",
+        on_timeout=lambda: subprocess.run(["scancel", job_id], capture_output=True),
+        context=logs,
+    )
 
 
 def wait_finished(root: Path, name: str, job_id: str, timeout: float = 150) -> JobStatus:
@@ -140,19 +135,23 @@ def wait_finished(root: Path, name: str, job_id: str, timeout: float = 150) -> J
 
 def final_sacct_state(job_id: str) -> tuple[str, int]:
     """(state, attempts) from sacct --duplicates, polled until slurmdbd has the final record."""
-    deadline = time.monotonic() + 30
-    while True:
-        proc = subprocess.run(
-            ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        state = sacct_job_state(parse_sacct(proc.stdout), job_id) if proc.returncode == 0 else None
-        if state is not None and (state.state not in ("RUNNING", "PENDING", "REQUEUED") or time.monotonic() > deadline):
-            return state.state, state.attempts
-        assert time.monotonic() < deadline, f"sacct knows no job {job_id}: {proc.stdout}{proc.stderr}"
-        time.sleep(1)
+    answer: list[subprocess.CompletedProcess[str]] = []
+
+    def record() -> SacctJobState | None:
+        argv = ["sacct", "--parsable2", "--noheader", "--duplicates", "--jobs", job_id, "--format", SACCT_FIELDS]
+        answer[:] = [subprocess.run(argv, capture_output=True, text=True, timeout=30)]
+        return sacct_job_state(parse_sacct(answer[0].stdout), job_id) if answer[0].returncode == 0 else None
+
+    state = eventually(
+        record,
+        until=lambda state: state is not None and state.state not in ("RUNNING", "PENDING", "REQUEUED"),
+        timeout=30,
+        interval=1.0,
+        what=f"sacct's final record of job {job_id}",
+        context=lambda: f"sacct said: {answer[0].stdout}{answer[0].stderr}" if answer else "",
+    )
+    assert state is not None
+    return state.state, state.attempts
 
 
 def committed_steps(checkpoints: Path) -> list[int]:

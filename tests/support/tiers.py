@@ -1,18 +1,24 @@
-"""`requires(...)`: one gate for every test tier, in the spirit of Lightning's `RunIf`.
+"""`requires(...)`: what a test needs, said at the test, in the spirit of Lightning's `RunIf`.
 
-A tier is something outside the Python process a test needs: the local SLURM cluster
-(`slurm/cluster/up.sh`), the real kube-apiserver (`k8s/apiserver/up.sh`), pods run by the
-operator harness, real pods on two kubelets (`k8s/kubelet/up.sh`), a GPU, or a system tool.
-Without it the test skips and says how to get it,
-except under CI (`CI` set, as `.ci/run` does), where a missing cluster tier or tool is a
-failure: CI brings them all up, so a silent one means the set-up broke. A GPU is the one tier
-CI never has, so it always skips.
+`@requires("torch")`, `pytestmark = requires("slurm")`, `@requires("root")`. A need is one of:
+- a tier outside the Python process: the local SLURM cluster (`slurm/cluster/up.sh`), the real
+  kube-apiserver (`k8s/apiserver/up.sh`), pods run by the operator harness, real pods on two
+  kubelets (`k8s/kubelet/up.sh`), a GPU;
+- `torch`: the test runs torch without its file importing it (it starts the trainer in a child
+  process, or submits the built-in trainer, which refuses a python without torch). The
+  torch-free sessions (`pytest --torch-free`) leave such tests out, and test files whose imports
+  reach torch (support.torch_free);
+- `root`: the test mounts, changes namespaces or otherwise needs uid 0.
+Without it the test skips and says how to get it, except under CI (`CI` set, as `.ci/run` does),
+where a missing need is a failure: CI brings them all up (and runs as root), so a silent one
+means the set-up broke. A GPU is the one need CI never has, so it always skips.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -25,6 +31,8 @@ import pytest
 from support.paths import REPO
 
 TIERS = ("slurm", "apiserver", "pods", "realpods", "gpu")
+# Needs that are not a cluster tier: a tier marker each too (`-m "not torch"`).
+NEEDS = (*TIERS, "torch", "root")
 
 
 def in_ci() -> bool:
@@ -78,26 +86,36 @@ def _gpu() -> str | None:
     return None if torch.cuda.is_available() else "no CUDA GPU on this machine"
 
 
+def _torch() -> str | None:
+    return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
+
+
+def _root() -> str | None:
+    return None if os.geteuid() == 0 else "it runs as root (mounts, namespaces)"
+
+
 _PROBES: dict[str, Callable[[], str | None]] = {
     "slurm": _slurm,
     "apiserver": _apiserver,
     "pods": _pods,
     "realpods": _realpods,
     "gpu": _gpu,
+    "torch": _torch,
+    "root": _root,
 }
 
 
 def missing(tier: str) -> str | None:
-    """Why `tier` is unavailable here, or None when it is up."""
+    """Why `tier` (any of NEEDS) is unavailable here, or None when it is there."""
     return _PROBES[tier]()
 
 
 def requires(*tiers: str) -> pytest.MarkDecorator:
-    """A mark for a test (or `pytestmark`) that needs these tiers; each tier's own marker is added,
-    so `pytest -m 'not slurm'` still selects by tier."""
-    unknown = set(tiers) - set(TIERS)
+    """A mark for a test (or `pytestmark`) that needs these (NEEDS); each one's own marker is
+    added, so `pytest -m 'not slurm'` still selects by tier."""
+    unknown = set(tiers) - set(NEEDS)
     if unknown:
-        raise ValueError(f"unknown tier(s) {sorted(unknown)}; known: {TIERS}")
+        raise ValueError(f"unknown need(s) {sorted(unknown)}; known: {NEEDS}")
     return pytest.mark.requires_tiers(*tiers)
 
 
@@ -136,4 +154,4 @@ def require_module(name: str, hint: str = "pip install -e '.[dev]'") -> ModuleTy
         raise AssertionError from exc  # unreachable
 
 
-__all__ = ["REPO", "TIERS", "check", "in_ci", "missing", "require_module", "require_tool", "requires"]
+__all__ = ["NEEDS", "REPO", "TIERS", "check", "in_ci", "missing", "require_module", "require_tool", "requires"]

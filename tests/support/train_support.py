@@ -23,6 +23,7 @@ import pytest
 
 from dist_jobs.ranks.ports import free_port
 from support.paths import REPO, TESTS
+from support.waiting import eventually
 
 PYTHON = sys.executable
 STEP_RE = re.compile(r"step (\d+)/(\d+) epoch")
@@ -35,9 +36,7 @@ def test_launch_helpers_find_a_child_process(tmp_path: Path) -> None:
         {},
     )
     try:
-        deadline = time.monotonic() + 20
-        while not launch.tree()[1:] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: launch.tree()[1:], timeout=20, interval=0.05, what="the launch's child process")
         assert len(launch.tree()) == 2
     finally:
         launch.kill()
@@ -120,6 +119,28 @@ def tiny_data(train: bool, config: Any) -> Any:
     return Images()
 
 
+def clipped_sgd_step(**fields: Any) -> Any:
+    """The TrainConfig of one plain SGD step on CPU whose move is the clipped gradient: lr 1, no
+    momentum, weight decay or schedule, gradient norm clipped to 1e-3, one batch of 8, no eval.
+    `fields` add to it (strategy="fsdp")."""
+    from dist_jobs.spec.train import TrainConfig
+
+    return TrainConfig(
+        optimizer="sgd",
+        momentum=0.0,
+        weight_decay=0.0,
+        lr=1.0,
+        grad_clip=1e-3,
+        max_steps=1,
+        batch_size=8,
+        scheduler="constant",
+        progress=False,
+        eval_every_epoch=False,
+        device="cpu",
+        **fields,
+    )
+
+
 # -- launching ---------------------------------------------------------------------------------
 def child_env(**extra: str) -> dict[str, str]:
     """This environment minus launcher variables, with the repo and tests/ importable."""
@@ -146,7 +167,7 @@ def run_all(script: Path, envs: list[dict[str, str]], timeout: float) -> list[su
         )
         for env in envs
     ]
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # one budget for blocking waits (pipes read), not a poll
     results = []
     try:
         for proc in procs:
@@ -273,12 +294,16 @@ def start_torchrun(args: list[str], log: Path, *, nproc: int = 2, **extra: str) 
 
 
 def wait_all(launches: list[Launch], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # one budget for blocking waits, not a poll
     try:
         return [launch.wait(max(1.0, deadline - time.monotonic())) for launch in launches]
     finally:
-        for launch in launches:
-            launch.kill()
+        kill_all(launches)
+
+
+def kill_all(launches: list[Launch]) -> None:
+    for launch in launches:
+        launch.kill()
 
 
 def final_state(run_dir: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import pytest
 
 from support.layers import modules
 from support.paths import PYTHON, REPO, TESTS
+from support.tiers import requires
 
 FIXTURES = TESTS / "fixtures" / "slurm"
 
@@ -109,6 +110,7 @@ def test_slurm_query_verbs_import_no_renderer_yaml_or_spec(tmp_path: Path, verb:
     assert not [m for m in got["mods"] if "sweep" in m]  # a sweep's modules are for `sweep` alone
 
 
+@requires("torch")
 def test_the_trainer_is_one_import_and_importing_the_package_loads_no_torch() -> None:
     code = (
         "import sys, dist_jobs.train as t; from dist_jobs.train import TrainConfig; "

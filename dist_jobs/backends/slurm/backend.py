@@ -11,6 +11,7 @@ import dataclasses
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,12 @@ from dist_jobs.backends.slurm.output import (
     parse_sacct,
     parse_squeue,
     sacct_job_state,
+)
+from dist_jobs.backends.slurm.sbatch import (
+    CONTROLLER_HINT,
+    CONTROLLER_UNREACHABLE,
+    job_python_export,
+    this_python_has_torch,
 )
 from dist_jobs.errors import BackendError, DistJobsError
 
@@ -91,8 +98,6 @@ def _in_snapshot(spec: JobSpec) -> bool:
 
 def _check_controller(stderr: str) -> None:
     """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
-    from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE  # a failure's alone (budget)
-
     if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
         said = stderr.strip()
         raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
@@ -102,12 +107,23 @@ class SlurmBackend:
     name = "slurm"
 
     def __init__(
-        self, runner: Runner | None = None, jobs_dir: Path | None = None, cwd: Path | None = None, cluster: str = ""
+        self,
+        runner: Runner | None = None,
+        jobs_dir: Path | None = None,
+        cwd: Path | None = None,
+        cluster: str = "",
+        *,
+        python: str | None = None,
+        has_torch: Callable[[], bool] = this_python_has_torch,
     ) -> None:
+        """`python`: the job's python unless the spec names one (default: DIST_JOBS_PYTHON, else
+        the interpreter running this); `has_torch`: whether that interpreter has torch."""
         self.run = runner or run_command
         self.cwd = cwd or Path.cwd()
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
         self._cluster = cluster  # from a handle; else asked once, when a handle is made
+        self.python = python or os.environ.get("DIST_JOBS_PYTHON") or sys.executable
+        self.has_torch = has_torch
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.render import render  # jinja2: the query verbs load no renderer (test_imports)
@@ -121,7 +137,8 @@ class SlurmBackend:
         if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
             prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
-        return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir))
+        export = job_python_export(prepared.spec, self.python, self.has_torch)
+        return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir, export))
 
     def handle(self, job_id: str) -> Handle:
         return Handle("slurm", job_id, cluster=self.cluster_name())

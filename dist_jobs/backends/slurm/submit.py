@@ -19,7 +19,7 @@ import yaml
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
-from dist_jobs.backends.slurm.sbatch import job_python_export, parse_sbatch_job_id, sbatch_error
+from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, sbatch_error
 from dist_jobs.backends.snapshot import read, spec_in_copy
 from dist_jobs.errors import BackendError
 from dist_jobs.spec import JobSpec
@@ -28,8 +28,9 @@ from dist_jobs.spec.paths import expand_home
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
-def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
-    """Submit through `run`; the job id. Relative folders of the spec are taken from `cwd`."""
+def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, export: list[str]) -> str:
+    """Submit through `run`; the job id. Relative folders of the spec are taken from `cwd`;
+    `export` is sbatch's `--export` for the job's python (sbatch.job_python_export)."""
     spec = prepared.spec
     workdir = workdir_of(spec, cwd)
     log_dir = Path(expand_home(spec.log_dir))
@@ -44,7 +45,8 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
             except OSError as exc:
                 hint = "check the path and its permissions"
                 raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
-        return _submit_staged(prepared, run, cwd, jobs_dir, (log_dir, checkpoint_root(spec, workdir) / spec.run_id))
+        folders = (log_dir, checkpoint_root(spec, workdir) / spec.run_id)
+        return _submit_staged(prepared, run, cwd, jobs_dir, folders, export)
     except BaseException:
         for folder in reversed(created):  # a failed submit leaves no folder of its own behind
             with contextlib.suppress(OSError):
@@ -52,7 +54,9 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path) -> str:
         raise
 
 
-def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, folders: tuple[Path, Path]) -> str:
+def _submit_staged(
+    prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, folders: tuple[Path, Path], export: list[str]
+) -> str:
     """Stage the job directory, sbatch, and move it into place under the job id; `folders` are
     the job's log and run directories, for its job.json."""
     spec = prepared.spec
@@ -65,7 +69,7 @@ def _submit_staged(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, f
         # Without a workdir in the spec, the job runs where sbatch runs: make that cwd, which
         # relative log and checkpoint folders were resolved against above.
         chdir = [] if spec.workdir else [f"--chdir={cwd}"]
-        proc = run(["sbatch", "--parsable", *chdir, *job_python_export(spec), str(script)])
+        proc = run(["sbatch", "--parsable", *chdir, *export, str(script)])
         if proc.returncode != 0:
             big = _too_big(spec, run) if TOO_BIG.search(proc.stderr) else None
             raise big or sbatch_error(proc.stderr, proc.returncode)
