@@ -54,12 +54,21 @@ def _expose_pyenv_versions(wanted: list[str]) -> None:
 _expose_pyenv_versions(PYTHONS)
 
 
+# pytest-xdist workers per session (DIST_JOBS_TEST_WORKERS overrides both). Most of the full
+# session's time is waiting (cluster jobs, process start-up, deadlines), so it runs more workers than
+# the machine has cores; each cluster tier's tests still run on one worker (tests/conftest.py).
+# The figures behind these numbers are in the README's Tests section.
+FULL_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "4")
+TORCH_FREE_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "2")
+
+
 @nox.session(venv_backend="none")
 def full(session: nox.Session) -> None:
     """The whole suite in the Makefile's venv (DIST_JOBS_VENV, default .venv)."""
     python = REPO / os.environ.get("DIST_JOBS_VENV", ".venv") / "bin" / "python"
+    xdist = ["-n", FULL_WORKERS, "--dist", "loadgroup"]
     # pytest's 5 (no test collected, e.g. a -m selection that matches none) is not a failure here.
-    session.run(str(python), "-m", "pytest", "-q", *session.posargs, success_codes=[0, 5])
+    session.run(str(python), "-m", "pytest", "-q", *xdist, *session.posargs, success_codes=[0, 5])
 
 
 @nox.session(python=PYTHONS)
@@ -68,4 +77,6 @@ def torch_free(session: nox.Session) -> None:
     session.install("-q", "-e", ".[test]")
     # The SLURM cluster's, the operator harness's and the real pods' jobs run the trainer.
     tiers = "not slurm and not pods and not realpods and not gpu"
-    session.run("python", "-m", "pytest", "-q", "--torch-free", "-m", tiers, *session.posargs, success_codes=[0, 5])
+    xdist = ["-n", TORCH_FREE_WORKERS, "--dist", "loadgroup"]
+    argv = ["python", "-m", "pytest", "-q", *xdist, "--torch-free", "-m", tiers, *session.posargs]
+    session.run(*argv, success_codes=[0, 5])

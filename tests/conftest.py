@@ -42,16 +42,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 SHARED_TIERS = ("slurm", "realpods", "pods", "apiserver")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups on its workers
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each need is also a marker (`-m 'not slurm and not apiserver'`); a shared tier is an xdist
+    group. Here, as each test is collected: xdist reads the groups in its own modifyitems hook."""
+    needs = [tier for mark in item.iter_markers("requires_tiers") for tier in mark.args]
+    for tier in needs:
+        item.add_marker(getattr(pytest.mark, tier))
+    shared = [tier for tier in SHARED_TIERS if tier in needs]
+    if shared and not item.get_closest_marker("xdist_group"):
+        item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Each need is also a marker, so `-m 'not slurm and not apiserver'` keeps working.
-    for item in items:
-        needs = [tier for mark in item.iter_markers("requires_tiers") for tier in mark.args]
-        for tier in needs:
-            item.add_marker(getattr(pytest.mark, tier))
-        shared = [tier for tier in SHARED_TIERS if tier in needs]
-        if shared and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
     if config.getoption("--torch-free"):
         dropped = [item for item in items if item.get_closest_marker("torch")]
         if dropped:

@@ -95,7 +95,9 @@ def test_yaml_value_round_trip(value: object) -> None:
     assert yaml.safe_load("k: " + yaml_value(value))["k"] == value
 
 
-@PROPS
+# Each example runs the whole batch script under bash with its stubbed srun (a python start-up a
+# call): 30 of them, half of PROPS, keep the suite's slowest unit test near 20 s.
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=names,
     env=st.dictionaries(env_names, hostile, max_size=3),
