@@ -58,7 +58,7 @@ _expose_pyenv_versions(PYTHONS)
 # session's time is waiting (cluster jobs, process start-up, deadlines), so it runs more workers than
 # the machine has cores; each cluster tier's tests still run on one worker (tests/conftest.py).
 # The figures behind these numbers are in the README's Tests section.
-FULL_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "4")
+FULL_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "3")
 TORCH_FREE_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "2")
 
 
@@ -71,7 +71,7 @@ def full(session: nox.Session) -> None:
     session.run(str(python), "-m", "pytest", "-q", *xdist, *session.posargs, success_codes=[0, 5])
 
 
-@nox.session(python=PYTHONS)
+@nox.session(python=TORCH_FREE_PYTHONS)
 def torch_free(session: nox.Session) -> None:
     """Every test that needs no torch, on a venv without it."""
     session.install("-q", "-e", ".[test]")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires_tiers(*needs): needs these (support.tiers.requires)")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Workers (and what their tests start) run below the cluster tiers' own processes (slurmd's
+        # job steps, the kubelets' pods): a job a test waits on keeps the timing it has on a quiet
+        # machine while the other workers compute.
+        os.nice(5)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

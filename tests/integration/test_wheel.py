@@ -16,13 +16,15 @@ from support.paths import REPO
 
 @pytest.mark.slow
 def test_wheel_install_renders(tmp_path) -> None:
+    """Slow by nature: pip builds the wheel in an isolated build environment and installs it with
+    its dependencies into a new virtual environment, as a user's `pip install` does."""
     src = tmp_path / "src"
     # A copy without the checkout's templates next to the install: only the wheel's own may be used.
     shutil.copytree(
         REPO,
         src,
         ignore=shutil.ignore_patterns(
-            ".venv", ".git", "*.pyc", "__pycache__", ".hypothesis", ".pytest_cache", "dist-jobs-runs"
+            ".venv", ".nox", ".git", "build", "*.pyc", "__pycache__", ".hypothesis", ".pytest_cache", "dist-jobs-runs"
         ),
     )
     venv = tmp_path / "venv"
