@@ -266,7 +266,10 @@ def test_a_hung_rank_through_the_real_apiserver_and_the_operator_harness(
     Rank 1 stops stepping at its 7th batch once (support/hang_support.py): every rank's watchdog
     dumps its stacks, both pods exit 200 and are recreated, the gang resumes from the checkpoint
     and finishes; `dist-jobs status` against the apiserver shows the finished progress of the
-    second attempt, read from the run directory the pods were given."""
+    second attempt, read from the run directory the pods were given.
+    Slow by nature: the ranks must sit stalled until the watchdog's limit runs out (its 5 s floor, or 10
+    times the recent step time if longer) and dump their stacks; then both pods are recreated and the job runs a
+    second time, starting torch in every rank again."""
     from kubernetes import client
 
     from support.operator_harness import Operator

@@ -177,6 +177,9 @@ def test_submitted_job_trains_to_completion_with_pod_ranks(submitted: Any, tmp_p
 @needs_pods
 @pytest.mark.timeout(400)
 def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp_path: Path) -> None:
+    """Slow by nature: the 64-step job runs twice, as two gangs of pod processes: the first is evicted only
+    after it has committed a checkpoint, and the replacements start torch and the rendezvous again before they
+    train the rest."""
     # 2048 samples / (4 ranks x 8) = 64 steps: long enough to evict the master pod mid-run.
     job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False))
     run_dir = tmp_path / "shared" / "ckpt" / JOB
@@ -214,7 +217,10 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
 def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted: Any, tmp_path: Path) -> None:
     """k8s/README.md's gang restart: an OOM kill or a node loss gives no SIGTERM. The operator recreates
     the killed pod (137 is retryable); the survivors lose their peer, exit with the retryable code
-    (not 1, which would fail the job), are recreated too, and the new gang resumes from the checkpoint."""
+    (not 1, which would fail the job), are recreated too, and the new gang resumes from the checkpoint.
+    Slow by nature: the job runs twice: after the SIGKILL the worker's ranks only exit once they notice the
+    lost peer, then both pods are recreated and start torch and the rendezvous again before they finish the 64
+    steps from the checkpoint."""
     job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False))
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
@@ -251,7 +257,10 @@ def test_a_rank_that_stops_stepping_is_dumped_and_its_pods_restarted(
     (support/hang_support.py); every rank's hang watchdog dumps its threads' stacks into the pod's
     log and leaves the PREEMPTED marker, so both pod entrypoints exit 200 (torchrun alone would
     say 1), restartPolicy ExitCode recreates them, and the new gang resumes from the checkpoint of
-    step 6 and finishes. `dist-jobs status` reads the run's progress from the pods' run directory."""
+    step 6 and finishes. `dist-jobs status` reads the run's progress from the pods' run directory.
+    Slow by nature: the ranks must sit stalled until the watchdog's limit runs out (its 5 s floor, or 10
+    times the recent step time if longer) and dump their stacks; then both pods are recreated and the job runs a
+    second time, starting torch in every rank again."""
     from support.paths import TESTS
 
     train = {"fake_samples": 512, "epochs": 1, "eval_every_epoch": False, "log_every": 1}

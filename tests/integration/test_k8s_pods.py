@@ -181,6 +181,9 @@ def logs(capsys: pytest.CaptureFixture[str], job: str, rank: int) -> str:
 def test_two_node_job_trains_checkpoints_on_the_pvc_and_succeeds(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
+    """Slow by nature: its time goes to the real pod lifecycle (the operator creating the pods, the kubelets
+    starting containers in containerd, torch importing in each of the four ranks, the cross-node rendezvous) and
+    to reading the logs back through the kubelets; the training itself is a few steps."""
     job = submit(job_spec("rp-train", claim))
     found = ended(custom, job, 240)
     assert state(found) == "Succeeded", found
@@ -271,6 +274,10 @@ def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
 def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
+    """Slow by nature: the job runs twice, as real pods: the 64-step run is long enough to be interrupted after
+    a committed checkpoint, the deleted pod's ranks stop within its grace period, and the operator deletes and
+    recreates the pods, which pull nothing but start containers, torch and the rendezvous again before the
+    resumed run finishes."""
     # 2048 samples / (4 ranks x 8) = 64 steps: long enough to delete a pod mid-run.
     data = job_spec("rp-preempt", claim)
     data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
@@ -319,7 +326,10 @@ def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
     """SIGKILL to the master container's PID 1 (an OOM kill, a node loss): the kubelet reports 137,
-    retryable under ExitCode; the worker loses its peer and exits 200; both are recreated and resume."""
+    retryable under ExitCode; the worker loses its peer and exits 200; both are recreated and resume.
+    Slow by nature: the job runs twice: after the SIGKILL the worker only exits once its ranks notice the
+    lost peer, then the operator recreates both pods, which start containerd tasks, torch and the rendezvous
+    again and finish the 64-step run from the checkpoint."""
     data = job_spec("rp-kill", claim)
     data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
     job = submit(data)
@@ -484,7 +494,11 @@ def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_k
     directory, another owner) is refused while the holder's heartbeat beats: its pod rank 0
     exits 2, which ExitCode does not retry, and `status` and `logs` say why. Then the holder's
     node-0 container is SIGKILLed: the kubelet restarts it (OnFailure), the restarted entrypoint
-    takes its own job's lock over at once and the run resumes from its checkpoint."""
+    takes its own job's lock over at once and the run resumes from its checkpoint.
+    Slow by nature: three pod lifecycles run one after another on the two kubelets (the holder's 128-step
+    training, the refused job's pods, the holder's restarted container), each starting torch in every rank; the
+    holder must train long enough to outlast the refusal and still be mid-run when it is killed, so that the
+    resume from its checkpoint is seen."""
     data = job_spec("rp-lock", claim)
     data["train"].update(fake_samples=4096, epochs=1, eval_every_epoch=False)
     data["env"].update({"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"})

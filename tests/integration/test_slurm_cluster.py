@@ -246,7 +246,10 @@ def test_external_requeue_resumes_from_latest_checkpoint_bit_identical(
     """`scontrol requeue` of the running srun-mode job (as a preempting scheduler does): slurmd
     sends the ranks SIGTERM (SIGKILL only after KillWait, 30 s), they checkpoint at the next step
     and exit; SLURM requeues (the script must not requeue again), and attempt 1 resumes from the
-    newest committed checkpoint, which is that preemption checkpoint."""
+    newest committed checkpoint, which is that preemption checkpoint.
+    Slow by nature: the job runs twice: attempt 0 is slowed to 1 s a step so the requeue lands mid-training
+    after step 6, and the requeued attempt waits out the cluster's 10 s credential hold before it may start
+    again and train to the end."""
     name = "requeue"
     job_id = submit_api(tmp_path, spec_data(tmp_path, name), cleanup, slow_first="1.0")
     slurm = backend(tmp_path)
@@ -285,7 +288,10 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     signal (USR1) in srun mode, SIGTERM in torchrun mode (torchrun hands it to its workers); the
     ranks agree, save a checkpoint, rank 0 leaves the PREEMPTED marker, the script requeues, and
     attempt 1 resumes from that checkpoint. Attempt 0 is slowed to 3 s a step (72 s of training)
-    so the warning lands mid-training."""
+    so the warning lands mid-training.
+    Slow by nature: the warning can only come from SLURM's own time-limit check (`time: 2`, `grace_seconds:
+    60`), which fires 30-60 s after the start, so attempt 0 must still be training then; the requeued attempt
+    waits out the credential hold (cred_expire, 10 s) and trains the rest, starting torch in every rank again."""
     name = f"warned-{launcher}"
     data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
     job_id = submit_api(tmp_path, data, cleanup, slow_first="3.0")
@@ -313,7 +319,10 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     ranks checkpoint at the next step boundary and exit 200, the batch script requeues the job,
     and attempt 1 resumes from that checkpoint, ending bit-identical to the uninterrupted run.
     The batch shell of attempt 0 holds the run directory lock (and releases it), attempt 1 takes
-    it again, and it is gone once the job has finished."""
+    it again, and it is gone once the job has finished.
+    Slow by nature: the job runs twice: attempt 0 is slowed to 1 s a step so the signal lands mid-training
+    after step 6, and the requeued attempt waits out the cluster's 10 s credential hold before it may start
+    again and train to the end."""
     name = "scancel-term"
     job_id = submit_api(tmp_path, spec_data(tmp_path, name), cleanup, slow_first="1.0")
     log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
@@ -344,7 +353,10 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
     Every rank's hang watchdog (floor 5 s) writes all its threads' stacks into its log, leaves
     the PREEMPTED marker and exits 200; the batch script requeues the job, attempt 1 resumes
     from the last committed checkpoint (step 4) and finishes. `dist-jobs status` shows the
-    finished progress of attempt 1."""
+    finished progress of attempt 1.
+    Slow by nature: the ranks must sit stalled until the watchdog's limit runs out (its 5 s floor, or 10
+    times the recent step time if longer) and dump their stacks; then the job is requeued, waits out the
+    cluster's 10 s credential hold and runs a second time to the end."""
     name = "hang"
     train = {**TRAIN, "model": "support.hang_support:stalling_net", "hang_min_seconds": 5, "hang_factor": 10}
     data = spec_data(tmp_path, name, train)
@@ -485,7 +497,10 @@ def test_submitit_job_preempted_by_its_signal_requeues_and_resumes_bit_identical
     limit; here sent with `scancel --signal`) reaches every task: the ranks agree, checkpoint and
     leave fit(); rank 0 hands the signal to submitit, which requeues the job, and the requeued
     job resumes from that checkpoint and ends on the uninterrupted run's bits. The other ranks
-    leave without recording a result: an error there would read as a failed task."""
+    leave without recording a result: an error there would read as a failed task.
+    Slow by nature: the job runs twice (attempt 0 slowed to 1 s a step so the signal lands mid-training, then
+    the requeued attempt, which waits out the cluster's 10 s credential hold), and every rank starts torch and
+    unpickles submitit's task in each."""
     require_module("submitit")
     from dist_jobs.backends.submitit_backend import make_executor
     from dist_jobs.train.task import TrainTask

@@ -257,7 +257,10 @@ def test_a_node_killed_mid_run_requeues_and_resumes_from_the_last_checkpoint(
     n1 lose their peers and exit with the retryable code; srun waits for n2 until SLURM declares
     it down (SlurmdTimeout) and requeues the job, which pends for the down node. Status says so
     at each stage, with no ETA once no rank steps. With n2 back, the job resumes from the newest
-    committed checkpoint and completes: every checkpoint intact, 2 attempts counted."""
+    committed checkpoint and completes: every checkpoint intact, 2 attempts counted.
+    Slow by nature: SLURM only requeues once it declares n2 down, after the cluster's SlurmdTimeout (90 s,
+    already far below SLURM's default of 300 s), and the requeued job then waits out the credential hold
+    (cred_expire, 10 s) and restarts slurmd on n2 (up.sh) before the second attempt trains to the end."""
     name = "nodefail"
     data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4})
     data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.5; fi')
@@ -292,7 +295,11 @@ def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
 ) -> None:
     """n2's link goes down for 60 s mid-run: the ranks stall in a collective, their hang
     watchdogs (10 s here) dump every thread's stack and exit with the retryable code, the job is
-    requeued and, with the link back, resumes from the newest committed checkpoint."""
+    requeued and, with the link back, resumes from the newest committed checkpoint.
+    Slow by nature: the link stays down for the fixed 60 s outage (shorter than the cluster's SlurmdTimeout
+    of 90 s, so it is a link fault, not a node failure), the requeued job waits out the cluster's credential
+    hold (cred_expire, 10 s) before it may start again, and then trains to the end; restoring the cluster
+    afterwards reruns slurm/cluster/up.sh."""
     name = "linkdrop"
     train = {**TRAIN, "checkpoint_every_steps": 4, "hang_min_seconds": 10, "hang_factor": 5, "collective_timeout": 120}
     data = spec_data(tmp_path, name, train=train)

@@ -51,6 +51,9 @@ GPT = {
 def test_an_fsdp_job_requeued_from_outside_resumes_from_its_sharded_checkpoint(
     launcher: str, tmp_path: Path, cleanup: list[str]
 ) -> None:
+    """Slow by nature: the job runs twice in each mode: attempt 0 is slowed to 0.4 s a step so the requeue lands
+    after a sharded checkpoint is committed, and the requeued attempt waits out the cluster's 10 s credential
+    hold, then sets up FSDP and loads the shards through DCP again."""
     name = f"fsdp-{launcher}"
     data = spec_data(tmp_path, name, train=GPT, launcher=launcher)
     data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.4; fi')

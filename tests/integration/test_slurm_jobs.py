@@ -48,6 +48,9 @@ def test_python_api_submit_wait_logs_result(tmp_path: Path) -> None:
 
 
 def test_cli_submit_wait_exits_1_and_status_names_the_failed_rank(tmp_path: Path) -> None:
+    """Slow by nature: the healthy ranks sleep 60 s so that they are surely still running when rank 1 exits and
+    must be ended by SLURM (the SIGTERM their status names); a shorter sleep could let them exit 0 on their own
+    first, and the test would no longer prove that."""
     path = tmp_path / "fails.yaml"
     path.write_text(yaml.safe_dump(spec_data(tmp_path, "cli-fails", procs_per_node=2)))
     code = textwrap.dedent("""

@@ -87,6 +87,9 @@ def test_four_trials_of_two_nodes_one_array_and_status_marks_the_best(tmp_path: 
 
 
 def test_a_stopped_trial_is_requeued_alone_and_resumes(tmp_path: Path) -> None:
+    """Slow by nature: trial 0's first attempt is slowed to 1 s a step so the signal lands mid-training, and its
+    requeued attempt waits out the cluster's 10 s credential hold before it may start again and train the rest
+    of its 12 steps."""
     data = spec_data(tmp_path, "rq", epochs=3)
     data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=1.0; fi')
     trials = submit(tmp_path, data, "train.lr=0.1,0.05")
