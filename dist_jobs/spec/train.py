@@ -233,3 +233,14 @@ def strategy_problems(train: TrainConfig, flags: bool = False) -> list[Problem]:
         for field, (value, message, fix) in refused.items()
         if getattr(train, field) == value
     ]
+
+
+# The built-in data sets that come from torchvision (`text` is the trainer's own).
+TORCHVISION_DATA = ("fake", "cifar10", "mnist", "imagefolder")
+
+
+def trainer_packages(config: TrainConfig) -> tuple[str, ...]:
+    """What the built-in trainer imports for `config`: torch, and torchvision for one of its
+    classification models (a bare name other than gpt) or one of its data sets."""
+    vision_model = ":" not in config.model and config.model != "gpt"
+    return ("torch", "torchvision") if vision_model or config.data in TORCHVISION_DATA else ("torch",)

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,12 +34,7 @@ from dist_jobs.backends.slurm.output import (
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm.sbatch import (
-    CONTROLLER_HINT,
-    CONTROLLER_UNREACHABLE,
-    job_python_export,
-    this_python_has_torch,
-)
+from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
 from dist_jobs.errors import BackendError, DistJobsError
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
@@ -114,16 +109,17 @@ class SlurmBackend:
         cluster: str = "",
         *,
         python: str | None = None,
-        has_torch: Callable[[], bool] = this_python_has_torch,
+        missing_packages: Callable[[Sequence[str]], list[str]] | None = None,
     ) -> None:
         """`python`: the job's python unless the spec names one (default: DIST_JOBS_PYTHON, else
-        the interpreter running this); `has_torch`: whether that interpreter has torch."""
+        the interpreter running this); `missing_packages`: which of some packages that interpreter
+        cannot import (default: looked up in this one; see submit.missing_packages)."""
         self.run = runner or run_command
         self.cwd = cwd or Path.cwd()
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
         self._cluster = cluster  # from a handle; else asked once, when a handle is made
         self.python = python or os.environ.get("DIST_JOBS_PYTHON") or sys.executable
-        self.has_torch = has_torch
+        self.missing_packages = missing_packages
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.render import render  # jinja2: the query verbs load no renderer (test_imports)
@@ -132,12 +128,12 @@ class SlurmBackend:
 
     def submit(self, prepared: Prepared) -> Handle:
         # submit's own module: yaml and msgspec, which the query verbs load none of (test_imports)
-        from dist_jobs.backends.slurm.submit import snapshot_spec, submit
+        from dist_jobs.backends.slurm.submit import job_python_export, missing_packages, snapshot_spec, submit
 
         if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
             prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
-        export = job_python_export(prepared.spec, self.python, self.has_torch)
+        export = job_python_export(prepared.spec, self.python, self.missing_packages or missing_packages)
         return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir, export))
 
     def handle(self, job_id: str) -> Handle:

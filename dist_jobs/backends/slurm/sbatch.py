@@ -5,18 +5,11 @@ captured from a real cluster (tests/fixtures/slurm/, see its INDEX.md).
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from dist_jobs.errors import BackendError, UsageError
-
-if TYPE_CHECKING:  # `dist-jobs status` imports this module and must not load the spec classes
-    from dist_jobs.spec import JobSpec
+from dist_jobs.errors import BackendError
 
 
 def parse_sbatch_job_id(stdout: str) -> str:
@@ -156,27 +149,3 @@ def sbatch_error(stderr: str, returncode: int, *, cluster_nodes: int | None = No
 def _said(lines: list[str]) -> str:
     """sbatch's own words, without the repeated `sbatch: error:` prefixes."""
     return " / ".join(re.sub(r"^sbatch: (error: )?", "", line) for line in lines)
-
-
-def this_python_has_torch() -> bool:
-    """Whether the interpreter running dist-jobs can import torch (looked up, not imported)."""
-    return importlib.util.find_spec("torch") is not None
-
-
-def job_python_export(spec: JobSpec, python: str, has_torch: Callable[[], bool]) -> list[str]:
-    """`--export=ALL,DIST_JOBS_PYTHON=...`: `python` (the interpreter running this submit, unless
-    DIST_JOBS_PYTHON named another) is the job's python.
-
-    It has dist-jobs by definition, so a job submitted from a shell without the venv active
-    still finds it (the script falls back to python3 on PATH without it). A spec that names its
-    `python` wins. Raises when the built-in trainer would start in this python and `has_torch()`
-    says it has no torch: it would fail in its first second on every node.
-    """
-    if spec.command is None and not spec.python and python == sys.executable and not has_torch():
-        raise UsageError(
-            f"the job's python ({python}) has no torch, which the built-in trainer needs",
-            "pip install 'dist-jobs[train]' into it, or set python: in the job spec to one that has torch",
-        )
-    if spec.python or "," in python:  # sbatch splits --export at commas
-        return []
-    return [f"--export=ALL,DIST_JOBS_PYTHON={python}"]

@@ -209,7 +209,7 @@ def test_home_in_folders_is_the_submitters_for_the_job_its_record_and_status(tmp
     def sbatch(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0, "4242\n", "")
 
-    backend = SlurmBackend(runner=sbatch, cwd=cwd, cluster="c", has_torch=lambda: True)
+    backend = SlurmBackend(runner=sbatch, cwd=cwd, cluster="c", missing_packages=lambda names: [])
     prepared = backend.prepare(spec)
     assert str(backend.submit(prepared)) == "slurm://c/4242"
     stubs = make_stubs(tmp_path / "bin", sys.executable)

@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -83,15 +83,17 @@ class FakeRunner:
         return [argv[0] for argv in self.calls]
 
 
-def backend(tmp_path: Path, runner: FakeRunner, has_torch: bool = True) -> SlurmBackend:
-    """A SLURM backend on `runner`, whose python has torch (as `has_torch` says: no torch needed)."""
-    return SlurmBackend(
-        runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c", has_torch=lambda: has_torch
-    )
+def backend(tmp_path: Path, runner: FakeRunner, lacks: tuple[str, ...] = ()) -> SlurmBackend:
+    """A SLURM backend on `runner` whose python has every package but `lacks` (torch or not here)."""
+
+    def missing(names: Sequence[str]) -> list[str]:
+        return [name for name in names if name in lacks]
+
+    return SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c", missing_packages=missing)
 
 
-def submit(tmp_path: Path, runner: FakeRunner, has_torch: bool = True, **spec: object) -> tuple[SlurmBackend, str]:
-    slurm = backend(tmp_path, runner, has_torch)
+def submit(tmp_path: Path, runner: FakeRunner, lacks: tuple[str, ...] = (), **spec: object) -> tuple[SlurmBackend, str]:
+    slurm = backend(tmp_path, runner, lacks)
     return slurm, slurm.submit(slurm.prepare(load_spec(data={**SPEC, **spec}))).job_id
 
 
@@ -158,11 +160,29 @@ def test_submit_refuses_a_python_without_torch_for_the_builtin_trainer(
     monkeypatch.delenv("DIST_JOBS_PYTHON", raising=False)
     runner = FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), ""))
     with pytest.raises(UsageError, match="has no torch") as caught:
-        submit(tmp_path, runner, has_torch=False)
+        submit(tmp_path, runner, lacks=("torch",))
     assert "dist-jobs[train]" in (caught.value.hint or "")
     assert not runner.calls  # nothing submitted
     # Your own command decides what it needs: no check.
-    submit(tmp_path, runner, has_torch=False, command=["python3", "train.py"])
+    submit(tmp_path, runner, lacks=("torch",), command=["python3", "train.py"])
+
+
+def test_submit_refuses_a_python_without_torchvision_for_an_image_model_or_data_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch alone does not run resnet18 on FakeData: every rank would stop at its first import."""
+    monkeypatch.delenv("DIST_JOBS_PYTHON", raising=False)
+    runner = FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), ""))
+    for train in ({"model": "resnet18", "data": "fake"}, {"model": "gpt", "data": "cifar10"}):
+        with pytest.raises(
+            UsageError, match=f"has no torchvision, which the built-in trainer needs for model '{train['model']}'"
+        ) as caught:
+            submit(tmp_path, runner, lacks=("torchvision",), train=train)
+        assert "torch, torchvision" in (caught.value.hint or "")
+    assert not runner.calls
+    # The language model on its own text data needs torch only.
+    submit(tmp_path, runner, lacks=("torchvision",), train={"model": "gpt", "data": "text", "data_root": "/d/t.txt"})
+    assert [argv[0] for argv in runner.calls] == ["sbatch"]
 
 
 def test_submit_with_workdir_keeps_its_chdir_and_logs_there(tmp_path: Path) -> None:
@@ -219,7 +239,7 @@ def test_unparsable_sbatch_output_is_an_error(tmp_path: Path) -> None:
 
 def test_sbatch_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    slurm = SlurmBackend(jobs_dir=tmp_path / "runs", cwd=tmp_path, has_torch=lambda: True)
+    slurm = SlurmBackend(jobs_dir=tmp_path / "runs", cwd=tmp_path, missing_packages=lambda names: [])
     with pytest.raises(BackendError, match=r"SLURM is not installed here: `sbatch` is not on PATH") as caught:
         slurm.submit(slurm.prepare(load_spec(data=SPEC)))
     assert "bash slurm/cluster/up.sh" in (caught.value.hint or "")
