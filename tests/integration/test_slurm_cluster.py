@@ -295,6 +295,14 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     name = f"warned-{launcher}"
     data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
     job_id = submit_api(tmp_path, data, cleanup, slow_first="3.0")
+    warned = "dist-jobs: preemption warning, checkpointing"
+    wait_for("SLURM's warning", lambda: warned in batch_log(tmp_path, name, job_id), 180, job_id, tmp_path, name)
+    # The warning to attempt 0 is what this test is about. The requeued attempt keeps the job's
+    # 2-minute limit, so on a busy machine it could be warned too before it finishes (a third
+    # attempt): it gets a limit it cannot reach. (scontrol refuses while the job is between states.)
+    raise_limit = ["scontrol", "update", f"JobId={job_id}", "TimeLimit=30"]
+    raised = lambda: subprocess.run(raise_limit, capture_output=True).returncode == 0
+    wait_for("the requeued attempt's time limit raised", raised, 60, job_id, tmp_path, name)
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
     assert status.state == "COMPLETED", batch
