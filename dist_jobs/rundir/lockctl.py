@@ -122,10 +122,30 @@ def _kill_tree(pid: int) -> None:
         for victim in new:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(victim, signal.SIGSTOP)
+        _wait_stopped(new)
         stopped |= new
     for victim in stopped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(victim, signal.SIGKILL)
+
+
+def _wait_stopped(pids: set[int], limit: float = 5.0) -> None:
+    """Until each of `pids` is stopped or gone. SIGSTOP is delivered when its target next runs: on
+    a busy machine a process still running after the kill() can fork a child that the next scan
+    of /proc misses, and that child would be left to init, holding the job's files and pipes."""
+    deadline = time.monotonic() + limit
+    for victim in pids:
+        while _state(victim) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
+def _state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, D, T, Z, ...), None once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[0]
 
 
 def _descendants(pid: int) -> set[int]:
