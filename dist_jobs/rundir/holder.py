@@ -48,12 +48,17 @@ def pid_namespace() -> str:
         return ""
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after its "(comm)": state, ppid, ..., start time; [] when no such process."""
+    text = _read(f"/proc/{pid}/stat")
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+    return text[text.rfind(")") + 2 :].split() if text else []
+
+
 def process_start(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (tells a reused pid apart), or None
     when no such process runs: gone, or a zombie waiting to be reaped."""
-    text = _read(f"/proc/{pid}/stat")
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
-    fields = text[text.rfind(")") + 2 :].split()
+    fields = stat_fields(pid)
     if len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])

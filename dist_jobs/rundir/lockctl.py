@@ -37,7 +37,7 @@ from pathlib import Path
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.errors import DistJobsError
-from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
+from dist_jobs.rundir.holder import Holder, owner_from_env, process_start, stat_fields
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, Lock, LockLost, acquire, current, heartbeat_seconds, new_token
 
 
@@ -135,17 +135,9 @@ def _wait_stopped(pids: set[int], limit: float = 5.0) -> None:
     of /proc misses, and that child would be left to init, holding the job's files and pipes."""
     deadline = time.monotonic() + limit
     for victim in pids:
-        while _state(victim) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
+        # the state letter: T/t stopped, Z/X dead, nothing once gone
+        while (stat_fields(victim) or ["X"])[0] not in "TtZX" and time.monotonic() < deadline:
             time.sleep(0.001)
-
-
-def _state(pid: int) -> str | None:
-    """The state letter of /proc/PID/stat (R, S, D, T, Z, ...), None once the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :].split()[0]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -153,9 +145,8 @@ def _descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry))
+            with contextlib.suppress(ValueError, IndexError):
+                children.setdefault(int(stat_fields(entry)[1]), []).append(int(entry))
     found: set[int] = set()
     todo = [pid]
     while todo:

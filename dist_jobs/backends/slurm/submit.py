@@ -49,13 +49,14 @@ def job_python_export(spec: JobSpec, python: str, missing: MissingPackages) -> l
     its first second, on every node, after the job waited in the queue.
     """
     if spec.command is None and not spec.python and python == sys.executable:
-        lacking = missing(trainer_packages(spec.train))
+        packages = trainer_packages(spec.train)
+        lacking = missing(packages)
         if lacking:
             needs = f"model {spec.train.model!r} and data {spec.train.data!r}"
             raise UsageError(
                 f"the job's python ({python}) has no {' or '.join(lacking)}, which the built-in trainer needs "
                 f"for {needs}",
-                f"pip install 'dist-jobs[train]' into it ({', '.join(trainer_packages(spec.train))}), "
+                f"pip install 'dist-jobs[train]' into it ({', '.join(packages)}), "
                 "or set python: in the job spec to one that has them",
             )
     if spec.python or "," in python:  # sbatch splits --export at commas
