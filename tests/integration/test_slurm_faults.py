@@ -106,19 +106,28 @@ def until(what: str, ready: Callable[[], Any], timeout: float, timeline: Timelin
 # --- the lock ---------------------------------------------------------------------------------------
 
 
-def kill_job_processes(job_id: str) -> int:
-    """SIGKILL every process of a job, its batch shell and lock heartbeat included: what an OOM
-    kill of the whole allocation or `kill -9` by an administrator does. Returns how many."""
-    killed = 0
+def job_processes(job_id: str) -> dict[str, bytes]:
+    """Every process of a job on this machine (both nodes are containers on it), pid to
+    command line: its batch shell, lock heartbeat and step tasks."""
+    found = {}
     for proc in Path("/proc").iterdir():
         try:
             environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job_id}".encode() in environ and proc.name.isdigit():
-            subprocess.run(["kill", "-KILL", proc.name], capture_output=True)
-            killed += 1
-    return killed
+        if proc.name.isdigit() and f"SLURM_JOB_ID={job_id}".encode() in environ:
+            found[proc.name] = cmdline
+    return found
+
+
+def kill_job_processes(job_id: str) -> int:
+    """SIGKILL every process of a job, its batch shell and lock heartbeat included: what an OOM
+    kill of the whole allocation or `kill -9` by an administrator does. Returns how many."""
+    pids = job_processes(job_id)
+    for pid in pids:
+        subprocess.run(["kill", "-KILL", pid], capture_output=True)
+    return len(pids)
 
 
 def test_a_job_behind_a_killed_one_takes_its_lock_once_squeue_says_it_ended(tmp_path: Path, cleanup: list[str]) -> None:
@@ -132,6 +141,13 @@ def test_a_job_behind_a_killed_one_takes_its_lock_once_squeue_says_it_ended(tmp_
     cleanup.append(first)
     run_dir = tmp_path / "checkpoints" / name
     wait_for("the lock", lambda: (run_dir / "LOCK").exists(), 60, first, tmp_path, name)
+    # the batch shell takes the lock before srun starts the step: wait for the user's command
+    eventually(
+        lambda: any(cmd == b"sleep\x00300\x00" for cmd in job_processes(first).values()),
+        timeout=60,
+        what="the step's task",
+        context=lambda: job_processes(first),
+    )
     assert kill_job_processes(first) >= 3  # batch shell, heartbeat, the step's task
     wait_finished(tmp_path, name, first, timeout=60)
     assert (run_dir / "LOCK").exists()  # nobody released it
