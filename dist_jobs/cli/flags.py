@@ -57,6 +57,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--signal", "preemption.signal", "preemption signal: USR1, USR2 or TERM"),
     Flag("--grace", "preemption.grace_seconds", "seconds of warning before the time limit"),
     Flag("--max-requeues", "preemption.max_requeues", "requeues allowed after preemption"),
+    Flag("--max-restarts", "preemption.max_restarts", "restarts in place after a fault, per allocation"),
     Flag("--set", "", "any spec field: PATH=VALUE, e.g. --set train.epochs=5 (repeatable)", "set"),
 )
 

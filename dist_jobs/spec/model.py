@@ -79,6 +79,17 @@ class PreemptionSpec(_Section, frozen=True):
         ),
     ] = 120
     max_requeues: Annotated[int, Meta(ge=0, le=100, description="requeues the job may do after a preemption")] = 3
+    max_restarts: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=100,
+            description=(
+                "restarts in place per allocation after a fault that leaves every node answering (a rank "
+                "killed by a signal nobody sent, a lost peer, a hang), before the allocation is given up"
+            ),
+        ),
+    ] = 3
 
 
 class SlurmSpec(_Section, frozen=True):

@@ -64,6 +64,7 @@ DIST_JOBS_OWNED = frozenset(
         "DIST_JOBS_NNODES",
         "DIST_JOBS_NPROC_PER_NODE",
         "DIST_JOBS_MAX_REQUEUES",
+        "DIST_JOBS_MAX_RESTARTS",
         "DIST_JOBS_COLLECTIVE_TIMEOUT",
     }
 )
@@ -111,6 +112,7 @@ _SPEC_FIELD = {
     "DIST_JOBS_NNODES": "nodes",
     "DIST_JOBS_NPROC_PER_NODE": "procs_per_node",
     "DIST_JOBS_MAX_REQUEUES": "preemption.max_requeues",
+    "DIST_JOBS_MAX_RESTARTS": "preemption.max_restarts",
     "DIST_JOBS_COLLECTIVE_TIMEOUT": "train.collective_timeout",
     "MASTER_PORT": "master_port",
 }

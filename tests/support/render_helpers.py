@@ -24,13 +24,40 @@ sys.exit(int(os.environ.get("STUB_RC", "0")))
 """
 
 
+# srun as the batch script meets it: a node probe (`printenv SLURMD_NODENAME`, one task per node)
+# answers with STUB_NODES; each job step exits with the next of STUB_RCS (the last repeats) and
+# writes the matching `|`-separated part of STUB_ERRS to stderr, as srun reports its tasks.
+SRUN_STUB = """#!{python}
+import json, os, sys
+with open(os.environ["STUB_OUT"], "a") as f:
+    record = {{"prog": "srun", "argv": sys.argv[1:], "env": dict(os.environ)}}
+    f.write(json.dumps(record) + "\\n")
+if sys.argv[-2:] == ["printenv", "SLURMD_NODENAME"]:
+    print("\\n".join(os.environ.get("STUB_NODES", "").split(",")))
+    sys.exit(0)
+counter = os.environ["STUB_OUT"] + ".steps"
+n = int(open(counter).read()) if os.path.exists(counter) else 0
+open(counter, "w").write(str(n + 1))
+rcs = os.environ.get("STUB_RCS") or os.environ.get("STUB_RC", "0")
+rcs, errs = rcs.split(","), os.environ.get("STUB_ERRS", "").split("|")
+if errs[min(n, len(errs) - 1)]:
+    sys.stderr.write(errs[min(n, len(errs) - 1)] + "\\n")
+sys.exit(int(rcs[min(n, len(rcs) - 1)]))
+"""
+
+
 def make_stubs(folder: Path, python: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("srun", "scontrol", "torchrun"):
         path = folder / name
-        path.write_text(STUB.format(python=python))
+        path.write_text((SRUN_STUB if name == "srun" else STUB).format(python=python))
         path.chmod(0o755)
     return folder
+
+
+def step_calls(calls: list[dict]) -> list[dict]:
+    """The job steps among the stub calls (srun, the node probes left out)."""
+    return [c for c in calls if c["prog"] == "srun" and c["argv"][-2:] != ["printenv", "SLURMD_NODENAME"]]
 
 
 def run_script(
@@ -39,6 +66,7 @@ def run_script(
     """Run the batch script as SLURM would on the head node of a 2-node job."""
     out = workdir / "stub-calls.jsonl"
     out.unlink(missing_ok=True)
+    Path(f"{out}.steps").unlink(missing_ok=True)
     (workdir / "job.sbatch").write_text(script)
     env = {
         "PATH": f"{stubs}:{venv_bin()}:/usr/bin:/bin",
@@ -49,6 +77,7 @@ def run_script(
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NODELIST": "gpu[007-008]",
         "SLURM_NNODES": "2",
+        "STUB_NODES": "gpu007,gpu008",  # both nodes answer
         **(extra_env or {}),
     }
     proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)

@@ -24,6 +24,7 @@ from dist_jobs.backends.slurm.output import SacctJobState, sacct_exit
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HangRecord
+from dist_jobs.rundir.verdict import Failure
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
 _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
@@ -90,6 +91,21 @@ def _what(text: str, cancelled: bool) -> tuple[str, bool]:
     if name == "SIGTERM":
         return "stopped (SIGTERM) after another rank failed", False
     return (f"killed by {name}" if name else text), True
+
+
+def srun_failures(text: str, cancelled: bool = False) -> tuple[Failure, ...]:
+    """The tasks that failed by themselves, in the order srun reported them (the first is the
+    cause), from srun's own `srun: error: NODE: task N: ...` lines; the tasks srun stopped after
+    them are left out."""
+    found: list[Failure] = []
+    for match in _TASK.finditer(text):
+        what = match.group("what")
+        exited = _EXITED.search(what)
+        if not exited and not _what(what, cancelled)[1]:
+            continue
+        code, sig = (int(exited.group(1)), None) if exited else (None, _SIGNALS.get(what, what))
+        found.extend(Failure(task, match.group("node"), code, sig) for task in _tasks(match.group("tasks")))
+    return tuple(found)
 
 
 def parse_batch_log(text: str) -> BatchOutcome:

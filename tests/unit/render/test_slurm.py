@@ -17,7 +17,7 @@ from dist_jobs.errors import SpecError
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.paths import REPO
-from support.render_helpers import make_stubs, run_script
+from support.render_helpers import make_stubs, run_script, step_calls
 from support.specs import SLURM_SEED as SEED
 from support.tiers import require_tool
 
@@ -53,7 +53,7 @@ def test_torchrun_mode_one_task_per_node() -> None:
     got = directives(script)
     assert "--ntasks-per-node=1" in got and "--cpus-per-task=32" in got
     assert "--nproc-per-node=4" in script and '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in script
-    assert '--rdzv-id="$SLURM_JOB_ID"' in script and "-m dist_jobs.train" in script
+    assert '--rdzv-id="$SLURM_JOB_ID.$restart"' in script and "-m dist_jobs.train" in script
 
 
 def test_quoted_values_and_percent_in_log_dir() -> None:
@@ -112,42 +112,92 @@ def test_checkpoint_dir_reaches_the_job_exactly(tmp_path, ckpt: str) -> None:
     assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == want
 
 
-def test_requeue_on_requeue_exit_code(tmp_path) -> None:
+KILLED = "srun: error: gpu008: task 3: Killed\nsrun: error: gpu007: tasks 0-2: Terminated"
+
+
+def scontrol_calls(calls: list[dict]) -> list[list[str]]:
+    return [c["argv"] for c in calls if c["prog"] == "scontrol"]
+
+
+def verdicts(workdir: Path) -> list[dict]:
+    """The verdicts the script recorded for job 4242 (the SEED's run directory)."""
+    (path,) = (workdir / "checkpoints").glob("*/verdicts/4242.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_programs_own_exit_fails_at_once_naming_the_rank(tmp_path) -> None:
+    """srun stops the others when rank 1 exits 3 and itself exits 143: the verdict reads srun's
+    lines, not the step's code, so the job fails once with the rank's code and is never requeued."""
     stubs = make_stubs(tmp_path / "bin", sys.executable)
-    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, rc=200)
-    assert proc.returncode == 200
-    assert [c["argv"] for c in calls if c["prog"] == "scontrol"] == [["requeue", "4242"]]
+    errs = "srun: error: gpu007: task 1: Exited with exit code 3\nsrun: error: gpu007: tasks 0,2-3: Terminated"
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, {"STUB_ERRS": errs}, rc=143)
+    assert proc.returncode == 3 and scontrol_calls(calls) == [] and len(step_calls(calls)) == 1, proc.stderr
+    assert "ended: the program failed: rank 1 exit 3 on gpu007; failed at once" in proc.stderr
+    (verdict,) = verdicts(tmp_path)
+    assert (verdict["ending"], verdict["action"], verdict["rank"], verdict["node"]) == (
+        "program error",
+        "fail",
+        1,
+        "gpu007",
+    )
+
+
+def test_a_killed_rank_restarts_in_place_and_is_never_requeued(tmp_path) -> None:
+    """Rank 3 SIGKILLed (the OOM killer, an admin): both nodes answer the probe, so the step runs
+    again in the same allocation on a fresh port, and its success ends the job."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    env = {"STUB_RCS": "137,0", "STUB_ERRS": KILLED + "|"}
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, env)
+    assert proc.returncode == 0 and scontrol_calls(calls) == [], proc.stdout + proc.stderr
+    first, second = step_calls(calls)
+    assert first["env"]["MASTER_PORT"] != second["env"]["MASTER_PORT"]
+    assert "attempt0.1-rank%t.out" in " ".join(second["argv"])
+    assert "restarting in place: restart 1 of at most 3" in proc.stdout
+    assert [(v["ending"], v["action"], v["attempt"]) for v in verdicts(tmp_path)] == [
+        ("rank killed", "restart", "0"),
+        ("completed", "done", "0.1"),
+    ]
+
+
+def test_restarts_used_up_or_a_silent_node_give_the_allocation_up(tmp_path) -> None:
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    spec = load_spec(data={**SEED, "preemption": {"max_restarts": 1}})
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, {"STUB_RCS": "137", "STUB_ERRS": KILLED}, rc=137)
+    assert proc.returncode == 200 and len(step_calls(calls)) == 2, proc.stderr
+    assert scontrol_calls(calls) == [["requeue", "4242"]]
+    # gpu008 does not answer the probe: requeued at once, no restart on a broken allocation
+    env = {"STUB_RCS": "137", "STUB_ERRS": KILLED, "STUB_NODES": "gpu007"}
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, env)
+    assert proc.returncode == 200 and len(step_calls(calls)) == 1, proc.stderr
+    assert scontrol_calls(calls) == [["requeue", "4242"]]
+    assert "ended: node lost: gpu008 no longer answered; requeued" in proc.stderr
+
+
+def test_requeue_after_a_preemption_checkpoint(tmp_path) -> None:
+    """The trainer's PREEMPTED marker, newer than the step's start: requeued, never restarted here."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    (stubs / "srun").write_text('#!/bin/sh\ntouch "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/PREEMPTED"\nexit 200\n')
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs)
+    assert proc.returncode == 200 and scontrol_calls(calls) == [["requeue", "4242"]], proc.stderr
     # the first attempt (SLURM_RESTART_COUNT 0) asks for the first requeue, not "attempt 0"
     assert "dist-jobs: requeueing job 4242: requeue 1 of at most 3\n" in proc.stdout, proc.stdout
     spec = load_spec(data={**SEED, "preemption": {"max_requeues": 5}})
-    proc, _ = run_script(render(spec, "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "2"}, rc=200)
+    proc, _ = run_script(render(spec, "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "2"})
     assert "dist-jobs: requeueing job 4242: requeue 3 of at most 5\n" in proc.stdout, proc.stdout
+    spec = load_spec(data={**SEED, "preemption": {"max_requeues": 2}})
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "2"})
+    assert proc.returncode == 200 and scontrol_calls(calls) == []
+    assert "maximum of 2 requeues" in proc.stderr
 
 
-def test_a_step_killed_by_a_signal_is_requeued_unless_slurm_ended_the_job(tmp_path) -> None:
-    """Ranks killed by a signal the batch shell was not told of (a node that returned and cleaned
-    up an earlier attempt, the OOM killer) are retried as Kubernetes' ExitCode policy does; a
-    scancel or an external requeue (TERM to the batch shell) is SLURM's decision, not retried."""
+def test_a_step_slurm_ended_is_left_to_slurm(tmp_path) -> None:
+    """A scancel or an external requeue (TERM to the batch shell) is SLURM's decision: no
+    restart, no requeue from the script."""
     stubs = make_stubs(tmp_path / "bin", sys.executable)
-    for code in (137, 143):
-        proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, rc=code)
-        assert proc.returncode == code and [c["argv"] for c in calls if c["prog"] == "scontrol"] == [
-            ["requeue", "4242"]
-        ], proc.stdout
     (stubs / "srun").write_text("#!/bin/sh\nkill -TERM $PPID\nexit 143\n")  # scancel: TERM to the shell too
     proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs)
-    assert proc.returncode == 143 and not [c for c in calls if c["prog"] == "scontrol"], proc.stdout
-    assert "terminated by SLURM (scancel or external requeue); not requeueing from here" in proc.stdout
-
-
-def test_no_requeue_past_max_or_on_failure(tmp_path) -> None:
-    stubs = make_stubs(tmp_path / "bin", sys.executable)
-    spec = load_spec(data={**SEED, "preemption": {"max_requeues": 2}})
-    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "2"}, rc=200)
-    assert proc.returncode == 200 and not [c for c in calls if c["prog"] == "scontrol"]
-    assert "maximum of 2 requeues" in proc.stderr
-    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, rc=1)
-    assert proc.returncode == 1 and not [c for c in calls if c["prog"] == "scontrol"]
+    assert proc.returncode == 143 and scontrol_calls(calls) == [], proc.stdout
+    assert "ended: cancelled" in proc.stderr
 
 
 def test_restart_cap_counted_in_the_run_directory(tmp_path) -> None:

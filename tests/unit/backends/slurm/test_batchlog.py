@@ -7,8 +7,9 @@ import subprocess
 from pathlib import Path
 
 from dist_jobs.backends.slurm.backend import SlurmBackend
-from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log
+from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log, srun_failures
 from dist_jobs.backends.slurm.output import parse_sacct, sacct_job_state
+from dist_jobs.rundir.verdict import Failure
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
@@ -123,3 +124,12 @@ def test_in_torchrun_mode_srun_tasks_are_nodes_not_ranks() -> None:
     assert state is not None
     status = finished_status(state, "run", read("batchlog_rank1_exit3.txt"), launcher="torchrun")
     assert status.detail == "node 1 failed first: exit 3 on n1" and status.ranks == {}
+
+
+def test_srun_failures_keep_the_tasks_that_failed_by_themselves_first_first() -> None:
+    exit3 = (TESTS / "fixtures" / "slurm" / "batchlog_rank1_exit3.txt").read_text()
+    killed = (TESTS / "fixtures" / "slurm" / "batchlog_rank1_killed.txt").read_text()
+    assert srun_failures(exit3) == (Failure(1, "n1", code=3),)  # the Terminated tasks are srun's doing
+    assert srun_failures(killed) == (Failure(1, "n1", signal="SIGKILL"),)
+    both = "srun: error: n2: tasks 2-3: Exited with exit code 200\nsrun: error: n1: task 0: Segmentation fault\n"
+    assert srun_failures(both) == (Failure(2, "n2", 200), Failure(3, "n2", 200), Failure(0, "n1", signal="SIGSEGV"))

@@ -1,0 +1,123 @@
+"""`python -m dist_jobs.backends.slurm.step_end ...`: the batch script asks this after each job step
+what the step's end means (dist_jobs.rundir.verdict decides) and what to do next.
+
+It gathers the evidence only the allocation has: srun's own lines about the tasks (which failed
+first, how), the PREEMPTED marker and the HANG record newer than the step's start, whether the
+lock is still this job's, and, before a restart in place, whether every node of the allocation
+still answers (one task per node). The verdict is recorded in the run directory, told on stderr
+(the batch log) and printed as `ACTION EXIT_CODE` for the script:
+
+    done 0 | restart 200 | requeue 200 | fail 3 | stop 6 | none 143
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from dist_jobs.backends.slurm.batchlog import srun_failures
+from dist_jobs.constants import PREEMPTED_MARKER
+from dist_jobs.ranks.nodelist import expand
+from dist_jobs.rundir.hang import job_id, read_hang
+from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
+from dist_jobs.rundir.verdict import Evidence, Verdict, decide, record
+
+PROBE_SECONDS = 30  # a node that cannot run `printenv` within this is lost to this allocation
+
+Probe = Callable[[list[str]], list[str]]
+
+
+def answering_nodes(nodes: list[str]) -> list[str]:
+    """The allocation's nodes that run a task now: one `printenv SLURMD_NODENAME` per node."""
+    argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--cpus-per-task=1"]
+    argv += ["--kill-on-bad-exit=0", "--wait=5", "printenv", "SLURMD_NODENAME"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"dist-jobs: probing the nodes failed: {exc}", file=sys.stderr)
+        return []
+    return sorted(set(done.stdout.split()))
+
+
+def _newer(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def _hang(run_dir: Path, job: str, since: float) -> str:
+    record = read_hang(run_dir)
+    if record is None or not record.belongs_to(job=job, since=since):
+        return ""
+    at = f" after step {record.step}" if record.step is not None else ""
+    return f"no step completed{at} (rank {record.rank}'s watchdog fired)"
+
+
+def evidence(args: argparse.Namespace) -> Evidence:
+    """What the step left, probes aside."""
+    since = args.since.stat().st_mtime if args.since.exists() else time.time()
+    text = args.errors.read_text(errors="replace") if args.errors.exists() else ""
+    try:
+        Fence(args.run_dir / LOCK_NAME, args.token).check("decide how the step ended")
+        lock_lost = False
+    except LockLost:
+        lock_lost = True
+    return Evidence(
+        exit_code=args.rc,
+        failures=srun_failures(text, cancelled=args.cancelled),
+        warned=args.warned,
+        cancelled=args.cancelled,
+        preempted=_newer(args.run_dir / PREEMPTED_MARKER, since),
+        hang=_hang(args.run_dir, job_id(), since),
+        lock_lost=lock_lost,
+    )
+
+
+def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes) -> Verdict:
+    """The verdict; a restart in place only once every node has answered."""
+    verdict = decide(ev, restarts_left=restarts_left)
+    if verdict.fault_in_place:
+        answered = set(probe(nodes))
+        lost = tuple(n for n in nodes if n not in answered)
+        if lost:
+            verdict = decide(replace(ev, lost_nodes=lost), restarts_left=restarts_left)
+    return verdict
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python3 -m dist_jobs.backends.slurm.step_end")
+    p.add_argument("--rc", type=int, required=True, help="the step's exit code")
+    p.add_argument("--errors", type=Path, required=True, help="srun's stderr of the step")
+    p.add_argument("--since", type=Path, required=True, help="a file touched when the step started")
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--token", default="", help="this job's lock token")
+    p.add_argument("--attempt", default="0", help="the step's label: requeue count[.restart]")
+    p.add_argument("--nodes", default="", help="the allocation's SLURM_JOB_NODELIST")
+    p.add_argument("--restarts-left", type=int, default=0)
+    p.add_argument("--warned", action="store_true", help="the batch shell got the scheduler's warning")
+    p.add_argument("--cancelled", action="store_true", help="the batch shell got SIGTERM (scancel, requeue)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    ev = evidence(args)
+    verdict = judge(ev, expand(args.nodes) if args.nodes else [], args.restarts_left)
+    verdict = replace(verdict, attempt=args.attempt, time=time.time())
+    try:
+        record(args.run_dir, job_id(), verdict)
+    except OSError as exc:  # the run directory's own trouble fails the next step loudly anyway
+        print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
+    print(f"dist-jobs: attempt {args.attempt} ended: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
+    print(f"{verdict.action} {verdict.exit_code}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

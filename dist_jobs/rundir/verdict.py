@@ -1,0 +1,227 @@
+"""How an attempt ended: one verdict, decided once from what the attempt left, acted on by every
+launcher (the sbatch script, the pod entrypoint, the local launcher) and told by `status`.
+
+A launcher collects the evidence (which process failed first and how, whether the scheduler
+warned or cancelled the job, the PREEMPTED marker, the HANG record, the lock, the nodes that no
+longer answer, a peer that left) and `decide()` says what it means and what to do:
+
+    completed                  -> done
+    preempted (warned, marker) -> requeue
+    node lost                  -> requeue, elsewhere
+    rank killed by a signal nobody sent us, a peer lost, a hang
+                               -> restart in place (while the allocation has restarts left), else requeue
+    the program's own exit     -> fail at once: a bug is not retried
+    lock lost                  -> stop, write nothing more
+    cancelled                  -> nothing: the scheduler ends the job
+
+A rank that died because a peer vanished is a consequence, not a cause: only the first failure
+counts, and what the launcher stopped after it does not. `python -m dist_jobs.rundir.verdict`
+is the shell scripts' way in; every verdict is recorded in `<run dir>/verdicts/<submission>.jsonl`,
+which status reads back. Stdlib only: it runs in any image, before and after the program.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
+
+VERDICTS = "verdicts"  # folder of the run directory: one JSON-lines file per submission
+# A shell's "killed by signal N" (128+N), short of the requeue code.
+_SIGNAL_DEATHS = range(129, 128 + 65)
+
+
+class Ending(str, Enum):
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    NODE_LOST = "node lost"
+    RANK_KILLED = "rank killed"
+    PEER_LOST = "peer lost"
+    HANG = "hang"
+    PROGRAM_ERROR = "program error"
+    LOCK_LOST = "lock lost"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Action(str, Enum):
+    DONE = "done"
+    REQUEUE = "requeue"
+    RESTART = "restart"
+    FAIL = "fail"
+    STOP = "stop"
+    NONE = "none"  # the scheduler acts (a cancel)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# What a fault-free allocation retries in place; what only a new allocation can fix.
+_RESTARTABLE = (Ending.RANK_KILLED, Ending.PEER_LOST, Ending.HANG)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One process that ended badly, as its launcher saw it."""
+
+    rank: int | None  # global rank (torchrun mode on SLURM: the node's task), None when unknown
+    node: str = ""
+    code: int | None = None  # its exit code, when it exited
+    signal: str | None = None  # "SIGKILL", when a signal ended it
+
+    def told(self) -> str:
+        if self.signal:
+            what = f"killed by {self.signal}"
+        elif self.code is not None and self.code in _SIGNAL_DEATHS:
+            what = f"killed by {_signal_name(self.code - 128)} (exit {self.code})"
+        elif self.code == REQUEUE_EXIT_CODE:
+            what = f"exit {self.code} (asked to run again: a lost peer)"
+        else:
+            what = f"exit {self.code}"
+        return what + (f" on {self.node}" if self.node else "")
+
+    @property
+    def by_signal(self) -> bool:
+        return self.signal is not None or (self.code is not None and self.code in _SIGNAL_DEATHS)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an attempt left. `failures`: the processes that failed by themselves, first first
+    (those its launcher stopped afterwards are left out)."""
+
+    exit_code: int
+    failures: tuple[Failure, ...] = ()
+    warned: bool = False  # the scheduler's preemption or time-limit warning reached the job
+    cancelled: bool = False  # a cancel (scancel, dist-jobs cancel, an outside requeue) reached it
+    preempted: bool = False  # the PREEMPTED marker is newer than the attempt's start
+    hang: str = ""  # the HANG record of this attempt, told ("rank 3 stopped at step 812"), "" if none
+    lock_lost: bool = False
+    lost_nodes: tuple[str, ...] = ()  # nodes of the allocation that no longer answer
+    peer_left: str = ""  # a peer that was deleted or failed while the program ran ("pod w-1")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ending: Ending
+    action: Action
+    exit_code: int  # what the launcher exits with (documented codes: 200 requeue, 6 lock lost, ...)
+    cause: str = ""  # the first failure or the record that decided it, told
+    rank: int | None = None
+    node: str = ""
+    attempt: str = ""  # the launcher's label: "0", "0.1" (attempt 0, first restart in place)
+    time: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def fault_in_place(self) -> bool:
+        """A fault a restart inside the same allocation may cure, if every node still answers."""
+        return self.ending in _RESTARTABLE
+
+    def told(self) -> str:
+        """One line for status and the logs: what ended the attempt and what happens next."""
+        cause = f": {self.cause}" if self.cause else ""
+        then = {
+            Action.DONE: "",
+            Action.REQUEUE: "; requeued",
+            Action.RESTART: "; restarted in place from the latest checkpoint",
+            Action.FAIL: "; failed at once (the program's own error is not retried)",
+            Action.STOP: "; stopped without writing more",
+            Action.NONE: "",
+        }[self.action]
+        if self.ending is Ending.PROGRAM_ERROR:
+            return f"the program failed{cause}{then}"
+        return f"{self.ending}{cause}{then}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Verdict:
+        data = json.loads(text)
+        return cls(
+            ending=Ending(data["ending"]),
+            action=Action(data["action"]),
+            exit_code=int(data["exit_code"]),
+            cause=str(data.get("cause", "")),
+            rank=None if data.get("rank") is None else int(data["rank"]),
+            node=str(data.get("node", "")),
+            attempt=str(data.get("attempt", "")),
+            time=float(data.get("time", 0.0)),
+            extra={str(k): str(v) for k, v in dict(data.get("extra") or {}).items()},
+        )
+
+
+def decide(evidence: Evidence, *, restarts_left: int = 0) -> Verdict:
+    """The verdict on an attempt. `restarts_left`: restarts in place this allocation may still
+    do; with none left a restartable fault gives the allocation up (requeue)."""
+    verdict = _classify(evidence)
+    if verdict.action is Action.RESTART and restarts_left <= 0:
+        verdict = replace(verdict, action=Action.REQUEUE, extra={"restarts": "used up"})
+    return verdict
+
+
+def _classify(ev: Evidence) -> Verdict:
+    # Without srun's or the launcher's word on a process, the step's own exit code is the failure.
+    first = ev.failures[0] if ev.failures else (Failure(None, code=ev.exit_code) if ev.exit_code else None)
+    rank, node = (first.rank, first.node) if first else (None, "")
+    cause = "" if first is None else (f"rank {first.rank} " if first.rank is not None else "") + first.told()
+    if ev.lock_lost:
+        return Verdict(Ending.LOCK_LOST, Action.STOP, LOCK_LOST_EXIT_CODE, "another run took the run directory over")
+    if ev.cancelled:
+        return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, cause, rank=rank, node=node)
+    if first is None:
+        return Verdict(Ending.COMPLETED, Action.DONE, 0)
+    if ev.lost_nodes:
+        nodes = ", ".join(ev.lost_nodes)
+        return Verdict(Ending.NODE_LOST, Action.REQUEUE, REQUEUE_EXIT_CODE, f"{nodes} no longer answered", node=nodes)
+    if ev.hang:
+        return Verdict(Ending.HANG, Action.RESTART, REQUEUE_EXIT_CODE, ev.hang, rank=rank, node=node)
+    if ev.preempted or ev.warned:
+        why = "the scheduler's warning reached the job" if ev.warned else "checkpointed on a signal"
+        return Verdict(Ending.PREEMPTED, Action.REQUEUE, REQUEUE_EXIT_CODE, why, rank=rank, node=node)
+    if first.by_signal:
+        return Verdict(Ending.RANK_KILLED, Action.RESTART, REQUEUE_EXIT_CODE, cause, rank=rank, node=node)
+    if ev.peer_left or first.code == REQUEUE_EXIT_CODE:  # the built-in trainer's exit on a lost peer
+        return Verdict(Ending.PEER_LOST, Action.RESTART, REQUEUE_EXIT_CODE, ev.peer_left or cause, rank=rank, node=node)
+    return Verdict(Ending.PROGRAM_ERROR, Action.FAIL, first.code or 1, cause, rank=rank, node=node)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def record(run_dir: Path, submission: str, verdict: Verdict) -> None:
+    """Append the verdict to the submission's record (one short line, one O_APPEND write)."""
+    folder = run_dir / VERDICTS
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{_safe(submission)}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(verdict.to_json() + "\n")
+
+
+def recorded(run_dir: Path, submission: str) -> list[Verdict]:
+    """Every verdict of a submission, oldest first; unreadable lines are skipped."""
+    try:
+        lines = (run_dir / VERDICTS / f"{_safe(submission)}.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(Verdict.from_json(line))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip(".-") or "unstamped"

@@ -1,0 +1,64 @@
+"""dist_jobs.rundir.verdict: one verdict per attempt, from the evidence its launcher collected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide, record, recorded
+
+KILLED = Failure(3, "n2", signal="SIGKILL")
+EXIT3 = Failure(1, "n1", code=3)
+PEER = Failure(0, "n1", code=200)
+
+
+@pytest.mark.parametrize(
+    "evidence,ending,action,code",
+    [
+        (Evidence(0), Ending.COMPLETED, Action.DONE, 0),
+        (Evidence(143, (EXIT3,)), Ending.PROGRAM_ERROR, Action.FAIL, 3),  # srun's 143 is not the cause
+        (Evidence(1), Ending.PROGRAM_ERROR, Action.FAIL, 1),
+        (Evidence(143, (KILLED, EXIT3)), Ending.RANK_KILLED, Action.RESTART, 200),  # the first failure decides
+        (Evidence(137), Ending.RANK_KILLED, Action.RESTART, 200),
+        (Evidence(200, (PEER,)), Ending.PEER_LOST, Action.RESTART, 200),
+        (Evidence(1, (Failure(0, code=1),), peer_left="pod w-1 deleted"), Ending.PEER_LOST, Action.RESTART, 200),
+        (Evidence(200, (PEER,), preempted=True), Ending.PREEMPTED, Action.REQUEUE, 200),
+        (Evidence(1, (EXIT3,), warned=True), Ending.PREEMPTED, Action.REQUEUE, 200),
+        (Evidence(200, (PEER,), preempted=True, hang="rank 3 stopped"), Ending.HANG, Action.RESTART, 200),
+        (Evidence(143, (KILLED,), lost_nodes=("n2",)), Ending.NODE_LOST, Action.REQUEUE, 200),
+        (Evidence(143, (KILLED,), cancelled=True), Ending.CANCELLED, Action.NONE, 143),
+        (Evidence(0, lock_lost=True), Ending.LOCK_LOST, Action.STOP, 6),
+    ],
+)
+def test_each_ending_its_action_and_exit_code(evidence: Evidence, ending: Ending, action: Action, code: int) -> None:
+    verdict = decide(evidence, restarts_left=1)
+    assert (verdict.ending, verdict.action, verdict.exit_code) == (ending, action, code), verdict
+
+
+def test_the_verdict_names_the_rank_and_node_that_failed_first() -> None:
+    verdict = decide(Evidence(143, (EXIT3, KILLED)))
+    assert (verdict.rank, verdict.node) == (1, "n1")
+    assert (
+        verdict.told()
+        == "the program failed: rank 1 exit 3 on n1; failed at once (the program's own error is not retried)"
+    )
+    assert decide(Evidence(143, (KILLED,)), restarts_left=2).told() == (
+        "rank killed: rank 3 killed by SIGKILL on n2; restarted in place from the latest checkpoint"
+    )
+
+
+def test_a_fault_without_restarts_left_gives_the_allocation_up() -> None:
+    verdict = decide(Evidence(143, (KILLED,)), restarts_left=0)
+    assert (verdict.ending, verdict.action) == (Ending.RANK_KILLED, Action.REQUEUE)
+    assert verdict.fault_in_place and verdict.told().endswith("; requeued")
+
+
+def test_verdicts_are_recorded_per_submission_and_read_back(tmp_path: Path) -> None:
+    first = Verdict(Ending.RANK_KILLED, Action.RESTART, 200, "rank 3 killed by SIGKILL on n2", 3, "n2", "0", 5.0)
+    second = Verdict(Ending.COMPLETED, Action.DONE, 0, attempt="0.1", time=9.0)
+    record(tmp_path, "42", first)
+    record(tmp_path, "42", second)
+    (tmp_path / "verdicts" / "42.jsonl").open("a").write("not json\n")
+    assert recorded(tmp_path, "42") == [first, second]
+    assert recorded(tmp_path, "43") == []
