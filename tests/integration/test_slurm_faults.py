@@ -17,7 +17,9 @@ test prints its timeline of status lines (pytest -s shows it).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +29,7 @@ from typing import Any
 import pytest
 
 from dist_jobs.rundir.progress import read_history, read_progress
+from dist_jobs.rundir.verdict import Action, Ending, recorded
 from dist_jobs.train.ckpt_read import SHARED, load_verified, read_marker
 from support.paths import REPO, TESTS
 from support.slurm_jobs import (
@@ -237,6 +240,57 @@ def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(tmp_path: Pat
     assert status.state == "COMPLETED" and final_sacct_state(job) == ("COMPLETED", 1), batch_log(tmp_path, name, job)
     assert all("hang watchdog" not in text for text in ranks), ranks[0][-3000:]
     assert len(committed_steps(tmp_path / "checkpoints" / name)) >= 2
+
+
+# --- a rank killed ----------------------------------------------------------------------------------
+
+
+def rank_pid(job_id: str, rank: int) -> int | None:
+    """The pid of the job's trainer process of global rank `rank` (its environment says so)."""
+    for pid, cmdline in job_processes(job_id).items():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"dist_jobs.train" in cmdline:
+            return int(pid)
+    return None
+
+
+def test_a_killed_rank_restarts_in_place_within_a_minute_and_the_job_is_never_requeued(
+    tmp_path: Path, cleanup: list[str]
+) -> None:
+    """Rank 3 of a 2 x 2 job is SIGKILLed after checkpoint step-8 (what the OOM killer does): srun
+    stops the others, the verdict is "rank killed" and, both nodes answering, the batch script
+    starts the step again in the same allocation from step-8: no requeue, no queue wait. The
+    first new step comes within 60 s of the kill; status counts the restart."""
+    name = "rankkill"
+    data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4})
+    data["setup"].append("export DJ_TEST_STEP_DELAY=0.3")
+    job = submit(tmp_path, write_spec(tmp_path, data))
+    cleanup.append(job)
+    run_dir = tmp_path / "checkpoints" / name
+    timeline = Timeline(tmp_path)
+    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
+    pid = eventually(lambda: rank_pid(job, 3), timeout=30, what="rank 3's process")
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    status = wait_finished(tmp_path, name, job, timeout=240)
+    timeline.look(job)
+    print(f"\n--- timeline (job {job}, rank 3 killed):\n{timeline}")
+    assert status.state == "COMPLETED", batch_log(tmp_path, name, job)
+    verdicts = recorded(run_dir, job)
+    assert [(v.ending, v.action, v.rank, v.node) for v in verdicts] == [
+        (Ending.RANK_KILLED, Action.RESTART, 3, "n2"),
+        (Ending.COMPLETED, Action.DONE, None, ""),
+    ], verdicts
+    assert final_sacct_state(job)[1] == 1  # one allocation: never requeued
+    assert status.extra.get("restarts_in_place") == "1", status
+    first_new = next(row for row in read_history(run_dir) if float(row["time"]) > verdicts[0].time)
+    took = float(first_new["time"]) - killed
+    print(f"--- rank killed -> first new step (step {first_new['step']}): {took:.1f} s")
+    assert took <= 60, took
+    assert assert_every_checkpoint_intact(run_dir, world_size=4)[-1] == 24
 
 
 # --- nodes ------------------------------------------------------------------------------------------

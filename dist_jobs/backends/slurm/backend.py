@@ -223,6 +223,7 @@ class SlurmBackend:
         from dist_jobs.backends.slurm.batchlog import finished_status
         from dist_jobs.rundir.attempts import starts
         from dist_jobs.rundir.hang import read_hang
+        from dist_jobs.rundir.verdict import recorded
 
         meta = job_meta(self.jobs_dir, job_id)
         log = Path(meta.get("log_dir", "")) / meta.get("batch_log", "")
@@ -230,7 +231,8 @@ class SlurmBackend:
         # the batch script counts its starts under SLURM_JOB_ID: an array task's own (raw) id
         started = starts(Path(meta["run_dir"]), state.job_id_raw or job_id) if meta.get("run_dir") else 0
         hang = read_hang(Path(meta["run_dir"])) if meta.get("run_dir") else None
-        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started, hang)
+        verdicts = recorded(Path(meta["run_dir"]), job_id) if meta.get("run_dir") else []
+        return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started, hang, verdicts)
 
     def _squeue_many(self, job_ids: list[str]) -> dict[str, SlurmJob]:
         """One squeue for every job (an array task by its array's id): the jobs it lists, by id."""

@@ -17,6 +17,7 @@ A cancel (scancel, `dist-jobs cancel`) leaves slurmstepd's `*** JOB 9 ON n1 CANC
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dist_jobs.backends.base import JobStatus
@@ -24,11 +25,12 @@ from dist_jobs.backends.slurm.output import SacctJobState, sacct_exit
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HangRecord
-from dist_jobs.rundir.verdict import Failure
+from dist_jobs.rundir.verdict import Action, Failure, Verdict
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
 _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
 _EXITED = re.compile(r"Exited with exit code (\d+)")
+_RESTART = re.compile(r"^dist-jobs: restarting in place: ", re.M)
 _STEP_END = re.compile(r"^dist-jobs: step finished with exit code (\d+)", re.M)
 _USED_UP = re.compile(r"maximum of (\d+) requeues is reached")
 _CANCELLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (\S+)( DUE TO [^*]*)? \*\*\*")
@@ -112,10 +114,12 @@ def parse_batch_log(text: str) -> BatchOutcome:
     """The outcome of the last attempt in a batch log (--open-mode=append keeps every attempt)."""
     starts = list(_ATTEMPT.finditer(text))
     last = text[starts[-1].start() :] if starts else text
+    restarts = list(_RESTART.finditer(last))
+    step = last[restarts[-1].start() :] if restarts else last  # the attempt's last step
     ranks: dict[int, str] = {}
     first: int | None = None
-    cancels = [m.group(1) for m in _CANCELLED.finditer(last) if not m.group(2)]
-    for match in _TASK.finditer(last):
+    cancels = [m.group(1) for m in _CANCELLED.finditer(step) if not m.group(2)]
+    for match in _TASK.finditer(step):
         what, failed = _what(match.group("what"), bool(cancels))
         for task in _tasks(match.group("tasks")):
             ranks.setdefault(task, f"{what} on {match.group('node')}")
@@ -123,7 +127,7 @@ def parse_batch_log(text: str) -> BatchOutcome:
                 first = task
     ends = _STEP_END.findall(last)
     used_up = _USED_UP.findall(last)
-    holders = _HELD_BY.findall(last)
+    holders = _HELD_BY.findall(step)
     return BatchOutcome(
         attempt=int(starts[-1].group(1)) if starts else None,
         first_failed=first,
@@ -131,7 +135,7 @@ def parse_batch_log(text: str) -> BatchOutcome:
         exit_code=int(ends[-1]) if ends else None,
         requeues_used_up=int(used_up[-1]) if used_up else None,
         cancelled_at=cancels[-1] if cancels else None,
-        lock_lost=(holders[-1] if holders else "") if _LOCK_LOST.search(last) else None,
+        lock_lost=(holders[-1] if holders else "") if _LOCK_LOST.search(step) else None,
     )
 
 
@@ -142,6 +146,7 @@ def finished_status(
     launcher: str = "srun",
     starts: int = 0,
     hang: HangRecord | None = None,
+    verdicts: Sequence[Verdict] = (),
 ) -> JobStatus:
     """A job squeue has forgotten: sacct's state, told truthfully with its batch log (if read).
 
@@ -150,7 +155,9 @@ def finished_status(
     batch script's starts the run directory counted (dist_jobs.rundir.attempts); sacct lists
     one line per requeue only when it saw the job pending in between, so it may count fewer.
     `hang`: the run directory's hang record, if any: a watchdog exit of the last attempt reads
-    "hang (rank N)".
+    "hang (rank N)". `verdicts`: what the batch script decided after each step of the job
+    (dist_jobs.rundir.verdict): a program's own error says it was not retried, and the restarts
+    in place are counted.
     """
     outcome = parse_batch_log(log_text)
     name = run if (state.name == "allocation" and run) else state.name
@@ -173,4 +180,9 @@ def finished_status(
         detail = describe_exit(code, hang_rank=hang.rank)  # the watchdog's exit, not a preemption
         if outcome.requeues_used_up is not None:
             detail += f"; the requeues are used up ({outcome.requeues_used_up} of {outcome.requeues_used_up})"
+    restarts = sum(v.action is Action.RESTART for v in verdicts)
+    if restarts:
+        extra["restarts_in_place"] = str(restarts)
+    if verdicts and verdicts[-1].action is Action.FAIL:
+        detail += "; failed at once: the program's own error is not retried"
     return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})
