@@ -2,9 +2,10 @@
 
 A page asks for generated text with an HTML comment on a line of its own, for example
 `<!-- gen: spec_reference -->`; `<!-- gen: include BENCHMARKS.md -->` pulls in a file of the
-repository and `<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring. A page's
-`console` blocks that start with `$ dist-jobs` are run (docs/gen.py, check_examples) and a
-mismatch is an error, so `mkdocs build --strict` fails on a stale example.
+repository (one that is not Markdown, such as LICENSE, as a text block) and
+`<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring. A page's `console`
+blocks that start with `$ dist-jobs` are run (docs/gen.py, check_examples) and a mismatch is an
+error, so `mkdocs build --strict` fails on a stale example.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def _expand(match: re.Match[str]) -> str:
 
 
 def _include(relative: str) -> str:
-    """A repository file, its first heading dropped (the page has its own)."""
+    """A repository file: Markdown with its first heading dropped (the page has its own), any
+    other file (LICENSE) as a text block, whose line breaks and indentation are its layout."""
     text = (gen.REPO / relative).read_text()
+    if not relative.endswith(".md"):
+        return "```text\n" + text.rstrip("\n") + "\n```\n"
     return re.sub(r"\A# [^\n]*\n", "", text)
