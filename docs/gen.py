@@ -2,7 +2,7 @@
 
 `docs/hooks.py` calls these from `mkdocs build`; each one reads the code it documents (the spec's
 JSON Schema, the CLI's argparse parser, dist_jobs/constants.py, dist_jobs/errors.py), so a page
-cannot drift from what the program does. Stdlib and dist-jobs' own torch-free modules only.
+cannot drift from what the program does. Stdlib, PyYAML and dist-jobs' own torch-free modules only.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-
-# The spec's string types carry a "no control characters" pattern: noise in a table.
-_PLAIN_TEXT = re.compile(r"^\^\[\^\\x00")
 
 
 # The job spec reference, from dist_jobs.spec.json_schema() (what `dist-jobs schema` prints).
@@ -51,7 +50,7 @@ def _section_table(title: str, node: dict[str, Any], defs: dict[str, Any], prefi
         lines += [node["description"], ""]
     lines += ["| field | type | default | description |", "| --- | --- | --- | --- |"]
     for key, prop in sorted(node["properties"].items()):
-        default = "required" if key in node.get("required", []) else _code(json.dumps(prop.get("default")))
+        default = "required" if key in node.get("required", []) else _code(_yaml_value(prop.get("default")))
         if _ref_name(prop):
             default = f"see [`{prefix}{key}:`](#{_anchor(prefix + key)})" if not prefix else "see below"
         doc = _cell(prop.get("description", ""))
@@ -68,41 +67,82 @@ def _ref_name(prop: dict[str, Any]) -> str | None:
     return ref.rsplit("/", 1)[-1] if isinstance(ref, str) else None
 
 
-def type_of(prop: dict[str, Any], defs: dict[str, Any]) -> str:
-    """A JSON Schema node as a short type: `int 1..4096`, `"srun" | "torchrun"`, `list of string`."""
+_PLURAL = {"integer": "integers", "number": "numbers", "string": "strings", "boolean": "booleans", "any": "values"}
+
+
+def type_of(prop: dict[str, Any], defs: dict[str, Any], plural: bool = False) -> str:
+    """A JSON Schema node as a reader writes its type: `integer (1 to 4096)`, `one of: srun,
+    torchrun`, `list of strings`, `mapping of variable name to string`; `plural` for a list's items."""
     if "anyOf" in prop:
-        return " or ".join(type_of(p, defs) for p in prop["anyOf"])
+        kinds = [p for p in prop["anyOf"] if p.get("type") != "null"]
+        text = " or ".join(type_of(p, defs, plural) for p in kinds)
+        return text + " or null" if len(kinds) < len(prop["anyOf"]) else text
     if "enum" in prop:
-        return " | ".join(json.dumps(v) for v in prop["enum"])
+        return "one of: " + ", ".join(_code(_yaml_value(v)) for v in prop["enum"])
     ref = _ref_name(prop)
     if ref:
-        return f"{ref} (section)"
+        return f"`{ref}` items" if plural else "section"
     kind = prop.get("type", "any")
     if kind == "array":
-        return f"list of {type_of(prop.get('items', {}), defs)}"
+        return f"list of {type_of(prop.get('items', {}), defs, plural=True)}"
     if kind == "object":
-        keys = prop.get("propertyNames", {}).get("pattern")
-        key_text = f"name matching `{_pattern(keys)}`" if keys else "string"
-        return f"map of {key_text} to {type_of(prop.get('additionalProperties', {}), defs)}"
-    return kind + _bounds(prop)
+        key = _string_kind(prop.get("propertyNames", {}), plural=False)
+        return f"mapping of {key} to {type_of(prop.get('additionalProperties', {}), defs)}"
+    if kind == "string":
+        return _string_kind(prop, plural)
+    return (_PLURAL[kind] if plural else kind) + _bounds(prop)
 
 
 def _bounds(prop: dict[str, Any]) -> str:
-    lo = prop.get("minimum", prop.get("exclusiveMinimum"))
-    hi = prop.get("maximum", prop.get("exclusiveMaximum"))
-    text = ""
-    if lo is not None or hi is not None:
-        left = "" if lo is None else f"{lo} {'<' if 'exclusiveMinimum' in prop else '<='} "
-        right = "" if hi is None else f" {'<' if 'exclusiveMaximum' in prop else '<='} {hi}"
-        text = f" ({left}x{right})"
+    low = prop.get("minimum", prop.get("exclusiveMinimum"))
+    high = prop.get("maximum", prop.get("exclusiveMaximum"))
+    if low is not None and high is not None:
+        return f" ({low} to {high})"
+    if low is not None:
+        return f" ({'above' if 'exclusiveMinimum' in prop else 'at least'} {low})"
+    if high is not None:
+        return f" ({'below' if 'exclusiveMaximum' in prop else 'at most'} {high})"
+    return ""
+
+
+def _string_kind(prop: dict[str, Any], plural: bool) -> str:
+    """The words for a string type: its pattern (a spec type of dist_jobs.spec) by name, no regex."""
     pattern = prop.get("pattern")
-    if pattern and not _PLAIN_TEXT.match(pattern):
-        text += f" matching `{_pattern(pattern)}`"
-    return text
+    if pattern is None:
+        return "strings" if plural else "string"
+    kinds = _string_kinds()
+    if pattern not in kinds:
+        raise ValueError(f"the spec has a string type with no name in docs/gen.py (_string_kinds): {pattern!r}")
+    return kinds[pattern][plural]
 
 
-def _pattern(pattern: str) -> str:
-    return pattern.removesuffix("(?![\\s\\S])").removesuffix("$") + "$"
+def _string_kinds() -> dict[str, tuple[str, str]]:
+    """Each string type of the spec by its pattern: (singular, plural)."""
+    from dist_jobs.spec import model, train, validate
+
+    named = [
+        (validate.Text, "string", "strings"),
+        (model.Line, "one-line string", "one-line strings"),
+        (model.ShellLine, "shell line", "shell lines"),
+        (model.EnvName, "variable name", "variable names"),
+        (model.Memory, "memory size (`64G`, `512M`)", "memory sizes"),
+        (model.Quantity, "Kubernetes quantity (`8Gi`, `500m`)", "Kubernetes quantities"),
+        (train.Importable, "name or `module:factory`", "names or `module:Class` references"),
+        (train.RunName, "run name (letters, digits, `_.-`)", "run names"),
+        (train.SignalName, "signal name or number", "signal names or numbers"),
+    ]
+    return {get_args(tp)[1].pattern: (one, many) for tp, one, many in named}
+
+
+def _yaml_value(value: Any) -> str:
+    """A default as it is written in job.yaml: `srun`, `null`, `[SIGUSR1, SIGTERM]`, `{}`."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and value and yaml.safe_load(value) == value and value.strip() == value:
+        return value
+    return json.dumps(value)
 
 
 def _escape(text: str) -> str:

@@ -93,18 +93,18 @@ class PreemptionSpec(_Section, frozen=True):
 
 
 class SlurmSpec(_Section, frozen=True):
-    partition: Line | None = None
-    account: Line | None = None
-    qos: Line | None = None
-    constraint: Line | None = None
-    exclusive: bool = False
-    nodelist: Line | None = None
-    exclude: Line | None = None
-    reservation: Line | None = None
-    dependency: Line | None = None
-    mail_user: Line | None = None
-    mail_type: Annotated[Line | None, doc("e.g. END,FAIL")] = None
-    array: Annotated[Line | None, doc("e.g. 0-9%2")] = None
+    partition: Annotated[Line | None, doc("sbatch --partition, e.g. gpu")] = None
+    account: Annotated[Line | None, doc("sbatch --account: the account the job's usage is charged to")] = None
+    qos: Annotated[Line | None, doc("sbatch --qos: quality of service, e.g. high")] = None
+    constraint: Annotated[Line | None, doc("sbatch --constraint: node features, e.g. a100|h100")] = None
+    exclusive: Annotated[bool, doc("sbatch --exclusive: no other job shares the job's nodes")] = False
+    nodelist: Annotated[Line | None, doc("sbatch --nodelist: nodes the job must run on, e.g. node[01-04]")] = None
+    exclude: Annotated[Line | None, doc("sbatch --exclude: nodes the job must not run on")] = None
+    reservation: Annotated[Line | None, doc("sbatch --reservation: run inside this reservation")] = None
+    dependency: Annotated[Line | None, doc("sbatch --dependency, e.g. afterok:12345")] = None
+    mail_user: Annotated[Line | None, doc("sbatch --mail-user: who gets the mail_type notices")] = None
+    mail_type: Annotated[Line | None, doc("sbatch --mail-type: when to mail, e.g. END,FAIL")] = None
+    array: Annotated[Line | None, doc("sbatch --array: a job array's task ids, e.g. 0-9%2")] = None
     gpus_flag: Annotated[
         Literal["gpus-per-node", "gres"], doc("how GPUs are requested: --gpus-per-node=G or --gres=gpu:G")
     ] = "gpus-per-node"
@@ -119,11 +119,19 @@ class SlurmSpec(_Section, frozen=True):
 
 
 class Toleration(_Section, frozen=True):
-    key: Line | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: Line | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    tolerationSeconds: int | None = None
+    """A pod toleration (Kubernetes' own fields): lets the pods onto nodes with a matching taint."""
+
+    key: Annotated[Line | None, doc("the taint's key; null with Exists: every taint")] = None
+    operator: Annotated[
+        Literal["Exists", "Equal"], doc("Equal: the taint's value must be `value`; Exists: any value")
+    ] = "Equal"
+    value: Annotated[Line | None, doc("the taint's value (operator Equal)")] = None
+    effect: Annotated[
+        Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None, doc("the taint effect it matches; null: all")
+    ] = None
+    tolerationSeconds: Annotated[
+        int | None, doc("NoExecute: seconds the pod stays on the node after the taint appears; null: for good")
+    ] = None
 
 
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -138,18 +146,29 @@ class K8sSpec(_Section, frozen=True):
     launch: Annotated[
         Literal["torchrun", "direct"], doc("torchrun per pod, or the command directly (one process per pod only)")
     ] = "torchrun"
-    namespace: Line = "default"
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    image_pull_secrets: list[Line] = field(default_factory=list)
-    service_account: Line | None = None
+    namespace: Annotated[Line, doc("namespace of the job, its pods and its snapshot ConfigMap")] = "default"
+    image_pull_policy: Annotated[Literal["Always", "IfNotPresent", "Never"], doc("the container's imagePullPolicy")] = (
+        "IfNotPresent"
+    )
+    image_pull_secrets: Annotated[
+        list[Line], doc("names of Secrets in the namespace that hold registry credentials (imagePullSecrets)")
+    ] = field(default_factory=list)
+    service_account: Annotated[Line | None, doc("the pods' serviceAccountName")] = None
     pvc: Annotated[Line | None, doc("ReadWriteMany PVC that holds the shared checkpoint directory")] = None
     mount_path: Annotated[Line, doc("where the PVC is mounted; a relative checkpoint_dir lands below it")] = "/shared"
     shm_size: Annotated[Quantity | None, doc("/dev/shm emptyDir (medium Memory) size; null turns it off")] = "8Gi"
-    node_selector: dict[Line, Line] = field(default_factory=dict)
-    tolerations: list[Toleration] = field(default_factory=list)
-    priority_class: Line | None = None
-    labels: dict[Line, Line] = field(default_factory=dict)
-    annotations: dict[Line, Text] = field(default_factory=dict)
+    node_selector: Annotated[
+        dict[Line, Line], doc("node labels the pods must run on (nodeSelector), e.g. {gpu: a100}")
+    ] = field(default_factory=dict)
+    tolerations: Annotated[list[Toleration], doc("the pods' tolerations (see `Toleration` below)")] = field(
+        default_factory=list
+    )
+    priority_class: Annotated[
+        Line | None,
+        doc("PriorityClass of the pods (priorityClassName) and, in a PyTorchJob, of its gang (schedulingPolicy)"),
+    ] = None
+    labels: Annotated[dict[Line, Line], doc("extra labels on the job and its pods")] = field(default_factory=dict)
+    annotations: Annotated[dict[Line, Text], doc("annotations on the job and its pods")] = field(default_factory=dict)
     restart_policy: Annotated[
         Literal["ExitCode", "OnFailure", "Never", "Always"],
         doc("ExitCode retries only exit codes 128-255 (preemption), not bugs"),
@@ -161,9 +180,15 @@ class K8sSpec(_Section, frozen=True):
             "restarts, the pod entrypoint caps them at preemption.max_requeues"
         ),
     ] = None
-    ttl_seconds_after_finished: NonNegative | None = None
-    active_deadline_seconds: Positive | None = None
-    gpu_resource: Line = "nvidia.com/gpu"
+    ttl_seconds_after_finished: Annotated[
+        NonNegative | None, doc("PyTorchJob: the operator deletes the finished job after this many seconds")
+    ] = None
+    active_deadline_seconds: Annotated[
+        Positive | None, doc("the job fails once it has run this many seconds (activeDeadlineSeconds)")
+    ] = None
+    gpu_resource: Annotated[Line, doc("resource name of a GPU in the pods' limits, e.g. amd.com/gpu")] = (
+        "nvidia.com/gpu"
+    )
     cpu_request: Annotated[Quantity | None, doc("default: cpus_per_task x procs_per_node")] = None
     memory_request: Annotated[Quantity | None, doc("default: memory")] = None
     min_nodes: Annotated[Positive | None, doc("elastic: fewest nodes (elasticPolicy when < max_nodes)")] = None
@@ -180,16 +205,35 @@ class JobSpec(_Section, frozen=True):
     command: Annotated[
         list[Text] | None, doc("argv to run; default: python3 -m dist_jobs.train with the `train` section")
     ] = None
-    train: TrainConfig = field(default_factory=TrainConfig)
-    nodes: Annotated[int, Meta(ge=1, le=4096)] = 1
-    gpus_per_node: Annotated[int, Meta(ge=0, le=64)] = 0
+    train: Annotated[
+        TrainConfig,
+        doc(
+            "the built-in trainer's settings (see `train:` below), run when `command` is not set; its "
+            "collective_timeout and hang_min_seconds set every job's DIST_JOBS_COLLECTIVE_TIMEOUT"
+        ),
+    ] = field(default_factory=TrainConfig)
+    nodes: Annotated[
+        int, Meta(ge=1, le=4096, description="machines (SLURM nodes, Kubernetes pods) the job runs on")
+    ] = 1
+    gpus_per_node: Annotated[int, Meta(ge=0, le=64, description="GPUs requested on each node; 0: a CPU job (gloo)")] = 0
     procs_per_node: Annotated[
         Annotated[int, Meta(ge=1, le=256)] | None, doc("default: gpus_per_node; required without GPUs")
     ] = None
-    cpus_per_task: Annotated[int, Meta(ge=1, le=1024)] = 1
+    cpus_per_task: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=1024,
+            description="CPU cores for each process (sbatch --cpus-per-task per srun task; on Kubernetes the "
+            "default cpu request is this x procs_per_node)",
+        ),
+    ] = 1
     memory: Annotated[Memory | None, doc("memory per node, e.g. 64G")] = None
     time: Annotated[Line | None, doc("time limit: minutes, HH:MM:SS or D-HH:MM:SS")] = None
-    env: dict[EnvName, Text] = field(default_factory=dict)
+    env: Annotated[
+        dict[EnvName, Text],
+        doc("environment variables of every process, e.g. {OMP_NUM_THREADS: '4'}; they win over dist-jobs' own"),
+    ] = field(default_factory=dict)
     setup: Annotated[list[ShellLine], doc("raw shell lines run before launch (module load, venv activate)")] = field(
         default_factory=list
     )
@@ -212,8 +256,10 @@ class JobSpec(_Section, frozen=True):
     master_port: Annotated[Annotated[int, Meta(ge=1024, le=65535)] | None, doc("default: derived from the job id")] = (
         None
     )
-    nccl: NcclSpec = field(default_factory=NcclSpec)
-    preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
+    nccl: Annotated[NcclSpec, doc("NCCL environment variables (see `nccl:` below)")] = field(default_factory=NcclSpec)
+    preemption: Annotated[
+        PreemptionSpec, doc("the warning signal before the time limit and the requeue cap (see `preemption:` below)")
+    ] = field(default_factory=PreemptionSpec)
     image: Annotated[Line | None, doc("container image (Kubernetes; SLURM with slurm.container)")] = None
     python: Annotated[
         Line | None,
@@ -222,8 +268,8 @@ class JobSpec(_Section, frozen=True):
             "DIST_JOBS_PYTHON), else python3 on the nodes' PATH; in a container, python3 of the image"
         ),
     ] = None
-    slurm: SlurmSpec = field(default_factory=SlurmSpec)
-    k8s: K8sSpec = field(default_factory=K8sSpec)
+    slurm: Annotated[SlurmSpec, doc("SLURM's own settings (see `slurm:` below)")] = field(default_factory=SlurmSpec)
+    k8s: Annotated[K8sSpec, doc("Kubernetes' own settings (see `k8s:` below)")] = field(default_factory=K8sSpec)
 
     @property
     def procs(self) -> int:

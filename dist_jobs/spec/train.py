@@ -46,45 +46,119 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     model: Annotated[
         Importable, Meta(description="torchvision model name, gpt (the built-in language model), or module:factory")
     ] = "resnet18"
-    num_classes: Annotated[int, Meta(ge=2)] = 10
+    num_classes: Annotated[
+        int,
+        Meta(
+            ge=2,
+            description="classes the model predicts (its output size; a module:factory model gets it as num_classes "
+            "when it takes that argument); at least the data set's, e.g. 10 for cifar10",
+        ),
+    ] = 10
     data: Annotated[Importable, Meta(description="fake | text | cifar10 | mnist | imagefolder | module:factory")] = (
         "fake"
     )
     data_root: Annotated[
         Text | None, Meta(description="local dataset root (no download unless asked); text: a UTF-8 file")
     ] = None
-    download: bool = False
-    image_size: Annotated[int, Meta(ge=8)] = 32
+    download: Annotated[
+        bool,
+        Meta(
+            description="cifar10, mnist: download the data set into data_root (default: ./data) when it is not there; "
+            "needs network access from the job"
+        ),
+    ] = False
+    image_size: Annotated[
+        int,
+        Meta(
+            ge=8,
+            description="side in pixels of the images the model sees: fake generates them that size, cifar10 and "
+            "mnist are resized to it, imagefolder crops to it",
+        ),
+    ] = 32
     fake_samples: Annotated[int, Meta(ge=1, description="FakeData size for the demo and tests")] = 512
-    epochs: Annotated[int, Meta(ge=1)] = 2
+    epochs: Annotated[int, Meta(ge=1, description="passes over the training data (max_steps can end sooner)")] = 2
     max_steps: Annotated[
         Annotated[int, Meta(ge=1)] | None, Meta(description="stop after this many optimizer steps")
     ] = None
     batch_size: Annotated[int, Meta(ge=1, description="per-process batch size")] = 32
-    grad_accum: Annotated[int, Meta(ge=1)] = 1
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    lr: Annotated[float, Meta(gt=0)] = 0.1
+    grad_accum: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="batches per optimizer step: the gradients of this many batches are averaged before "
+            "one step, and the ranks all-reduce once per step",
+        ),
+    ] = 1
+    optimizer: Annotated[
+        Literal["sgd", "adamw"], Meta(description="sgd (with momentum and weight_decay) or adamw (weight_decay)")
+    ] = "sgd"
+    lr: Annotated[float, Meta(gt=0, description="peak learning rate, reached after warmup_steps (see scale_lr)")] = 0.1
     scale_lr: Annotated[bool, Meta(description="scale lr by global batch / 256")] = False
-    momentum: Annotated[float, Meta(ge=0)] = 0.9
-    weight_decay: Annotated[float, Meta(ge=0)] = 5e-4
-    warmup_steps: Annotated[int, Meta(ge=0)] = 0
-    scheduler: Literal["cosine", "constant", "step"] = "cosine"
-    amp: Literal["none", "bf16", "fp16"] = "none"
-    sync_bn: bool = False
+    momentum: Annotated[float, Meta(ge=0, description="sgd: momentum (adamw ignores it)")] = 0.9
+    weight_decay: Annotated[float, Meta(ge=0, description="weight decay of sgd or adamw")] = 5e-4
+    warmup_steps: Annotated[
+        int, Meta(ge=0, description="optimizer steps over which the learning rate rises linearly to lr")
+    ] = 0
+    scheduler: Annotated[
+        Literal["cosine", "constant", "step"],
+        Meta(
+            description="learning rate after warmup: cosine decays to 0 at the last step, constant keeps lr, "
+            "step divides it by 10 at 1/3 and again at 2/3 of the steps"
+        ),
+    ] = "cosine"
+    amp: Annotated[
+        Literal["none", "bf16", "fp16"],
+        Meta(
+            description="mixed precision: the forward pass in bfloat16 or float16 (fp16 scales the loss and needs a "
+            "CUDA GPU; fsdp takes bf16 only)"
+        ),
+    ] = "none"
+    sync_bn: Annotated[
+        bool,
+        Meta(
+            description="BatchNorm statistics over all ranks (SyncBatchNorm); GPU runs of ddp only, a CPU run keeps "
+            "per-rank BatchNorm with a warning"
+        ),
+    ] = False
     shm_allreduce: Annotated[
         bool,
         Meta(description="CPU ranks on one host all-reduce gradients through /dev/shm, not loopback TCP (opt-in)"),
     ] = False
     workers: Annotated[int, Meta(ge=0, description="DataLoader workers per process")] = 0
-    seed: int = 0
-    deterministic: bool = False
-    eval_every_epoch: bool = True
-    log_every: Annotated[int, Meta(ge=1)] = 10
-    progress: bool = True
-    tensorboard: bool = False
-    grad_clip: Annotated[float, Meta(gt=0, description="clip the gradient norm to this (after unscaling)")] | None = (
-        None
-    )
+    seed: Annotated[
+        int, Meta(description="seeds the model's initialisation (the same on every rank), data order and fake data")
+    ] = 0
+    deterministic: Annotated[
+        bool,
+        Meta(
+            description="deterministic torch algorithms and no cuDNN autotuning, so a resumed run ends with the "
+            "bits an uninterrupted one would (slower)"
+        ),
+    ] = False
+    eval_every_epoch: Annotated[
+        bool, Meta(description="evaluate on the held-out split after each epoch (when the data has one)")
+    ] = True
+    log_every: Annotated[
+        int,
+        Meta(ge=1, description="optimizer steps between rank 0's log lines of loss, metrics and learning rate"),
+    ] = 10
+    progress: Annotated[
+        bool,
+        Meta(
+            description="a progress bar on rank 0's stderr (redrawn every 30 s in a job log); false: only when "
+            "stderr is a terminal"
+        ),
+    ] = True
+    tensorboard: Annotated[
+        bool,
+        Meta(
+            description="rank 0 writes TensorBoard scalars to tensorboard/ in the run folder (needs the "
+            "tensorboard package)"
+        ),
+    ] = False
+    grad_clip: Annotated[
+        Annotated[float, Meta(gt=0)] | None, Meta(description="clip the gradient norm to this (after unscaling)")
+    ] = None
     compile: Annotated[bool, Meta(description="torch.compile the model (opt-in: compiling takes a while)")] = False
     gpt_layers: Annotated[int, Meta(ge=1, description="gpt: transformer blocks")] = 4
     gpt_heads: Annotated[int, Meta(ge=1, description="gpt: attention heads per block")] = 4
@@ -95,12 +169,41 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     device: Annotated[Literal["auto", "cuda", "cpu"], Meta(description="auto: cuda if available")] = "auto"
     checkpoint_dir: Annotated[Text | None, Meta(description="default: $DIST_JOBS_CHECKPOINT_DIR")] = None
     run_name: Annotated[RunName | None, Meta(description="default: $DIST_JOBS_RUN")] = None
-    checkpoint_every_steps: Annotated[int, Meta(ge=1)] | None = None
-    checkpoint_every_minutes: Annotated[float, Meta(gt=0)] | None = None
-    keep_checkpoints: Annotated[int, Meta(ge=2)] = 3
-    async_checkpoint: bool = False
-    preempt_signals: tuple[SignalName, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
-    resume: bool = True
+    checkpoint_every_steps: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="also checkpoint every this many optimizer steps (a run always checkpoints at its end and "
+            "when preempted)"
+        ),
+    ] = None
+    checkpoint_every_minutes: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description="also checkpoint when this many minutes have passed since the last checkpoint"),
+    ] = None
+    keep_checkpoints: Annotated[
+        int, Meta(ge=2, description="complete checkpoints kept in the run folder; older ones are deleted")
+    ] = 3
+    async_checkpoint: Annotated[
+        bool,
+        Meta(
+            description="write checkpoints on a background thread: training waits only while the state is "
+            "copied to CPU memory"
+        ),
+    ] = False
+    preempt_signals: Annotated[
+        tuple[SignalName, ...],
+        Meta(
+            description="signals that make the ranks checkpoint at the next step and exit with 200 to be requeued; "
+            "names (SIGUSR1 or USR1) or numbers"
+        ),
+    ] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+    resume: Annotated[
+        bool,
+        Meta(
+            description="continue from the run folder's newest complete checkpoint; false starts over and refuses "
+            "a run folder that already holds checkpoints"
+        ),
+    ] = True
     hang_watchdog: Annotated[
         bool, Meta(description="exit with the requeue code (after dumping stacks) when no optimizer step completes")
     ] = True

@@ -74,8 +74,23 @@ def test_the_spec_reference_has_every_field_with_its_default() -> None:
     for section, ref in (("train", "TrainConfig"), ("slurm", "SlurmSpec"), ("k8s", "K8sSpec")):
         for key in schema["$defs"][ref]["properties"]:
             assert f"| `{section}.{key}` |" in page
-    assert "| `nodes` | integer (1 <= x <= 4096) | `1` |" in page
-    assert '| `launcher` | "srun" \\| "torchrun" | `"srun"` |' in page
+    assert "| `nodes` | integer (1 to 4096) | `1` |" in page
+    assert "| `launcher` | one of: `srun`, `torchrun` | `srun` |" in page
+
+
+def test_the_spec_reference_shows_types_in_words_not_patterns() -> None:
+    page = gen.spec_reference()
+    assert "| `env` | mapping of variable name to string | `{}` |" in page
+    assert "| `train.amp` | one of: `bf16`, `fp16`, `none` | `none` |" in page
+    assert "| `train.preempt_signals` | list of signal names or numbers | `[SIGUSR1, SIGUSR2, SIGTERM]` |" in page
+    assert "| `train.checkpoint_every_steps` | integer (at least 1) or null | `null` |" in page
+    assert "| `slurm.partition` | one-line string or null | `null` |" in page
+    assert "\\x00" not in page and "(?!" not in page and "[A-Za-z" not in page
+
+
+def test_a_string_type_without_a_name_fails_the_build() -> None:
+    with pytest.raises(ValueError, match="no name in docs/gen.py"):
+        gen.type_of({"type": "string", "pattern": "^[a-z]+$"}, {})
 
 
 def test_the_cli_reference_has_every_verb_and_option() -> None:
