@@ -19,6 +19,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE, VERSION
 from dist_jobs.errors import BackendError, DistJobsError, RankError, SpecError, UsageError
 
 __version__ = VERSION
+"""The version of dist-jobs, e.g. "0.1.0"."""
 
 __all__ = [
     "REQUEUE_EXIT_CODE",

@@ -7,6 +7,7 @@ VERSION = "0.1.0"
 # above 128+64, so it cannot be mistaken for death by a signal. The sbatch script, the pod
 # entrypoint and the local launcher all read it from here.
 REQUEUE_EXIT_CODE = 200
+"""The exit code that means "requeue me": a preempted run checkpointed and wants to run again."""
 
 # File rank 0 writes into the run directory once a preemption checkpoint is committed; read by
 # launchers that cannot see the ranks' exit codes (torchrun does not pass them through).

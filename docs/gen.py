@@ -314,6 +314,20 @@ def docstring(relative: str) -> str:
     return re.sub(r"((?:^    .*\n?)+)", lambda m: "\n```text\n" + _dedent(m.group(1)) + "```\n", text, flags=re.M)
 
 
+def function(reference: str) -> str:
+    """`FILE:NAME`: a module-level function's heading, signature and docstring, read from the
+    source. For a function that mkdocstrings cannot reach: dist_jobs.api's verb `job()` shares its
+    name with the submodule dist_jobs.api.job, which griffe files under that name instead."""
+    relative, name = reference.split(":")
+    tree = ast.parse((REPO / relative).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    module = ".".join(Path(relative).with_suffix("").parts).removesuffix(".__init__")
+    returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    signature = f"{name}({ast.unparse(node.args)}){returns}"
+    heading = f'<h2 id="{module}.{name}" class="doc doc-heading"><code>{module}.{name}</code></h2>'
+    return f"{heading}\n\n```python\n{signature}\n```\n\n{ast.get_docstring(node) or ''}\n"
+
+
 def _dedent(block: str) -> str:
     return "".join(line[4:] + "\n" for line in block.splitlines())
 

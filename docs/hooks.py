@@ -3,7 +3,8 @@
 A page asks for generated text with an HTML comment on a line of its own, for example
 `<!-- gen: spec_reference -->`; `<!-- gen: include BENCHMARKS.md -->` pulls in a file of the
 repository (one that is not Markdown, such as LICENSE, as a text block) and
-`<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring. A page's `console`
+`<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring,
+`<!-- gen: function dist_jobs/api/__init__.py:job -->` a function mkdocstrings cannot reach. A page's `console`
 blocks that start with `$ dist-jobs` are run (docs/gen.py, check_examples) and a mismatch is an
 error, so `mkdocs build --strict` fails on a stale example.
 """
@@ -43,6 +44,8 @@ def _expand(match: re.Match[str]) -> str:
         return _include(arg)
     if name == "docstring":
         return gen.docstring(arg)
+    if name == "function":
+        return gen.function(arg)
     if name not in GENERATORS:
         raise ValueError(f"unknown generator {name!r}; known: {sorted(GENERATORS)}, include")
     return GENERATORS[name]()

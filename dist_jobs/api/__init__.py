@@ -72,8 +72,22 @@ def load_spec(
     defaults: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Read `path` (or take `data`), apply dotted `overrides`; one SpecError lists every problem,
-    those of `backend` (e.g. Kubernetes syntax for `k8s`) included. `defaults`: spec fields below
-    the file's, e.g. a profile's (`load_profile(name).spec`, dist_jobs.spec.profiles)."""
+    those of `backend` (e.g. Kubernetes syntax for `k8s`) included.
+
+    Args:
+        path: the job.yaml to read; None to build the spec from `data` alone.
+        overrides: dotted field paths and values, e.g. `{"train.epochs": 5}`, applied last.
+        data: the spec as a mapping, instead of (or below) the file.
+        backend: also check what this backend (`slurm`, `k8s`, `local`) needs.
+        defaults: spec fields below the file's, e.g. a profile's (`load_profile(name).spec`,
+            dist_jobs.spec.profiles).
+
+    Returns:
+        The checked job spec.
+
+    Raises:
+        SpecError: every problem found, each with its field, the given value and a fix.
+    """
     from dist_jobs.spec.load import load_spec as load  # msgspec, yaml: not for the query verbs
 
     return load(path, overrides, data, backend, defaults)
@@ -95,7 +109,19 @@ def prepare(spec: JobSpec, backend_name: str, **options: Any) -> Prepared:
 
 
 def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
-    """A handle (`slurm://c/123`) or a bare id with its backend name, as a Job."""
+    """A handle (`slurm://c/123`) or a bare id with its backend name, as a Job.
+
+    Args:
+        job_id: a handle as `submit` prints it, or the scheduler's own id.
+        backend_name: the backend of a bare id (`slurm`, `k8s`, `local`); not needed for a handle.
+        **options: the backend's constructor options (namespace, kubeconfig, ...).
+
+    Returns:
+        The Job; nothing is asked of the scheduler yet.
+
+    Raises:
+        UsageError: a bare id without `backend_name`, or a handle that does not parse.
+    """
     if is_handle(job_id):
         return attach(job_id, **options)
     if backend_name is None:
@@ -107,6 +133,12 @@ def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
 
 
 def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobInfo:
+    """The job's state now: `job(job_id, backend_name, **options).status()`.
+
+    Raises:
+        UsageError: a bare id without `backend_name`, or a handle that does not parse.
+        BackendError: the scheduler could not be asked about the job.
+    """
     return job(job_id, backend_name, **options).status()
 
 
@@ -117,12 +149,22 @@ def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
 
 
 def cancel(job_id: str, backend_name: str | None = None, **options: Any) -> None:
+    """Cancel the job: `job(job_id, backend_name, **options).cancel()`."""
     job(job_id, backend_name, **options).cancel()
 
 
 def logs(
     job_id: str, backend_name: str | None = None, rank: int | None = None, follow: bool = False, **options: Any
 ) -> Iterator[str]:
+    """The job's log lines: `job(job_id, backend_name, **options).logs(rank, follow)`.
+
+    Args:
+        job_id: a handle, or a bare id with `backend_name`.
+        backend_name: the backend of a bare id.
+        rank: only this rank's lines; None: every rank's (Kubernetes: pod 0's).
+        follow: keep yielding new lines until the job ends.
+        **options: the backend's constructor options.
+    """
     return job(job_id, backend_name, **options).logs(rank=rank, follow=follow)
 
 

@@ -22,13 +22,34 @@ def backend(name: str, **options: Any) -> Backend:
 
 
 def submit(spec: JobSpec, backend: str = "local", **options: Any) -> Job:
-    """Submit `spec` to `backend` (slurm, k8s, local: detached processes); its Job handle."""
+    """Submit `spec` to `backend` (slurm, k8s, local: detached processes); its Job handle.
+
+    Args:
+        spec: the job, from `load_spec`.
+        backend: `slurm`, `k8s` or `local`.
+        **options: the backend's constructor options (namespace, kubeconfig, jobs_dir, ...).
+
+    Returns:
+        The submitted job; `str(job)` is its handle, for `attach` from any shell or notebook.
+
+    Raises:
+        DistJobsError: the job was refused before it was handed over (a UsageError, e.g. a
+            python without the trainer's packages) or the scheduler failed (a BackendError).
+    """
     chosen = get_backend(backend, **options)
     return attach(str(chosen.submit(chosen.prepare(spec))), **options)
 
 
 def attach(handle: str, **options: Any) -> Job:
-    """The Job named by `handle` (as printed by submit), from any shell or notebook."""
+    """The Job named by `handle` (as printed by submit), from any shell or notebook.
+
+    Args:
+        handle: `slurm://CLUSTER/ID`, `k8s://NAMESPACE/KIND/NAME` or `local:///RUN/DIR`.
+        **options: the backend's constructor options; what the handle carries wins.
+
+    Raises:
+        UsageError: `handle` is not a handle.
+    """
     return attach_all([handle], **options)[0]
 
 
