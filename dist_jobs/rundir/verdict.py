@@ -105,6 +105,7 @@ class Evidence:
     lock_lost: bool = False
     lost_nodes: tuple[str, ...] = ()  # nodes of the allocation that no longer answer
     peer_left: str = ""  # a peer that was deleted or failed while the program ran ("pod w-1")
+    said: str = ""  # the launcher's own words for a preemption or a cancel ("stopped by SIGTERM ...")
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class Verdict:
         cause = f": {self.cause}" if self.cause else ""
         then = {
             Action.DONE: "",
-            Action.REQUEUE: "; requeued",
+            Action.REQUEUE: "; to resume from the latest checkpoint",
             Action.RESTART: "; restarted in place from the latest checkpoint",
             Action.FAIL: "; failed at once (the program's own error is not retried)",
             Action.STOP: "; stopped without writing more",
@@ -175,7 +176,7 @@ def _classify(ev: Evidence) -> Verdict:
     if ev.lock_lost:
         return Verdict(Ending.LOCK_LOST, Action.STOP, LOCK_LOST_EXIT_CODE, "another run took the run directory over")
     if ev.cancelled:
-        return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, cause, rank=rank, node=node)
+        return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, ev.said or cause, rank=rank, node=node)
     if first is None:
         return Verdict(Ending.COMPLETED, Action.DONE, 0)
     if ev.lost_nodes:
@@ -184,7 +185,7 @@ def _classify(ev: Evidence) -> Verdict:
     if ev.hang:
         return Verdict(Ending.HANG, Action.RESTART, REQUEUE_EXIT_CODE, ev.hang, rank=rank, node=node)
     if ev.preempted or ev.warned:
-        why = "the scheduler's warning reached the job" if ev.warned else "checkpointed on a signal"
+        why = ev.said or ("the scheduler's warning reached the job" if ev.warned else "checkpointed on a signal")
         return Verdict(Ending.PREEMPTED, Action.REQUEUE, REQUEUE_EXIT_CODE, why, rank=rank, node=node)
     if first.by_signal:
         return Verdict(Ending.RANK_KILLED, Action.RESTART, REQUEUE_EXIT_CODE, cause, rank=rank, node=node)

@@ -161,6 +161,32 @@ def test_first_failure_tears_down_and_returns_its_code(tmp_path) -> None:
     proc = _run(["--nodes", "2", "--procs-per-node", "2", "--", PYTHON, "-c", code], tmp_path)
     assert proc.returncode == 7
     assert time.monotonic() - start < 30  # the sleepers were torn down, not waited for
+    # the program's own error: failed once, never restarted
+    assert "the program failed: rank 2 exit 7" in proc.stdout and "restarting" not in proc.stdout, proc.stdout
+
+
+def test_a_rank_killed_by_a_signal_restarts_every_rank_in_place(tmp_path: Path) -> None:
+    """Rank 2 SIGKILLed (the OOM killer, `kill -9`) on the first start: the verdict is "rank
+    killed", every rank starts again under the same lock, and the run succeeds; both verdicts
+    are recorded in the run directory."""
+    code = textwrap.dedent("""
+        import os, pathlib, signal, time
+        mark = pathlib.Path("killed-once")
+        if os.environ["RANK"] == "2" and not mark.exists():
+            mark.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.2 if mark.exists() else 600)
+    """)
+    proc = _run(["--name", "killed", "--nodes", "2", "--procs-per-node", "2", "--", PYTHON, "-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank killed: rank 2 killed by SIGKILL (exit 137); restarted in place" in proc.stdout, proc.stdout
+    assert "restarting in place: restart 1 of at most 3" in proc.stdout
+    (record,) = (tmp_path / "checkpoints" / "killed" / "verdicts").iterdir()
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(v["ending"], v["action"], v["attempt"]) for v in lines] == [
+        ("rank killed", "restart", "0"),
+        ("completed", "done", "0.1"),
+    ]
 
 
 def test_ctrl_c_stops_everything(tmp_path) -> None:
@@ -269,7 +295,7 @@ def test_term_hup_and_int_reach_every_rank_as_the_preemption_signal(tmp_path: Pa
     assert proc.returncode == 200, text
     assert f"dist-jobs: got {sig.name}: sending SIGUSR1 to every process" in text
     assert text.count("checkpointed after SIGUSR1") == 4, text
-    assert "dist-jobs: exit code 200: preempted: every rank checkpointed; run it again to resume" in text
+    assert "dist-jobs: exit code 200: preempted: every rank checkpointed; to resume from the latest checkpoint" in text
     assert _left(marker) == []
     assert not (tmp_path / "checkpoints" / "dist-job" / "LOCK").exists()  # released
 
@@ -283,7 +309,7 @@ def test_ranks_without_checkpointing_end_in_128_plus_the_signal(tmp_path: Path) 
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, out
-    assert "exit code 143: stopped by SIGTERM before every rank checkpointed" in out
+    assert "exit code 143: cancelled: stopped by SIGTERM before every rank checkpointed" in out
     assert _left(marker) == []
 
 
@@ -415,7 +441,7 @@ def test_a_launcher_that_lost_its_lock_ends_its_run(tmp_path: Path) -> None:
     record = json.loads(lock.read_text())
     lock.write_text(json.dumps({**record, "token": "someone-else", "pid": 1}))
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 1, out
+    assert proc.returncode == 6, out  # as on every backend: LOCK_LOST_EXIT_CODE
     assert f"dist-jobs: lost the lock of {lock.parent} (it is now held by local run, pid 1 on host " in out
     assert "checkpointed after" not in out and _left(marker) == []
     assert json.loads(lock.read_text())["token"] == "someone-else"  # the new holder's lock stays
@@ -423,7 +449,7 @@ def test_a_launcher_that_lost_its_lock_ends_its_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("codes", "want"),
-    [((0, 0), 0), ((200, 200), 200), ((200, 3), 3), ((0, 7), 7), ((0, -9), 137)],
+    [((0, 0), 0), ((200, 200), 200), ((200, 3), 3), ((0, 7), 7), ((0, -9), 200)],  # killed: run it again
     ids=["done", "preempted", "failed-beside-a-checkpoint", "failed", "killed"],
 )
 def test_the_launchers_exit_code_says_what_happened(tmp_path: Path, codes: tuple[int, int], want: int) -> None:

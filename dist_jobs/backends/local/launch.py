@@ -13,7 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -28,6 +29,7 @@ from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, held, new_token
+from dist_jobs.rundir.verdict import Action, Evidence, decide, record
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
 
@@ -174,7 +176,6 @@ class Launcher:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
         spec, workdir = _code(spec, self.workdir)
-        procs = plan(spec, workdir, free_port(), job_id, use_gpus)
         try:
             checkpoint_root(spec, workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -183,12 +184,9 @@ class Launcher:
                 "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
             ) from None
         run_dir = checkpoint_root(spec, workdir) / spec.run_id
-        group = ProcessGroup(
-            self.out,
-            grace=spec.preemption.grace_seconds,
-            stop_signal=signal.Signals["SIG" + step_signal(spec)],
-            preempted=lambda since: _newer(run_dir / PREEMPTED_MARKER, since),
-        )
+        me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
+        group: ProcessGroup | None = None
+        gone: list[str] = []  # the lock's loss, heard between two groups of a restart
 
         def lost(holder: Holder | None) -> None:
             if holder is not None:
@@ -197,16 +195,41 @@ class Launcher:
                 now = "a run whose record cannot be read"
             else:
                 now = "nobody: the lock file was removed"
-            group.end_now(f"lost the lock of {run_dir} (it is now held by {now}): ending this run without a checkpoint")
+            gone.append(f"lost the lock of {run_dir} (it is now held by {now}): ending this run without a checkpoint")
+            if group is not None:
+                group.end_now(gone[-1])
 
-        me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
         with held(run_dir, me, on_lost=lost) as lock:
             if lock.took_over:
                 print(f"dist-jobs: took over the lock of {run_dir}: {lock.took_over}", file=self.out, flush=True)
             token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
-            code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=workdir)
+            restart, port = 0, free_port()
+            while True:
+                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart)
+                procs = plan(spec, workdir, port, job_id, use_gpus)
+                code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=workdir)
+                verdict = replace(group.verdict or decide(Evidence(code)), attempt=f"0.{restart}" if restart else "0")
+                record(run_dir, job_id, replace(verdict, time=time.time()))
+                if verdict.action is not Action.RESTART or gone:
+                    break
+                restart, port = restart + 1, free_port()  # a fresh rendezvous port: the last may linger
+                print(
+                    f"dist-jobs: restarting in place: restart {restart} of at most {spec.preemption.max_restarts}",
+                    file=self.out,
+                    flush=True,
+                )
         self.first_failure = group.first_failure
         return code
+
+    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int) -> ProcessGroup:
+        group = ProcessGroup(
+            self.out,
+            grace=spec.preemption.grace_seconds,
+            stop_signal=signal.Signals["SIG" + step_signal(spec)],
+            preempted=lambda since: _newer(run_dir / PREEMPTED_MARKER, since),
+        )
+        group.restarts_left = restarts_left
+        return group
 
 
 def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:

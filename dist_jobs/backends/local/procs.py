@@ -28,12 +28,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TextIO
 
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.rundir.verdict import Evidence, Failure, Verdict, decide
 
 GRACE_SECONDS = 30.0
 POLL_SECONDS = 0.05  # how often a launcher outside the main thread (no signal handlers) looks
@@ -110,6 +111,8 @@ class ProcessGroup:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._labels: list[str] = []
         self.first_failure: tuple[str, int] | None = None  # after run(): (label, code) of the first to fail
+        self.restarts_left = 0  # restarts in place the launcher may still do: a fault's verdict is restart
+        self.verdict: Verdict | None = None  # after run(): how it ended
 
     def end_now(self, why: str) -> None:
         """From any thread: kill every process and end the run, saying why."""
@@ -217,28 +220,37 @@ class ProcessGroup:
             signals.sleep(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _verdict(self, outcome: _Outcome, started: float) -> int:
+        """What the run's end means (dist_jobs.rundir.verdict decides; kept in `self.verdict`),
+        said in a line; the launcher's exit code."""
         codes = [self._code(p) for p in self._procs]
-        if all(c == 0 for c in codes):
-            return 0
         checkpointed = not outcome.forced and (
             all(c == REQUEUE_EXIT_CODE for c in codes) or (self.preempted is not None and self.preempted(started))
         )
-        if outcome.failure is not None and outcome.first is not None:
-            code, label = outcome.failure, self._labels[outcome.first]
+        failures: tuple[Failure, ...] = ()
+        first, code = outcome.first, outcome.failure
+        if code is None:  # none failed while all ran: a rank that failed says more than one that checkpointed
+            first = next((i for i, c in enumerate(codes) if c not in (None, 0, REQUEUE_EXIT_CODE)), None)
+            code = codes[first] if first is not None else None
+        if code is not None and first is not None:
+            label = self._labels[first]
             self.first_failure = (label, code)
-            what = f"{label} failed first ({describe_exit(code)}); the others were stopped"
-        elif outcome.failure is not None:
-            code, what = outcome.failure, outcome.why or "a process failed; the others were stopped"
-        elif checkpointed:
-            code, what = REQUEUE_EXIT_CODE, "preempted: every rank checkpointed; run it again to resume"
-        elif outcome.cause is not None:
-            code, what = 128 + outcome.cause, f"stopped by {outcome.cause.name} before every rank checkpointed"
-        else:
-            # A rank that failed says more than one that checkpointed beside it.
-            code = next((c for c in codes if c and c != REQUEUE_EXIT_CODE), next((c for c in codes if c), 1))
-            what = "killed after the grace period" if outcome.forced else "a process failed"
-        self.say(f"exit code {code}: {what}")
-        return code
+            failures = (Failure(_rank_of(label), "", code),)
+        exit_code = code if code is not None else next((c for c in codes if c), 0)
+        evidence = Evidence(
+            exit_code=exit_code,
+            failures=failures,
+            preempted=checkpointed,
+            # a stop signal to the launcher ends the run unless every rank checkpointed on it
+            cancelled=outcome.cause is not None and not checkpointed,
+            lock_lost=self.lost is not None,
+            said="every rank checkpointed" if checkpointed else "",
+        )
+        if outcome.cause is not None and not checkpointed:
+            said = f"stopped by {outcome.cause.name} before every rank checkpointed"
+            evidence = replace(evidence, exit_code=128 + outcome.cause, said=said)
+        self.verdict = decide(evidence, restarts_left=self.restarts_left)
+        self.say(f"exit code {self.verdict.exit_code}: {self.verdict.told()}")
+        return self.verdict.exit_code
 
     @staticmethod
     def _code(proc: subprocess.Popen[bytes]) -> int | None:
@@ -276,3 +288,9 @@ class _Outcome:
     def forced_end(self) -> _Outcome:
         self.forced = True
         return self
+
+
+def _rank_of(label: str) -> int | None:
+    """The global rank of a process label ("rank 3"); None for a node's torchrun ("node 1")."""
+    unit, _, number = label.partition(" ")
+    return int(number) if unit == "rank" and number.isdigit() else None

@@ -170,7 +170,7 @@ def test_restarts_used_up_or_a_silent_node_give_the_allocation_up(tmp_path) -> N
     proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, env)
     assert proc.returncode == 200 and len(step_calls(calls)) == 1, proc.stderr
     assert scontrol_calls(calls) == [["requeue", "4242"]]
-    assert "ended: node lost: gpu008 no longer answered; requeued" in proc.stderr
+    assert "ended: node lost: gpu008 no longer answered; to resume from the latest checkpoint" in proc.stderr
 
 
 def test_requeue_after_a_preemption_checkpoint(tmp_path) -> None:

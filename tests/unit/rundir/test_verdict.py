@@ -51,7 +51,7 @@ def test_the_verdict_names_the_rank_and_node_that_failed_first() -> None:
 def test_a_fault_without_restarts_left_gives_the_allocation_up() -> None:
     verdict = decide(Evidence(143, (KILLED,)), restarts_left=0)
     assert (verdict.ending, verdict.action) == (Ending.RANK_KILLED, Action.REQUEUE)
-    assert verdict.fault_in_place and verdict.told().endswith("; requeued")
+    assert verdict.fault_in_place and verdict.told().endswith("; to resume from the latest checkpoint")
 
 
 def test_verdicts_are_recorded_per_submission_and_read_back(tmp_path: Path) -> None:
