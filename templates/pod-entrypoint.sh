@@ -1,17 +1,22 @@
 # dist-jobs pod entrypoint. sh runs as PID 1, which would drop SIGTERM: forward it to the
-# program so the training can checkpoint. torchrun does not pass a child's exit code through,
-# so a preemption checkpoint committed during this run (marker newer than our start) becomes
-# exit @REQUEUE@, which restartPolicy ExitCode retries (128-255); other failures stay permanent,
-# except the code the first failing process left in DIST_JOBS_EXIT_NOTE (@REQUEUE@: a lost peer).
-# The operator recreates a pod exiting 128-255 without limit (kubeflow/trainer#2045): the run
-# directory counts this pod's starts, and past preemption.max_requeues the pod refuses to start.
+# program so the training can checkpoint. How the program's end is read is decided by
+# dist_jobs.rundir.verdict, as after a SLURM step: a preemption checkpoint, a lost peer (another pod
+# of the job told to stop while the program ran), a hang or a rank killed by a signal exit @REQUEUE@,
+# which restartPolicy ExitCode retries (128-255); the program's own error keeps its code (1-127:
+# permanent). torchrun exits 1 whatever its workers did: the first failing process of the pod
+# leaves its code in DIST_JOBS_EXIT_NOTE. The operator recreates a pod exiting 128-255 without
+# limit (kubeflow/trainer#2045): the run directory counts this pod's starts, and past
+# preemption.max_requeues the pod refuses to start.
 python3 -m dist_jobs.rundir.attempts start || exit
 stamp=$(mktemp)
 notes=$(mktemp -d)
 DIST_JOBS_EXIT_NOTE="$notes/first-failure"
 export DIST_JOBS_EXIT_NOTE
 child=""
-trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
+leaving=""
+# Told to stop (the pod is deleted or preempted): say so in the run directory first, so the
+# other pods' programs, which fail once this one is gone, read as having lost a peer.
+trap 'leaving=--leaving; python3 -m dist_jobs.rundir.verdict leaving 2>/dev/null; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 # One live run per run directory: pod rank 0 takes the lock (a replaced pod of the same job takes
 # it over; DIST_JOBS_LOCK_OWNER names the job). Elastic jobs have no pod rank: the trainer's rank 0
 # takes it there. No `$$` here: Kubernetes turns `$$` in a command into `$`.
@@ -40,27 +45,31 @@ while :; do
   rc=$?
   kill -0 "$child" 2>/dev/null || break
 done
+lost=""
 if [ -n "$lock" ]; then
   { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
   if ! python3 -m dist_jobs.rundir.lockctl check "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"; then
     echo "dist-jobs: the program ended with exit code $rc; this job lost the run directory lock: exit @LOCKLOST@" >&2
-    rc=@LOCKLOST@
-    rm -rf "$stamp" "$notes"
-    exit "$rc"
+    lost=--lock-lost
   fi
 fi
 noted=$(cat "$DIST_JOBS_EXIT_NOTE" 2>/dev/null)
 case "$noted" in
-  '' | *[!0-9]*) ;;
-  *) [ "$rc" -ne 0 ] && rc=$noted ;;
+  '' | *[!0-9]*) noted="" ;;
 esac
-marker="${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}/PREEMPTED"
-if [ -e "$marker" ] && [ "$marker" -nt "$stamp" ]; then
-  rc=@REQUEUE@
+# The verdict prints the code to exit with (its own line goes to stderr). An image without
+# dist_jobs gets the old rule: a preemption checkpoint is retried, the rest keeps its code.
+if ! code=$(python3 -m dist_jobs.rundir.verdict --rc "$rc" ${noted:+--first "$noted"} --since "$stamp" ${lost:+"$lost"} ${leaving:+"$leaving"}); then
+  code=$rc
+  [ "$rc" -ne 0 ] && [ -n "$noted" ] && code=$noted
+  marker="${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}/PREEMPTED"
+  if [ "$rc" -ne 0 ] && [ -e "$marker" ] && [ "$marker" -nt "$stamp" ]; then
+    code=@REQUEUE@
+  fi
 fi
-[ "$rc" -eq 0 ] && python3 -m dist_jobs.rundir.attempts "done"
+[ "$code" -eq 0 ] && python3 -m dist_jobs.rundir.attempts "done"
 rm -rf "$stamp" "$notes"
-if [ -n "$lock" ]; then
+if [ -n "$lock" ] && [ -z "$lost" ]; then
   python3 -m dist_jobs.rundir.lockctl release "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"
 fi
-exit "$rc"
+exit "$code"

@@ -31,6 +31,11 @@ class HangRecord:
     attempt: int = 0  # 0 for a job's first start, n after n requeues (SLURM_RESTART_COUNT)
     job: str = ""  # the scheduler's job id ("<array>_<task>" for an array task), "" when unknown
 
+    def told(self) -> str:
+        """What status and the verdict say of this hang."""
+        at = f" after step {self.step}" if self.step is not None else ""
+        return f"no step completed{at} (rank {self.rank}'s watchdog fired)"
+
     def belongs_to(self, *, job: str | None = None, attempt: int | None = None, since: float | None = None) -> bool:
         """Whether this record is that attempt's: the same job and attempt, and not older than its start."""
         if job is not None and self.job and self.job != job:

@@ -124,7 +124,10 @@ def _kill_tree(pid: int) -> None:
                 os.kill(victim, signal.SIGSTOP)
         _wait_stopped(new)
         stopped |= new
-    for victim in stopped:
+    # `pid` last: its parent (the pod entrypoint) reaps it and then ends this heartbeat, which
+    # must not happen while a stopped descendant is still to be killed (it would stay stopped
+    # forever, holding the pod's pipes).
+    for victim in [*(stopped - {pid}), pid]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(victim, signal.SIGKILL)
 

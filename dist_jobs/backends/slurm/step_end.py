@@ -53,10 +53,7 @@ def _newer(path: Path, since: float) -> bool:
 
 def _hang(run_dir: Path, job: str, since: float) -> str:
     record = read_hang(run_dir)
-    if record is None or not record.belongs_to(job=job, since=since):
-        return ""
-    at = f" after step {record.step}" if record.step is not None else ""
-    return f"no step completed{at} (rank {record.rank}'s watchdog fired)"
+    return record.told() if record is not None and record.belongs_to(job=job, since=since) else ""
 
 
 def evidence(args: argparse.Namespace) -> Evidence:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide, record, recorded
+from support.render_helpers import run_pod_entrypoint
 
 KILLED = Failure(3, "n2", signal="SIGKILL")
 EXIT3 = Failure(1, "n1", code=3)
@@ -62,3 +64,43 @@ def test_verdicts_are_recorded_per_submission_and_read_back(tmp_path: Path) -> N
     (tmp_path / "verdicts" / "42.jsonl").open("a").write("not json\n")
     assert recorded(tmp_path, "42") == [first, second]
     assert recorded(tmp_path, "43") == []
+
+
+# -- the pod entrypoint (templates/pod-entrypoint.sh), as its container runs it ---------------------
+
+POD = {"name": "pods", "nodes": 2, "procs_per_node": 1, "image": "x/y:1", "k8s": {"namespace": "ml"}}
+
+
+def pod(tmp_path: Path, program: str, member: str = "pods-master-0") -> subprocess.CompletedProcess[str]:
+    return run_pod_entrypoint(POD, program, tmp_path / "shared", {"HOSTNAME": member, "PET_NODE_RANK": "1"})
+
+
+@pytest.mark.parametrize(
+    "program,code,told",
+    [
+        ("exit 0", 0, "completed"),
+        ("exit 3", 3, "the program failed: exit 3 on pods-master-0; failed at once"),
+        ("kill -KILL $$", 200, "rank killed: killed by SIGKILL (exit 137) on pods-master-0"),
+        ('touch "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/PREEMPTED"; exit 200', 200, "preempted"),
+    ],
+)
+def test_a_pods_end_is_the_verdicts(tmp_path: Path, program: str, code: int, told: str) -> None:
+    """200 is what restartPolicy ExitCode retries; the program's own error (1-127) is permanent."""
+    proc = pod(tmp_path, program)
+    assert proc.returncode == code, proc.stderr
+    assert f"dist-jobs: pods-master-0: {told}" in proc.stderr
+
+
+def test_a_users_program_that_fails_once_a_peer_pod_was_told_to_stop_lost_a_peer(tmp_path: Path) -> None:
+    """A worker pod is deleted (its entrypoint gets SIGTERM and says so in the run directory); the
+    master's program, a user's script, then fails with its own exit 1 (gloo's "Connection reset
+    by peer"): a lost peer, retried, not the user's bug."""
+    worker = pod(tmp_path, "kill -TERM $PPID; sleep 5; exit 143", member="pods-worker-0")
+    assert worker.returncode == 200, worker.stderr  # the deleted pod itself was told to stop: retried
+    note = tmp_path / "shared" / "pods" / "peers" / "pods-worker-0"
+    assert note.is_file()
+    proc = pod(tmp_path, "exit 1")  # a peer that left before this program started is not its loss
+    assert proc.returncode == 1, proc.stderr
+    proc = pod(tmp_path, f"touch '{note}'; exit 1")  # the worker told to stop while the program ran
+    assert proc.returncode == 200, proc.stderr
+    assert "peer lost: pods-worker-0 stopped while the program ran" in proc.stderr
