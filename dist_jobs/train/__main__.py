@@ -75,11 +75,19 @@ def preflight() -> int:
     print(
         f"dist-jobs: rank {info.rank}/{info.world_size} node {info.node_rank}/{info.num_nodes} "
         f"local {info.local_rank}/{info.local_world_size} master {info.master_addr}:"
-        f"{info.master_port} ({info.source}, host {socket.gethostname()})",
+        f"{info.master_port} ({_launched_by(info.source)}, host {socket.gethostname()})",
         file=sys.stderr,
         flush=True,
     )
     return info.rank
+
+
+def _launched_by(source: str) -> str:
+    """Who started this rank, for the banner: the rank source, except under the local backend,
+    which plays srun (SLURM's variables, made-up ids) on a machine without SLURM."""
+    if os.environ.get("DIST_JOBS_BACKEND", "").strip() == "local":
+        return f"local backend, {source} variables"
+    return source
 
 
 if __name__ == "__main__":
