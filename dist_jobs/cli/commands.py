@@ -42,7 +42,7 @@ def apply_profile(args: argparse.Namespace) -> Any:
             setattr(args, dest, profile.options[option])
     if getattr(args, "backend", "") is None and args.verb not in ("sweep", "config"):
         raise UsageError(
-            f"dist-jobs {args.verb}: which scheduler? no --backend, and no profile gives a backend",
+            "which scheduler? no --backend, and no profile gives a backend",  # cli.main prefixes the verb
             "pass --backend slurm, k8s or local, or choose a profile with `backend:` (--profile NAME)",
         )
     return profile

@@ -198,3 +198,13 @@ def test_an_image_that_reads_as_an_option_is_refused() -> None:
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--container", "apptainer", "--image=--foo=bar")
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert "image: starts with '-'" in proc.stderr and "(given: '--foo=bar')" in proc.stderr
+
+
+def test_an_error_names_its_verb_once(tmp_path: Path) -> None:
+    """cli.main puts `dist-jobs VERB: ` in front of every error; no message carries its own."""
+    # no profile gives a backend: an empty config folder, no $DIST_JOBS_PROFILE
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path), "DIST_JOBS_PROFILE": ""}
+    argv = [PYTHON, "-m", "dist_jobs", "submit", "--procs-per-node", "1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("dist-jobs submit: which scheduler? "), proc.stderr
+    assert proc.stderr.count("dist-jobs submit:") == 1, proc.stderr
