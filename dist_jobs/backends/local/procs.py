@@ -179,10 +179,17 @@ class ProcessGroup:
                 self._signals = None
         return self._verdict(outcome, started)
 
-    def _stop(self, why: str) -> float:
+    def _stop(self, why: str, failed: bool = False) -> float:
+        # A process that failed (a missing script, a crash) ends the run: the others are stopped,
+        # and saying they checkpoint as if preempted would misread what happened.
+        what = (
+            "stopping the others"
+            if failed
+            else "the training checkpoints at its next step boundary and exits " + str(REQUEUE_EXIT_CODE)
+        )
         self.say(
-            f"{why}: sending {self.stop_signal.name} to every process (the training checkpoints at "
-            f"its next step boundary and exits {REQUEUE_EXIT_CODE}); what is left in {self.grace:.0f} s is killed"
+            f"{why}: sending {self.stop_signal.name} to every process ({what}); "
+            f"what is left in {self.grace:.0f} s is killed"
         )
         self._signal_all(self.stop_signal)
         return time.monotonic() + self.grace
@@ -197,7 +204,7 @@ class ProcessGroup:
             if bad is not None and deadline is None:  # a failure of its own, not our stop's effect
                 outcome.failure, outcome.first = codes[bad], bad
                 if None in codes:
-                    deadline = self._stop(f"{self._labels[bad]} failed ({describe_exit(codes[bad])})")
+                    deadline = self._stop(f"{self._labels[bad]} failed ({describe_exit(codes[bad])})", failed=True)
             if None not in codes:
                 return outcome
             if len(signals.received) > 1:
