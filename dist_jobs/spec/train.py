@@ -145,8 +145,7 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     progress: Annotated[
         bool,
         Meta(
-            description="a progress bar on rank 0's stderr (redrawn every 30 s in a job log); false: only when "
-            "stderr is a terminal"
+            description="a progress bar on rank 0 when its stderr is a terminal (never in a job log)"
         ),
     ] = True
     tensorboard: Annotated[

@@ -163,17 +163,16 @@ class Reporter:
 
 
 def _progress_bar(wanted: bool, total: int, start: int) -> Any:
-    tty = sys.stderr.isatty()
-    if not (wanted or tty):
+    # A terminal only: in a job log (a file, the local launcher's pipe) each redraw is a
+    # carriage-return fragment that `dist-jobs logs` would show as a line of its own, between
+    # the log lines; progress.json (`dist-jobs status`) tells the progress there.
+    if not (wanted and sys.stderr.isatty()):
         return None
     try:
         from tqdm import tqdm
     except ImportError:
         return None
-    # Redirected to a job log, a bar redrawn ten times a second would flood it.
-    return tqdm(
-        total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0, file=sys.stderr
-    )
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=0.1, file=sys.stderr)
 
 
 def _tensorboard(directory: Path) -> Any:

@@ -144,3 +144,27 @@ def test_status_by_handle_stays_light(tmp_path: Path) -> None:
     out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=60)
     rc, modules = json.loads(out.stdout)
     assert rc == 0 and not {"jinja2", "torch", "kubernetes", "submitit"} & set(modules), out.stderr
+
+
+def _built_in(tmp_path: Path, name: str, **train: object) -> Path:
+    """job.yaml of a built-in training run of 2 CPU ranks (JSON is YAML), the bar left at its default."""
+    data = {"name": name, "nodes": 1, "procs_per_node": 2, "env": ENV, "train": tiny_train(progress=None, **train)}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@requires("torch")
+def test_a_built_in_runs_logs_hold_its_log_lines_each_with_its_rank(tmp_path: Path) -> None:
+    spec = _built_in(tmp_path, "logged")
+    sub = dj("submit", "--backend", "local", "--wait", str(spec), cwd=tmp_path)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    handle = sub.stdout.splitlines()[0]
+    rank0 = dj("logs", "--rank", "0", handle, cwd=REPO).stdout.splitlines()
+    assert rank0[0].startswith("dist-jobs: rank 0/2 ") and rank0[0].endswith(")")
+    assert "(local backend, " in rank0[0] and "(slurm," not in rank0[0]  # the local launcher, not SLURM
+    assert [line for line in rank0 if " INFO step 4/4 " in line], rank0  # 32 samples / (2 ranks x 4)
+    assert all(line.strip() and "\r" not in line and "step/s" not in line for line in rank0), rank0  # no bar
+    every = dj("logs", handle, cwd=REPO).stdout.splitlines()
+    assert every and all(line.startswith(("[rank 0] ", "[rank 1] ", "dist-jobs: ")) for line in every), every
+    assert [line.removeprefix("[rank 0] ") for line in every if line.startswith("[rank 0] ")] == rank0

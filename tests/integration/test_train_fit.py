@@ -5,6 +5,7 @@ a user script of the kind the README shows (its own model and data, calling fit(
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,12 +179,20 @@ def test_loader_worker_processes_and_max_steps_mid_epoch(one_process: None) -> N
     assert "eval_loss" in metrics  # a run that max_steps ends mid-epoch is still evaluated
 
 
-def test_progress_bar_and_missing_tensorboard_on_rank_0(
-    one_process: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+def test_progress_bar_on_a_terminal_and_missing_tensorboard_on_rank_0(
+    one_process: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = TrainConfig.from_argv(
         [*SMALL, "--batch-size", "8", "--progress", "--tensorboard", "--checkpoint-dir", str(tmp_path), "--epochs", "1"]
     )
+    to_a_log = TrainConfig.from_argv([*SMALL, "--batch-size", "8", "--progress", "--epochs", "1"])
+    fit(to_a_log, plain_net(10), tiny_data(True, to_a_log))
+    assert "/8" not in capsys.readouterr().err  # stderr is no terminal (a job log): no bar there
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     with caplog.at_level(logging.INFO, logger="dist_jobs"):
         fit(config, plain_net(10), tiny_data(True, config))
     assert "8/8" in capsys.readouterr().err  # the bar reached the last step

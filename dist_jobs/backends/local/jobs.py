@@ -154,13 +154,15 @@ class LocalBackend:
         offset = 0
         while True:
             running = follow and _alive(folder)  # asked before reading: no line written before the end is lost
-            with (folder / LOG).open("r", errors="replace") as fh:
+            # newline="\n": a line ends at "\n" alone, as the launcher wrote it behind its prefix;
+            # universal newlines would cut a program's "\r" redraws into lines without a prefix.
+            with (folder / LOG).open("r", errors="replace", newline="\n") as fh:
                 fh.seek(offset)
                 for line in fh:
                     if prefixes is None:
-                        yield line.rstrip("\n")
+                        yield _as_shown(line.rstrip("\n"), _prefix(line))
                     elif line.startswith(prefixes):
-                        yield _unprefixed(line.rstrip("\n"), prefixes)
+                        yield _as_shown(_unprefixed(line.rstrip("\n"), prefixes), "")
                 offset = fh.tell()
             if not running:
                 return
@@ -185,6 +187,19 @@ def _with_code(status: JobStatus, folder: Path) -> JobStatus:
     if not isinstance(record, dict):
         return status
     return dataclasses.replace(status, extra={**status.extra, "code": describe(record)})
+
+
+def _prefix(line: str) -> str:
+    """The launcher's `[rank N] ` (or `[node N] `) in front of `line`, "" where there is none."""
+    end = line.find("] ")
+    return line[: end + 2] if line.startswith("[") and end > 0 and "\r" not in line[:end] else ""
+
+
+def _as_shown(line: str, prefix: str) -> str:
+    """`line` as a terminal would leave it: a program that redraws a line with "\r" (a progress
+    bar) leaves its last state; `prefix` stays in front."""
+    text = line[len(prefix) :].rstrip("\r")
+    return prefix + text.rsplit("\r", 1)[-1] if "\r" in text else line.rstrip("\r")
 
 
 def _unprefixed(line: str, prefixes: tuple[str, ...]) -> str:
