@@ -17,9 +17,9 @@ from dist_jobs.spec.slurm_time import format_time, parse_time
 _BATCH_WARNING = "USR1"
 
 
-def _time_limit(text: str | None) -> str | None:
+def _time_limit(text: str | int | None) -> str | None:
     """The spec's limit in SLURM's canonical form (load_spec has checked that it parses)."""
-    seconds = parse_time(text) if text else None
+    seconds = parse_time(text) if text is not None and text != "" else None
     return None if seconds is None else format_time(seconds)
 
 

@@ -229,7 +229,11 @@ class JobSpec(_Section, frozen=True):
         ),
     ] = 1
     memory: Annotated[Memory | None, doc("memory per node, e.g. 64G")] = None
-    time: Annotated[Line | None, doc("time limit: minutes, HH:MM:SS or D-HH:MM:SS")] = None
+    # A bare number is minutes, as SLURM reads `--time=10`; YAML gives `time: 10` as a number.
+    time: Annotated[
+        Line | Annotated[int, Meta(ge=0)] | None,
+        doc("time limit: minutes (a bare number: 90), HH:MM:SS, D-HH or D-HH:MM:SS (as SLURM reads them)"),
+    ] = None
     env: Annotated[
         dict[EnvName, Text],
         doc("environment variables of every process, e.g. {OMP_NUM_THREADS: '4'}; they win over dist-jobs' own"),

@@ -13,9 +13,10 @@ _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 NO_LIMIT = frozenset({"UNLIMITED", "INFINITE", "NOT_SET", "INVALID", "N/A", ""})
 
 
-def parse_time(value: str) -> int | None:
-    """SLURM time -> seconds; None when it is not one of SLURM's forms."""
-    match = _TIME.match(value.strip())
+def parse_time(value: str | int) -> int | None:
+    """SLURM time -> seconds; None when it is not one of SLURM's forms. A number is minutes (the
+    spec's `time: 90`, as YAML reads it)."""
+    match = _TIME.match(str(value).strip())
     if not match:
         return None
     days, a, b, c = match.groups()

@@ -115,6 +115,7 @@ _TYPES = {
 }
 # Patterns as text, compiled (and cached by `re`) on the first error: a valid spec never needs them.
 _EXPECTED = r"Expected `(\w+)(?: \| null)?`, got `\w+`"
+_EXPECTED_ANY = r"Expected `([\w |]+?)(?: \| null)?`, got `\w+`"
 _BOUND = r"Expected `(?:int|float)(?: \| null)?` (>=|<=|>|<) (\S+)"
 _PATTERN = r"(?s)Expected `str(?: \| null)?` matching regex (.*)"
 _BOUND_TEXT = {
@@ -132,6 +133,11 @@ def _from_message(text: str, path: tuple[Any, ...], value: Any, tp: Any) -> Prob
     given = MISSING if message.startswith("Object missing") else _at(value, sub)
     if m := re.fullmatch(_EXPECTED, message):
         return Problem(where_path, given, *_TYPES.get(m.group(1), (message, "")))
+    if m := re.fullmatch(_EXPECTED_ANY, message):  # a union (time: minutes or text)
+        known = [_TYPES[t] for t in m.group(1).split(" | ") if t in _TYPES]
+        if known:
+            what = " or ".join(w.removeprefix("must be ") for w, _ in known)
+            return Problem(where_path, given, f"must be {what}", "; ".join(fix for _, fix in known))
     if m := re.fullmatch(_BOUND, message):
         what, fix = _BOUND_TEXT[m.group(1)]
         bound = m.group(2).removesuffix(".0")

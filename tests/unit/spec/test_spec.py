@@ -119,3 +119,25 @@ def test_cli_bad_input_exit_2_no_traceback(tmp_path) -> None:
 def test_nul_rejected() -> None:
     with pytest.raises(SpecError, match="NUL"):
         load_spec(data={"name": "a", "procs_per_node": 1, "env": {"A": "x\x00y"}})
+
+
+@pytest.mark.parametrize(
+    ("written", "directive"),
+    [("10", "00:10:00"), ("'90'", "01:30:00"), ("1:30:00", "01:30:00"), ("2-12", "2-12:00:00")],
+)
+def test_a_bare_number_of_minutes_is_a_time_limit_as_slurm_reads_it(tmp_path, written: str, directive: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: a\nprocs_per_node: 1\ntime: {written}\n")
+    proc = subprocess.run(
+        [PYTHON, "-m", "dist_jobs", "render", "--backend", "slurm", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and f"#SBATCH --time={directive}\n" in proc.stdout, proc.stderr
+
+
+def test_a_time_limit_that_is_neither_minutes_nor_text_says_both_forms() -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(data={"name": "a", "procs_per_node": 1, "time": 1.5})
+    assert "time: must be a whole number or text (given: 1.5)" in str(err.value)
