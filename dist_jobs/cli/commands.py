@@ -18,7 +18,7 @@ from typing import Any
 from dist_jobs import api
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
-from dist_jobs.errors import UsageError
+from dist_jobs.errors import Problem, SpecError, UsageError
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
@@ -26,7 +26,25 @@ def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
     from dist_jobs.cli.flags import overrides_from
 
     profile = apply_profile(args)
-    return api.load_spec(args.spec, overrides_from(args, command), backend=args.backend, defaults=profile.spec)
+    flagged: list[Problem] = []
+    overrides = overrides_from(args, command, flagged)
+    return _with_flag_problems(
+        flagged, lambda: api.load_spec(args.spec, overrides, backend=args.backend, defaults=profile.spec)
+    )
+
+
+def _with_flag_problems(flagged: list[Problem], load: Callable[[], Any]) -> Any:
+    """The loaded spec, or one SpecError with the command line's problems (`flagged`) and the
+    spec's, all at once; the command line's named as such, not as the file's."""
+    try:
+        spec = load()
+    except SpecError as exc:
+        if not flagged:
+            raise
+        raise SpecError(flagged + exc.problems, f"{exc.source} and the command line") from None
+    if flagged:
+        raise SpecError(flagged, "command line")
+    return spec
 
 
 def apply_profile(args: argparse.Namespace) -> Any:
@@ -246,8 +264,11 @@ def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     from dist_jobs.spec.profiles import leaves
 
     profile = apply_profile(args)
-    overrides = overrides_from(args, command)
-    spec = api.load_spec(args.spec, overrides, backend=args.backend, defaults=profile.spec)
+    flagged: list[Problem] = []
+    overrides = overrides_from(args, command, flagged)
+    spec = _with_flag_problems(
+        flagged, lambda: api.load_spec(args.spec, overrides, backend=args.backend, defaults=profile.spec)
+    )
     sources = dict(profile.sources)
     sources.update(dict.fromkeys(leaves(read_yaml(Path(args.spec))) if args.spec else [], str(args.spec)))
     sources.update(dict.fromkeys(overrides, "flag"))

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from dist_jobs.errors import Problem, SpecError
+from dist_jobs.errors import MISSING, Problem, SpecError
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,11 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(f.flag, dest=dest, metavar="VALUE", help=f.help)
 
 
-def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
-    """Dotted-path overrides from the parsed flags; bad KEY=VALUE forms are collected, then raised."""
+def overrides_from(
+    args: argparse.Namespace, command: list[str] | None, deferred: list[Problem] | None = None
+) -> dict[str, Any]:
+    """Dotted-path overrides from the parsed flags; bad KEY=VALUE forms and unknown paths are
+    collected, then raised, or added to `deferred` (to be raised with the spec's own problems)."""
     out: dict[str, Any] = {}
     problems: list[Problem] = []
     for f in FLAGS:
@@ -109,17 +112,38 @@ def overrides_from(args: argparse.Namespace, command: list[str] | None) -> dict[
                 elif f.kind == "env":
                     out[f"env.{key}"] = val
                 else:
-                    try:
-                        out[key] = _scalar(val, f"{f.flag} {key}")
-                    except SpecError as exc:
-                        problems += exc.problems
+                    problems += _set(out, key, val, f.flag)
         else:
             out[f.path] = value
     if command:
         out["command"] = command
-    if problems:
+    if problems and deferred is None:
         raise SpecError(problems, "command line")
+    if deferred is not None:
+        deferred += problems
     return out
+
+
+def _set(out: dict[str, Any], key: str, val: str, flag: str) -> list[Problem]:
+    """One `--set PATH=VALUE` into `out`; its problems. Spaces around PATH and `=` are dropped
+    (`--set 'train.lr = 0.1'`), and an unknown PATH is named as the command line gave it."""
+    from dist_jobs.spec.model import JobSpec  # the spec verbs' alone, as _scalar's yaml
+    from dist_jobs.spec.validate import unknown_path
+
+    key, val = key.strip(), val.lstrip()
+    given = f"{flag} {key}={val}"
+    wrong = unknown_path(JobSpec, key)
+    if wrong is not None:
+        part, meant, known = wrong
+        fix = (
+            f"did you mean {flag} {meant}{key[len(part) :]}={val}?" if meant else f"known keys here: {', '.join(known)}"
+        )
+        return [Problem(given, MISSING, f"`{part}` is not a spec field", fix)]
+    try:
+        out[key] = _scalar(val, f"{flag} {key}")
+    except SpecError as exc:
+        return exc.problems
+    return []
 
 
 def _scalar(text: str, flag: str) -> Any:

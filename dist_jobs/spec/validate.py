@@ -84,15 +84,60 @@ def _check_struct(value: dict[Any, Any], cls: type[msgspec.Struct], path: tuple[
         if key in fields:
             problems += check(item, fields[key].type, (*path, key))
             continue
-        import difflib  # an unknown key's alone: a valid spec's render does without it (bench_render)
-
-        close = difflib.get_close_matches(str(key), list(fields), n=1)
-        hint = f"did you mean `{close[0]}`?" if close else f"known keys here: {', '.join(sorted(fields))}"
+        found = suggest(cls, str(key))
+        hint = f"did you mean `{found}`?" if found else f"known keys here: {', '.join(sorted(fields))}"
         problems.append(Problem(field_path((*path, key)), MISSING, "unknown key", hint))
     for name, f in fields.items():
         if f.required and name not in value:
             problems.append(Problem(field_path((*path, name)), MISSING, "is required", "add this key"))
     return problems
+
+
+def suggest(cls: type[msgspec.Struct], key: str) -> str | None:
+    """What an unknown `key` of `cls` likely meant, as a path below `cls`: the same key in one of
+    its sections (`epochs` -> `train.epochs`), else a close name here, else one in a section."""
+    import difflib  # an unknown key's alone: a valid spec's render does without it (bench_render)
+
+    fields = [f.encode_name for f in msgspec.structs.fields(cls)]
+    below = [f"{name}.{sub}" for name, section in _sections(cls) for sub in section]
+    exact = [path for path in below if path.rsplit(".", 1)[1] == key]
+    if exact:
+        return exact[0]
+    close = difflib.get_close_matches(key, fields, n=1)
+    if close:
+        return close[0]
+    leaves = {path.rsplit(".", 1)[1]: path for path in below}
+    nearby = difflib.get_close_matches(key, list(leaves), n=1)
+    return leaves[nearby[0]] if nearby else None
+
+
+def _sections(cls: type[msgspec.Struct]) -> list[tuple[str, list[str]]]:
+    """`cls`'s fields that are structs of their own (train, slurm, ...), each with its keys."""
+    out = []
+    for f in msgspec.structs.fields(cls):
+        tp = plain_type(f.type)
+        if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            out.append((f.encode_name, [g.encode_name for g in msgspec.structs.fields(tp)]))
+    return out
+
+
+def unknown_path(cls: type[msgspec.Struct], dotted: str) -> tuple[str, str | None, list[str]] | None:
+    """Where the dotted path (an override, `--set train.lr=...`) leaves `cls`'s fields: the
+    unknown part (`train.epoch`), what it likely meant in full (`train.epochs`) and the keys known
+    there; None when every part is a field (below a mapping or list, any key is)."""
+    parts = dotted.split(".")
+    node = cls
+    for i, part in enumerate(parts):
+        fields = {f.encode_name: f for f in msgspec.structs.fields(node)}
+        if part not in fields:
+            found = suggest(node, part)
+            full = ".".join([*parts[:i], found]) if found else None
+            return ".".join(parts[: i + 1]), full, sorted(fields)
+        tp = plain_type(fields[part].type)
+        if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+            return None
+        node = tp
+    return None
 
 
 def field_path(path: tuple[Any, ...]) -> str:

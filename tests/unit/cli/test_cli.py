@@ -208,3 +208,22 @@ def test_an_error_names_its_verb_once(tmp_path: Path) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("dist-jobs submit: which scheduler? "), proc.stderr
     assert proc.stderr.count("dist-jobs submit:") == 1, proc.stderr
+
+
+def test_set_problems_name_the_command_line_and_the_field_meant(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: a\nprocs_per_node: 1\n")
+    proc = dj("render", "--backend", "slurm", str(job), "--set", "epochs=5", "--set", "slurm.partiton=gpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("dist-jobs render: command line: 2 problems\n"), proc.stderr  # not job.yaml's
+    assert "--set epochs=5: `epochs` is not a spec field\n    fix: did you mean --set train.epochs=5?" in proc.stderr
+    assert "fix: did you mean --set slurm.partition=gpu?" in proc.stderr
+    spaced = dj("render", "--backend", "slurm", str(job), "--set", " train.lr = 0.5", "--set", "env.MY_VAR=x")
+    assert spaced.returncode == 0 and "--lr=0.5" in spaced.stdout, spaced.stderr  # spaces around PATH and '='
+
+
+def test_a_key_in_the_wrong_section_of_job_yaml_is_found_in_its_section(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: a\nprocs_per_node: 1\nepochs: 3\n")
+    proc = dj("render", "--backend", "slurm", str(job))
+    assert proc.returncode == 2 and "  - epochs: unknown key\n    fix: did you mean `train.epochs`?" in proc.stderr

@@ -113,7 +113,8 @@ def test_cli_bad_input_exit_2_no_traceback(tmp_path) -> None:
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert "nodes" in proc.stderr and "(given: '0')" in proc.stderr and "did you mean `qos`" in proc.stderr
+    assert "nodes" in proc.stderr and "(given: '0')" in proc.stderr and "did you mean --set slurm.qos=a?" in proc.stderr
+    assert proc.stderr.startswith("dist-jobs render: job spec and the command line: 2 problems\n"), proc.stderr
 
 
 def test_nul_rejected() -> None:
