@@ -7,6 +7,7 @@ use: no spec flags or renderer (see cli.parser).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable, Sequence
 
@@ -21,7 +22,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dist_jobs.cli.sweep import cmd_sweep_sub  # a sweep's modules are for `sweep` alone (test_imports)
 
         return _guarded(f"sweep {own[1]}", lambda: cmd_sweep_sub(own[1], own[2:]))
-    args = _parser(next((a for a in own if not a.startswith("-")), None)).parse_args(own)
+    parser = _parser(next((a for a in own if not a.startswith("-")), None))
+    args, unknown = parser.parse_known_args(own)
+    if unknown:
+        return _unknown_options(parser, args.verb, own, unknown)
     if command is not None and args.verb not in ("render", "submit", "run", "sweep"):
         print(
             f"dist-jobs {args.verb}: a command after `--` only goes with render, submit, run or sweep", file=sys.stderr
@@ -34,6 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(script(_parser(), args.shell))
         return 0
     return _guarded(args.verb, lambda: COMMANDS[args.verb](args, command))
+
+
+def _unknown_options(parser: argparse.ArgumentParser, verb: str, own: list[str], unknown: list[str]) -> int:
+    """Options the verb does not take: its own usage (not the top level's), and for a training
+    flag (`--shm-allreduce`, `--model gpt`, as the trainer takes them) its `--set train.X=...`."""
+    from dist_jobs.cli.flags import trainer_flag_fixes  # this error's alone
+
+    sub = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))  # type: ignore[union-attr]
+    sub.choices[verb].print_usage(sys.stderr)
+    print(f"dist-jobs {verb}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
+    fixes = trainer_flag_fixes(own) if verb in ("render", "submit", "run", "sweep", "config") else []
+    if fixes:
+        print(f"  hint: training flags are spec fields: {' '.join(fixes)}", file=sys.stderr)
+    return 2
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:

@@ -158,3 +158,29 @@ def _scalar(text: str, flag: str) -> Any:
         return parse_bounded(text, flag) if text else ""
     except yaml.YAMLError:
         return text
+
+
+def trainer_flag_fixes(argv: list[str]) -> list[str]:
+    """`--set train.X=V` for each of the trainer's own flags in `argv` (`--shm-allreduce`,
+    `--no-progress`, `--model gpt`, `--lr=0.1`), which dist-jobs itself does not take."""
+    from msgspec import structs  # this error's alone
+
+    from dist_jobs.spec.train import TrainConfig
+    from dist_jobs.spec.validate import plain_type
+
+    fields = {f.name: plain_type(f.type) is bool for f in structs.fields(TrainConfig)}
+    own = {f.flag for f in FLAGS}
+    fixes = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        name = flag.removeprefix("--").replace("-", "_")
+        negated = name.startswith("no_") and fields.get(name[3:]) is True
+        if not flag.startswith("--") or flag in own or not (name in fields or negated):
+            continue
+        if negated or fields.get(name) is True:
+            fixes.append(f"--set train.{name.removeprefix('no_') if negated else name}={str(not negated).lower()}")
+        elif eq or (i + 1 < len(argv) and not argv[i + 1].startswith("-")):
+            fixes.append(f"--set train.{name}={value if eq else argv[i + 1]}")
+        else:
+            fixes.append(f"--set train.{name}=VALUE")
+    return fixes

@@ -227,3 +227,14 @@ def test_a_key_in_the_wrong_section_of_job_yaml_is_found_in_its_section(tmp_path
     job.write_text("name: a\nprocs_per_node: 1\nepochs: 3\n")
     proc = dj("render", "--backend", "slurm", str(job))
     assert proc.returncode == 2 and "  - epochs: unknown key\n    fix: did you mean `train.epochs`?" in proc.stderr
+
+
+def test_a_training_flag_given_to_dist_jobs_gets_its_set_spelling_and_the_verbs_usage() -> None:
+    proc = dj("run", "--backend", "local", "--shm-allreduce", "--model", "gpt", "--data=text", "--no-progress")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("usage: dist-jobs run "), proc.stderr  # the verb's usage, not the top level's
+    assert "dist-jobs run: unrecognized arguments: --shm-allreduce --model --data=text --no-progress" in proc.stderr
+    fixes = "--set train.shm_allreduce=true --set train.model=gpt --set train.data=text --set train.progress=false"
+    assert f"hint: training flags are spec fields: {fixes}\n" in proc.stderr
+    other = dj("status", "--bogus", "local:///nowhere")
+    assert other.returncode == 2 and other.stderr.startswith("usage: dist-jobs status ") and "hint" not in other.stderr
