@@ -199,7 +199,7 @@ def _train(run: Run) -> dict[str, float]:
     run.live.update(pos.step, pos.epoch, {})  # progress.json is this run's and attempt's from its start
     touch = run.watchdog.touch if run.watchdog is not None else None
     with run.reporter.start(pos.step):
-        while pos.epoch < c.epochs and not _max_steps_reached(run):
+        while not pos.done(c):
             finished, train = _train_epoch(run)
             if run.eval_loader is not None:
                 held_out = evaluate(run.model, run.eval_loader, run.loss_fn, run.dist.device, run.autocast, touch)

@@ -142,24 +142,38 @@ def _restore(run: Run, loaded: Loaded) -> None:
     else:
         models.seek_schedule(run.scheduler, schedule_step)
     if run.dist.is_main:
+        _say_resumed(run, loaded, batches)
+
+
+def _say_resumed(run: Run, loaded: Loaded, batches: int) -> None:
+    """Rank 0's line on what it resumed: where, or that the run had already finished."""
+    s, c, world = loaded.shared, run.config, run.dist.world_size
+    if run.pos.done(c):  # a rerun of a finished run: nothing to train, and not a resume to read as one
         log.info(
-            "resumed from %s: epoch %d, step %d of %d in it, step %d overall",
+            "the run had already finished (%s, step %d): nothing to do; to train it further, raise "
+            "train.epochs or train.max_steps, or give it another run name",
             loaded.path,
-            run.pos.epoch,
-            batches // c.grad_accum,
-            run.steps_per_epoch,
             run.pos.step,
         )
-        resumed_at = batches * c.batch_size * world
-        if s["world_size"] != world or resumed_at != s["samples_in_epoch"]:
-            log.info(
-                "it was written by %d ranks at sample %d of the epoch; %d ranks x batch %d continue at sample %d",
-                s["world_size"],
-                s["samples_in_epoch"],
-                world,
-                c.batch_size,
-                resumed_at,
-            )
+        return
+    log.info(
+        "resumed from %s: epoch %d, step %d of %d in it, step %d overall",
+        loaded.path,
+        run.pos.epoch,
+        batches // c.grad_accum,
+        run.steps_per_epoch,
+        run.pos.step,
+    )
+    resumed_at = batches * c.batch_size * world
+    if s["world_size"] != world or resumed_at != s["samples_in_epoch"]:
+        log.info(
+            "it was written by %d ranks at sample %d of the epoch; %d ranks x batch %d continue at sample %d",
+            s["world_size"],
+            s["samples_in_epoch"],
+            world,
+            c.batch_size,
+            resumed_at,
+        )
 
 
 def _load_model(run: Run, loaded: Loaded) -> None:

@@ -30,6 +30,10 @@ class Position:
     step: int = 0  # optimizer steps; names the checkpoints, so it never goes back
     samples: int = 0  # samples all ranks consumed, whole run
 
+    def done(self, config: TrainConfig) -> bool:
+        """Whether training is over at this position: every epoch, or max_steps, reached."""
+        return self.epoch >= config.epochs or (config.max_steps is not None and self.step >= config.max_steps)
+
 
 @dataclass
 class Run:

@@ -168,3 +168,14 @@ def test_a_built_in_runs_logs_hold_its_log_lines_each_with_its_rank(tmp_path: Pa
     every = dj("logs", handle, cwd=REPO).stdout.splitlines()
     assert every and all(line.startswith(("[rank 0] ", "[rank 1] ", "dist-jobs: ")) for line in every), every
     assert [line.removeprefix("[rank 0] ") for line in every if line.startswith("[rank 0] ")] == rank0
+
+
+@requires("torch")
+def test_a_rerun_of_a_finished_run_says_it_had_finished_and_trains_nothing(tmp_path: Path) -> None:
+    spec = _built_in(tmp_path, "rerun")
+    first = dj("run", "--backend", "local", str(spec), cwd=tmp_path)
+    assert first.returncode == 0 and " INFO step 4/4 " in first.stdout, first.stdout + first.stderr
+    again = dj("run", "--backend", "local", str(spec), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "[rank 0] " in again.stdout and "the run had already finished (" in again.stdout, again.stdout
+    assert "resumed from" not in again.stdout and " INFO step " not in again.stdout, again.stdout
