@@ -201,7 +201,12 @@ def cmd_list(args: argparse.Namespace, _: Any) -> int:
 def cmd_cancel(args: argparse.Namespace, _: Any) -> int:
     job = _job(args)
     job.cancel()
-    print(f"cancelled {job.handle}")
+    # A scheduler stops a job in its own time (the ranks checkpoint first): "cancelled" only once
+    # it has ended, as `status` would then say.
+    if job.status().finished:
+        print(f"cancelled {job.handle}")
+    else:
+        print(f"stopping {job.handle} (cancelled; `dist-jobs wait {job.handle}` returns once it has stopped)")
     return 0
 
 

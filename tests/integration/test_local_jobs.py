@@ -85,8 +85,18 @@ def test_cli_submit_wait_follow_exits_with_the_outcome_and_status_names_the_exit
     assert bare.returncode == 0 and bare.stdout.startswith(handle)
 
 
-def test_cancel_stops_every_rank_and_says_cancelled(tmp_path: Path) -> None:
-    code = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(120)"
+def test_cancel_stops_every_rank_and_says_stopping_until_it_has_stopped(tmp_path: Path) -> None:
+    # Each rank outlives the stop signal until the test releases it, as a rank checkpointing does.
+    release = tmp_path / "release"
+    code = textwrap.dedent(f"""
+        import os, pathlib, signal, sys, time
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        print('pid', os.getpid(), flush=True)
+        while not pathlib.Path({str(release)!r}).exists():
+            time.sleep(0.05)
+        sys.exit(1)
+    """)
     sub = dj("submit", "--backend", "local", "--name", "long", "--nodes", "2", "--procs-per-node", "1",
              "-o", "json", "--", "python3", "-c", code, cwd=tmp_path)  # fmt: skip
     assert sub.returncode == 0, sub.stderr
@@ -101,7 +111,11 @@ def test_cancel_stops_every_rank_and_says_cancelled(tmp_path: Path) -> None:
     )
     pids = [int(line.split()[-1]) for line in job.logs() if " pid " in line]
     assert len(pids) == 2 and job.status().state == "running"
-    assert dj("cancel", handle, cwd=REPO).stdout == f"cancelled {handle}\n"
+    said = dj("cancel", handle, cwd=REPO).stdout
+    assert said == f"stopping {handle} (cancelled; `dist-jobs wait {handle}` returns once it has stopped)\n"
+    status = dj("status", handle, cwd=REPO).stdout
+    assert f"{handle}  long  completing (COMPLETING)  stopping: cancelled, pid " in status, status
+    release.touch()
     waited = dj("wait", "--timeout", "60", handle, cwd=REPO)
     assert waited.returncode == 3 and "cancelled (CANCELLED)" in waited.stdout, waited.stdout + waited.stderr
     for pid in pids:

@@ -119,6 +119,9 @@ class LocalBackend:
         name = folder.parent.name
         code = _read_int(folder / EXIT)
         if code is None and _alive(folder):
+            if (folder / CANCELLED).exists():  # SIGTERM sent: the ranks checkpoint and stop, which takes a while
+                # COMPLETING, as SLURM says of a job scancel has ended and whose processes are going
+                return JobStatus(job_id, name, "COMPLETING", f"stopping: cancelled, pid {_read_int(folder / PID)}")
             return JobStatus(job_id, name, "RUNNING", f"pid {_read_int(folder / PID)}")
         if code is None:  # read again: the launcher may have written it and left since the first read
             code = _read_int(folder / EXIT)
