@@ -18,7 +18,7 @@ from typing import Any
 from dist_jobs import api
 from dist_jobs.cli.output import columns, emit, info_table
 from dist_jobs.constants import WAIT_EXIT_CODES
-from dist_jobs.errors import Problem, SpecError, UsageError
+from dist_jobs.errors import DistJobsError, Problem, SpecError, UsageError
 
 
 def _load(args: argparse.Namespace, command: list[str] | None) -> Any:
@@ -203,11 +203,20 @@ def cmd_cancel(args: argparse.Namespace, _: Any) -> int:
     job.cancel()
     # A scheduler stops a job in its own time (the ranks checkpoint first): "cancelled" only once
     # it has ended, as `status` would then say.
-    if job.status().finished:
+    if _gone_or_finished(job):
         print(f"cancelled {job.handle}")
     else:
         print(f"stopping {job.handle} (cancelled; `dist-jobs wait {job.handle}` returns once it has stopped)")
     return 0
+
+
+def _gone_or_finished(job: Any) -> bool:
+    """After a cancel: whether the job has ended, or is gone (a deleted Kubernetes job may no
+    longer be found at all)."""
+    try:
+        return bool(job.status().finished)
+    except DistJobsError:
+        return True
 
 
 def cmd_logs(args: argparse.Namespace, _: Any) -> int:
