@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import signal
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+
+if TYPE_CHECKING:
+    from dist_jobs.rundir.hang import HangRecord
 
 
 class JobState(str, Enum):
@@ -69,16 +73,19 @@ def normalise(word: str) -> JobState:
     return _WORDS.get(key, JobState.UNKNOWN)
 
 
-def describe_exit(code: int | None, sig: int | None = None, *, hang_rank: int | None = None) -> str:
+def describe_exit(code: int | None, sig: int | None = None, *, hang: HangRecord | None = None) -> str:
     """`exit 3`, `killed by SIGKILL (exit 137)`, `preempted and checkpointed (exit 200)`;
-    `hang (rank 1) (exit 200)` when the run directory's hang record (dist_jobs.rundir.hang) says
-    that rank's watchdog, not a preemption, ended this attempt."""
+    `hang: rank 3 on n2 stopped at step 812; the others wait in all_reduce (exit 200)` when the run
+    directory's hang record (dist_jobs.rundir.hang, the caller checked it is this attempt's) says
+    a watchdog, not a preemption, ended it: its words are describe_hang()'s, for every backend."""
     if sig:
         return f"killed by {_signal_name(sig)}"
     if code is None:
         return "no exit code"
-    if code == REQUEUE_EXIT_CODE and hang_rank is not None:
-        return f"hang (rank {hang_rank}) (exit {code})"
+    if code == REQUEUE_EXIT_CODE and hang is not None:
+        from dist_jobs.rundir.hang import describe_hang  # here: every status imports this module
+
+        return f"{describe_hang(hang)} (exit {code})"
     if code == REQUEUE_EXIT_CODE:
         return f"preempted and checkpointed (exit {code})"
     if 128 < code < 128 + 65:  # a shell's way of saying "killed by signal code-128"

@@ -44,31 +44,33 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextmanager
-def open_atomic(path: Path, *, sync_dir: bool = True) -> Iterator[BinaryIO]:
+def open_atomic(path: Path, *, sync_dir: bool = True, durable: bool = True) -> Iterator[BinaryIO]:
     """A binary file that replaces `path` when the block ends without an error; on an error the
     temporary file is removed and `path` is untouched. `sync_dir=False` for a caller that fsyncs
-    the folder itself after several renames (a checkpoint)."""
+    the folder itself after several renames (a checkpoint); `durable=False` (no fsync at all) for
+    a file worth nothing after a crash, rewritten every few seconds (a rank's beat)."""
     path = Path(path)
     tmp = _temporary(path)
     try:
         with open(tmp, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if sync_dir:
+    if sync_dir and durable:
         fsync_dir(path.parent)
 
 
-def write_atomic(path: Path, data: bytes | str, *, mkdir: bool = False) -> Path:
-    """Replace `path` with `data` (str is written as UTF-8) atomically and durably."""
+def write_atomic(path: Path, data: bytes | str, *, mkdir: bool = False, durable: bool = True) -> Path:
+    """Replace `path` with `data` (str is written as UTF-8) atomically, and durably unless told not to."""
     path = Path(path)
     if mkdir:
         path.parent.mkdir(parents=True, exist_ok=True)
-    with open_atomic(path) as fh:
+    with open_atomic(path, durable=durable) as fh:
         fh.write(_encode(data))
     return path
 

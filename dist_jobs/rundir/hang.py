@@ -1,4 +1,6 @@
-"""`<run dir>/HANG`: which rank's hang watchdog ended the run, at which step, when, in which attempt.
+"""`<run dir>/HANG`: which rank's hang watchdog ended the run, at which step, when, in which attempt,
+and which rank(s) it found had stopped (dist_jobs.rundir.beats): the ranks waiting for a stopped
+one in a collective are the ones whose watchdogs fire, so the firing rank is rarely the culprit.
 
 A watchdog exit and a preemption both end with the requeue code and the PREEMPTED marker the
 batch script and the pod entrypoint turn into a requeue; this record is what tells them apart
@@ -6,6 +8,8 @@ for `dist-jobs status` ("hang (rank N)" instead of "preempted and checkpointed")
 whose steps stopped fires, within a check of each other: the first to write it is kept
 (a hard link of a complete temporary file: atomic, and it fails when the record is there).
 A record of an earlier attempt is replaced; rank 0 of a starting run removes it anyway.
+`describe_hang()` is the one sentence every backend's status shows for it. Records of older
+versions (no `stopped`, `compared` 0) read as before: "hang (rank N)".
 Stdlib only: status reads it without torch.
 """
 
@@ -24,17 +28,23 @@ HANG_RECORD = "HANG"
 
 
 @dataclass(frozen=True)
-class HangRecord:
+class StoppedRank:
     rank: int
+    host: str = ""
+    step: int | None = None  # the last optimizer step it completed
+
+
+@dataclass(frozen=True)
+class HangRecord:
+    rank: int  # the rank whose watchdog fired (and wrote this)
     step: int | None = None  # the last optimizer step this rank completed
     time: float = 0.0  # wall clock (time.time()) of the firing
     attempt: int = 0  # 0 for a job's first start, n after n requeues (SLURM_RESTART_COUNT)
     job: str = ""  # the scheduler's job id ("<array>_<task>" for an array task), "" when unknown
-
-    def told(self) -> str:
-        """What status and the verdict say of this hang."""
-        at = f" after step {self.step}" if self.step is not None else ""
-        return f"no step completed{at} (rank {self.rank}'s watchdog fired)"
+    host: str = ""  # the firing rank's
+    stopped: tuple[StoppedRank, ...] = ()  # the ranks that stopped before the others
+    others: str = ""  # what the other ranks wait in ("all_reduce"), "" when unknown
+    compared: int = 0  # how many ranks' beats were compared; 0: none (an older record)
 
     def belongs_to(self, *, job: str | None = None, attempt: int | None = None, since: float | None = None) -> bool:
         """Whether this record is that attempt's: the same job and attempt, and not older than its start."""
@@ -43,6 +53,23 @@ class HangRecord:
         if attempt is not None and self.attempt != attempt:
             return False
         return since is None or self.time >= since
+
+
+def describe_hang(record: HangRecord) -> str:
+    """`hang: rank 3 on n2 stopped at step 812; the others wait in all_reduce`: what status says."""
+    if not record.stopped and not record.compared:
+        return f"hang (rank {record.rank})"
+    if not record.stopped:
+        at = "" if record.step is None else f" at step {record.step}"
+        fired = f"rank {record.rank}'s watchdog fired"
+        return f"hang: all {record.compared} ranks stopped{at}, none before the others ({fired})"
+    who = ", ".join(f"{s.rank}" + (f" on {s.host}" if s.host else "") for s in record.stopped)
+    steps = sorted({s.step for s in record.stopped if s.step is not None})
+    at = f" at step {steps[0]}" if len(steps) == 1 else f" at steps {', '.join(map(str, steps))}" if steps else ""
+    text = f"hang: rank{'s' if len(record.stopped) > 1 else ''} {who} stopped{at}"
+    if record.others:
+        text += f"; the others wait in {record.others}"
+    return text
 
 
 def job_id(environ: Mapping[str, str] | None = None) -> str:
@@ -80,6 +107,17 @@ def read_hang(folder: Path) -> HangRecord | None:
             time=float(data.get("time", 0.0)),
             attempt=int(data.get("attempt", 0)),
             job=str(data.get("job", "")),
+            host=str(data.get("host", "")),
+            stopped=tuple(_stopped_rank(s) for s in data.get("stopped", ())),
+            others=str(data.get("others", "")),
+            compared=int(data.get("compared", 0)),
         )
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def _stopped_rank(data: Mapping[str, object]) -> StoppedRank:
+    step = data.get("step")
+    return StoppedRank(
+        rank=int(str(data["rank"])), host=str(data.get("host", "")), step=None if step is None else int(str(step))
+    )

@@ -33,7 +33,7 @@ from enum import Enum
 from pathlib import Path
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE, PREEMPTED_MARKER, REQUEUE_EXIT_CODE
-from dist_jobs.rundir.hang import read_hang
+from dist_jobs.rundir.hang import describe_hang, read_hang
 
 VERDICTS = "verdicts"  # folder of the run directory: one JSON-lines file per submission
 # A shell's "killed by signal N" (128+N), short of the requeue code.
@@ -143,6 +143,8 @@ class Verdict:
         }[self.action]
         if self.ending is Ending.PROGRAM_ERROR:
             return f"the program failed{cause}{then}"
+        if self.ending is Ending.HANG and self.cause:  # the hang record's sentence names itself
+            return f"{self.cause}{then}"
         return f"{self.ending}{cause}{then}"
 
     def to_json(self) -> str:
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_code=args.rc,
         failures=(Failure(None, member, code),) if code else (),
         preempted=args.rc != 0 and _mtime(run_dir / PREEMPTED_MARKER) >= since,
-        hang=hang.told() if hang is not None and hang.belongs_to(since=since) else "",
+        hang=describe_hang(hang) if hang is not None and hang.belongs_to(since=since) else "",
         lock_lost=args.lock_lost,
         peer_left="" if args.leaving else peer_left(run_dir, member, since),
         said="this pod was told to stop" if args.leaving else "",

@@ -144,9 +144,7 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     ] = 10
     progress: Annotated[
         bool,
-        Meta(
-            description="a progress bar on rank 0 when its stderr is a terminal (never in a job log)"
-        ),
+        Meta(description="a progress bar on rank 0 when its stderr is a terminal (never in a job log)"),
     ] = True
     tensorboard: Annotated[
         bool,

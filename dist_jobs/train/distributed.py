@@ -11,6 +11,7 @@ warning, and exiting 1 (permanent) would fail a job the scheduler can restart an
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import time
 from collections import deque
@@ -244,3 +245,23 @@ class FlagPoll:
     def drain(self) -> None:
         """Complete the collective in flight: required before the group is destroyed."""
         self.result()
+
+
+def collectives_entered() -> int | None:
+    """How many collectives this rank has enqueued over all its process groups, from the c10d
+    flight recorder's per-group counters (kept even when its trace buffer is off; gloo's and
+    NCCL's are dumped apart), or None where this torch has none. Read from the watchdog thread
+    while the training thread may be blocked in a collective: a dump takes only the recorder's lock."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+    except ImportError:
+        return None
+    total, seen = 0, False
+    for dump in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        try:
+            status = json.loads(getattr(c10d, dump)(includeCollectives=False, onlyActive=True)).get("pg_status", {})
+            counts = [int(group.get("last_enqueued_collective", -1)) for group in status.values()]
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            continue
+        total, seen = total + sum(max(count, 0) for count in counts), seen or bool(counts)
+    return total if seen else None

@@ -4,25 +4,30 @@
 (dist_jobs.rundir.progress) at the points the loop already has its numbers: each log interval,
 where Meter.reduce() synchronized the ranks anyway, and each epoch's end. It adds no collective
 and no GPU sync; other ranks do nothing. `watchdog()` builds the rank's hang watchdog
-(dist_jobs.train.watchdog) from the training config.
+(dist_jobs.train.watchdog) from the training config, and its `Beats`: every rank's watchdog
+thread leaves the rank's beat in the run directory (dist_jobs.rundir.beats), and the one that
+fires compares them to name the rank that stopped in the hang record.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dist_jobs.rundir.attempts import Attempts
-from dist_jobs.rundir.hang import HangRecord, job_id, write_hang, write_preempted
+from dist_jobs.rundir.beats import Beat, read_beats, stopped, waiting_in, write_beat
+from dist_jobs.rundir.hang import HangRecord, StoppedRank, describe_hang, job_id, write_hang, write_preempted
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.distributed import collectives_entered
 from dist_jobs.train.runlock import Guard
-from dist_jobs.train.watchdog import Watchdog
+from dist_jobs.train.watchdog import Watchdog, default_check_every, waits_in
 
 log = logging.getLogger("dist_jobs.train")
 # Not metrics of the model: shown as samples_per_s, or not at all.
@@ -119,30 +124,96 @@ class Live:
         return (self.total - step) * (now - mark[0]) / (step - mark[1])
 
 
+def host_name(environ: Mapping[str, str] | None = None) -> str:
+    """This rank's node as the scheduler names it (SLURM's node name), else the short host name."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname().split(".")[0]
+
+
+class Beats:
+    """This rank's beat file, rewritten from its watchdog thread at most every `every_s`, and
+    the comparison of every rank's when the watchdog fires (dist_jobs.rundir.beats).
+
+    `every_s`: an eighth of the hang floor, between one check and 5 s, so a stopped rank's beat
+    is stale (`stale_s`: three beats and two checks) well before its peers' watchdogs fire, and
+    a rank writes a small file every few seconds, not every step."""
+
+    def __init__(self, folder: Path, rank: int, world_size: int, floor_s: float, check_every_s: float) -> None:
+        self.folder, self.rank, self.world_size = folder, rank, world_size
+        self.every_s = min(max(floor_s / 8, check_every_s), 5.0)
+        self.stale_s = 3 * self.every_s + 2 * check_every_s
+        self.host, self.job, self.attempt = host_name(), job_id(), attempt_number()
+        self._written: float | None = None  # monotonic time of the last write
+
+    def tick(self, dog: Watchdog) -> None:
+        now = time.monotonic()
+        if self._written is None or now - self._written >= self.every_s:
+            self._written = now
+            self.write(dog)
+
+    def write(self, dog: Watchdog) -> Beat:
+        beat = Beat(
+            rank=self.rank,
+            host=self.host,
+            step=dog.step,
+            time=time.time(),
+            waiting=waits_in(dog.trainer),
+            collectives=collectives_entered(),
+            attempt=self.attempt,
+            job=self.job,
+        )
+        write_beat(self.folder, beat)
+        return beat
+
+    def record(self, dog: Watchdog) -> HangRecord:
+        """The hang record of this rank's firing: every rank's beat compared, this one's fresh."""
+        try:
+            mine = self.write(dog)
+        except OSError:  # the record matters more than this rank's file: compare it all the same
+            mine = Beat(self.rank, self.host, dog.step, time.time(), waits_in(dog.trainer), collectives_entered())
+        others = read_beats(self.folder, self.world_size, job=self.job, attempt=self.attempt)
+        beats = sorted([b for b in others if b.rank != self.rank] + [mine], key=lambda b: b.rank)
+        late = stopped(beats, time.time(), self.stale_s)
+        return HangRecord(
+            rank=self.rank,
+            step=dog.step,
+            time=time.time(),
+            attempt=self.attempt,
+            job=self.job,
+            host=self.host,
+            stopped=tuple(StoppedRank(b.rank, b.host, b.step) for b in late),
+            others=waiting_in(beats, late),
+            compared=len(beats),
+        )
+
+
 def watchdog(
     config: TrainConfig,
     rank: int,
     folder: Path | None,
     collective_timeout_s: float,
     guard: Guard | None = None,
+    world_size: int = 1,
     **options: Any,
 ) -> Watchdog | None:
     """The rank's hang watchdog (None when train.hang_watchdog is off), firing before a collective
-    waits `collective_timeout_s`. When it fires it leaves the hang record status reads, then the
-    marker the batch script and the pod entrypoint read as "requeue", as a preemption does.
-    Both are fenced by `guard`: a run that lost its run directory must not make the run that
-    took it over look hung or requeue it. `options`: more of Watchdog's arguments (a test's
-    clock, stream and exit)."""
+    waits `collective_timeout_s`. Its thread leaves the rank's beat in `folder`; when it fires it
+    leaves the hang record status reads (naming the rank that stopped), then the marker the batch
+    script and the pod entrypoint read as "requeue", as a preemption does. Both are fenced by
+    `guard`: a run that lost its run directory must not make the run that took it over look hung
+    or requeue it. `options`: more of Watchdog's arguments (a test's clock, stream and exit)."""
     if not config.hang_watchdog:
         return None
+    every = options.setdefault("check_every_s", default_check_every(config.hang_min_seconds))
+    pulse = None if folder is None else Beats(folder, rank, world_size, config.hang_min_seconds, every)
 
     def mark(dog: Watchdog) -> None:
-        if folder is None:
+        if pulse is None:
             return
         (guard or Guard()).check("leave the hang record and the requeue marker")
-        found = HangRecord(rank=rank, step=dog.step, time=time.time(), attempt=attempt_number(), job=job_id())
-        write_hang(folder, found)  # first: a status that sees the requeue sees why
-        write_preempted(folder, f"hang (rank {rank})")
+        found = pulse.record(dog)
+        write_hang(pulse.folder, found)  # first: a status that sees the requeue sees why
+        write_preempted(pulse.folder, describe_hang(found))
 
     dog = Watchdog(
         config.hang_factor,
@@ -150,6 +221,7 @@ def watchdog(
         collective_timeout_s=collective_timeout_s,
         rank=rank,
         on_fire=mark,
+        on_tick=None if pulse is None else pulse.tick,
         **options,
     )
     if rank == 0 and dog.cap is not None and config.hang_min_seconds > dog.cap:

@@ -140,7 +140,7 @@ def _build(
         no_sync=no_sync,
         user_state=user_state,
         live=live.Live(folder if dist.is_main else None, total, live.attempt_number(), guard),
-        watchdog=live.watchdog(c, dist.rank, folder, dist.timeout.total_seconds(), guard),
+        watchdog=live.watchdog(c, dist.rank, folder, dist.timeout.total_seconds(), guard, dist.world_size),
     )
 
 

@@ -38,6 +38,11 @@ Stopped time: a process stopped by SIGSTOP, a SLURM suspend or a paused VM did n
 monotonic clock kept running. The thread notices its own wake-up came far later than it asked
 (`STOPPED_CHECKS` intervals or more), says so in one line and restarts the clock from then.
 
+Which rank: every rank whose peers wait for it fires, so the firing rank is rarely the one that
+stopped. `on_tick` (dist_jobs.train.live) runs on the thread at every check, where it leaves the
+rank's beat (dist_jobs.rundir.beats) for the others to compare when they fire; `waits_in()` says
+what the training thread is blocked in, from its Python stack, as the beats and the record tell.
+
 Before the first step (start-up, resuming, compiling) nothing is watched: the rendezvous and
 collective timeouts cover those. Evaluation `touch()`es it, so the clock restarts from each
 batch without their time counting as a step.
@@ -94,6 +99,7 @@ class Watchdog:
         collective_timeout_s: float | None = None,
         rank: int = 0,
         on_fire: Callable[[Watchdog], None] | None = None,
+        on_tick: Callable[[Watchdog], None] | None = None,
         stream: TextIO | None = None,
         exit: Callable[[int], object] = os._exit,
         check_every_s: float | None = None,
@@ -103,6 +109,7 @@ class Watchdog:
         self.factor, self.floor_s, self.rank = factor, floor_s, rank
         self.collective_timeout_s = collective_timeout_s
         self._on_fire = on_fire
+        self._on_tick = on_tick
         self._stream = stream
         self._exit = exit
         self._clock = clock
@@ -123,6 +130,12 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self.step: int | None = None  # the last step beat() was told of
         self.fired = False
+        self.trainer: int | None = None  # the training thread's ident: the one that entered
+        self._tick_failed = False
+
+    @property
+    def check_every(self) -> float:
+        return self._check_every
 
     def beat(self, step: int | None = None) -> None:
         """One optimizer step completed on this rank (`step`: its number, for the hang record)."""
@@ -160,6 +173,7 @@ class Watchdog:
         return wanted if self.cap is None else min(wanted, self.cap)
 
     def __enter__(self) -> Watchdog:
+        self.trainer = threading.get_ident()
         self._checked = self._clock()
         self._thread = threading.Thread(target=self._watch, name=f"dist-jobs-watchdog-rank{self.rank}", daemon=True)
         self._thread.start()
@@ -171,9 +185,22 @@ class Watchdog:
             self._thread.join(timeout=5)
 
     def _watch(self) -> None:
+        self.tick()  # the first beat at once: a rank that stops early is compared too
         while not self._stop.wait(self._check_every):
+            self.tick()
             if self.check():
                 return
+
+    def tick(self) -> None:
+        """`on_tick`, as the thread runs it before each check; its failure must not end the watch."""
+        if self._on_tick is None:
+            return
+        try:
+            self._on_tick(self)
+        except Exception as exc:
+            if not self._tick_failed:
+                self._write(f"dist-jobs: rank {self.rank}: hang watchdog: leaving its beat failed: {exc} (goes on)\n")
+            self._tick_failed = True
 
     def check(self) -> bool:
         """One look, as the thread takes every check interval; True when it fired."""
@@ -258,6 +285,31 @@ def flush_everything(*streams: TextIO | None) -> None:
     helper = threading.Thread(target=flush, name="dist-jobs-watchdog-flush", daemon=True)
     helper.start()
     helper.join(timeout=FLUSH_WAIT_S)
+
+
+# dist-jobs' own collectives: all_reduce (FlagPoll, max_over_ranks, the shared-memory reduce)
+# or barrier; torch.distributed's are named by their function.
+_OURS = ("/dist_jobs/train/distributed.py", "/dist_jobs/train/shm_reduce.py")
+
+
+def waits_in(thread: int | None) -> str | None:
+    """What thread `thread` is blocked in: a collective's function name (`all_reduce`, `barrier`),
+    `backward` (DDP and FSDP reduce the gradients inside it), "" when in neither (its own code: a
+    data loader, a file read), None when the thread is unknown. The innermost matching frame wins."""
+    frame = sys._current_frames().get(thread) if thread is not None else None
+    if frame is None:
+        return None
+    while frame is not None:
+        code = frame.f_code
+        path = code.co_filename.replace(os.sep, "/")
+        if "/torch/distributed/" in path:
+            return code.co_name
+        if path.endswith(_OURS):
+            return "barrier" if code.co_name == "barrier" else "all_reduce"
+        if path.endswith("/torch/autograd/graph.py") and code.co_name == "_engine_run_backward":
+            return "backward"
+        frame = frame.f_back
+    return ""
 
 
 def _stacks() -> str:

@@ -28,7 +28,7 @@ from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
-from dist_jobs.rundir.hang import read_hang
+from dist_jobs.rundir.hang import HangRecord, read_hang
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -132,7 +132,7 @@ class LocalBackend:
         if (folder / CANCELLED).exists():
             return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
         if code == REQUEUE_EXIT_CODE:
-            return JobStatus(job_id, name, "PREEMPTED", describe_exit(code, hang_rank=_hang_rank(folder)))
+            return JobStatus(job_id, name, "PREEMPTED", describe_exit(code, hang=_hang(folder)))
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
@@ -256,14 +256,14 @@ def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
     return JobStatus(job_id, name, "FAILED", f"{label} failed first: {what}", ranks=ranks)
 
 
-def _hang_rank(folder: Path) -> int | None:
-    """The rank whose hang watchdog ended this run, if its record is newer than the launcher."""
+def _hang(folder: Path) -> HangRecord | None:
+    """The hang record of the watchdog that ended this run, if it is newer than the launcher."""
     found = read_hang(folder.parent)
     try:
         started = (folder / PID).stat().st_mtime
     except OSError:
         return None
-    return found.rank if found is not None and found.belongs_to(since=started) else None
+    return found if found is not None and found.belongs_to(since=started) else None
 
 
 def _folder(job_id: str) -> Path:

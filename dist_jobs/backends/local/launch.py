@@ -27,6 +27,7 @@ from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
+from dist_jobs.rundir.hang import describe_hang, read_hang
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, held, new_token
 from dist_jobs.rundir.verdict import Action, Evidence, decide, record
@@ -227,6 +228,7 @@ class Launcher:
             grace=spec.preemption.grace_seconds,
             stop_signal=signal.Signals["SIG" + step_signal(spec)],
             preempted=lambda since: _newer(run_dir / PREEMPTED_MARKER, since),
+            hung=lambda since: _hang_since(run_dir, since),
         )
         group.restarts_left = restarts_left
         return group
@@ -247,3 +249,9 @@ def _newer(path: Path, since: float) -> bool:
         return path.stat().st_mtime >= since
     except FileNotFoundError:
         return False
+
+
+def _hang_since(run_dir: Path, since: float) -> str:
+    """The hang record's sentence when a rank's watchdog left it since `since`, else ""."""
+    found = read_hang(run_dir)
+    return describe_hang(found) if found is not None and found.belongs_to(since=since) else ""

@@ -11,7 +11,10 @@ tree (torchrun's workers included) within a fraction of a second.
 Exit codes of `run` (the launcher's exit code):
   0                     every process exited 0
   200 (REQUEUE)         stopped by a preemption signal, and every process exited 200 (or rank 0
-                        left a PREEMPTED marker newer than the start): checkpointed, run it again
+                        left a PREEMPTED marker newer than the start): checkpointed, run it again;
+                        or a rank's hang watchdog exited 200 and left a hang record newer than the
+                        start: the others, hung with it, are killed at once (no grace: a stopped
+                        process would never checkpoint), and it is run again from the last checkpoint
   128+N                 the launcher got signal N (130 INT, 143 TERM, 129 HUP) and the processes
                         did not all checkpoint: some were killed or had no checkpointing
   the process's code    the first process that failed (128+N when signal N killed it); the
@@ -100,11 +103,13 @@ class ProcessGroup:
         grace: float = GRACE_SECONDS,
         stop_signal: int = signal.SIGTERM,
         preempted: Callable[[float], bool] | None = None,
+        hung: Callable[[float], str] | None = None,
     ) -> None:
         self.out = out
         self.grace = grace
         self.stop_signal = signal.Signals(stop_signal)
         self.preempted = preempted  # given the start time: did rank 0 commit a preemption checkpoint?
+        self.hung = hung  # given the start time: the hang record's sentence, if a watchdog left one since
         self.lost: str | None = None  # set by end_now(): end the run now, with this message
         self._signals: _Signals | None = None
         self._lock = threading.Lock()
@@ -168,7 +173,7 @@ class ProcessGroup:
                     pumps = self._start(jobs, cwd, watch)
                 finally:
                     os.close(watch)
-                outcome = self._supervise(signals)
+                outcome = self._supervise(signals, started)
             finally:
                 os.close(hold)
                 self._reap(5.0)
@@ -194,7 +199,7 @@ class ProcessGroup:
         self._signal_all(self.stop_signal)
         return time.monotonic() + self.grace
 
-    def _supervise(self, signals: _Signals) -> _Outcome:
+    def _supervise(self, signals: _Signals, started: float) -> _Outcome:
         """Until every process has exited, or the end must be forced; what happened on the way."""
         outcome = _Outcome()
         deadline: float | None = None
@@ -217,6 +222,12 @@ class ProcessGroup:
                 self.say(self.lost)
                 outcome.failure, outcome.first = 1, None
                 outcome.why = "lost the run directory lock; every process was killed"
+                return outcome.forced_end()
+            hang = self.hung(started) if deadline is None and REQUEUE_EXIT_CODE in codes and self.hung else ""
+            if hang:
+                left = sum(c is None for c in codes)
+                self.say(f"a rank's hang watchdog exited {REQUEUE_EXIT_CODE}: killing the {left} left, hung with it")
+                outcome.hang = hang
                 return outcome.forced_end()
             if deadline is None and REQUEUE_EXIT_CODE in codes:
                 deadline = time.monotonic() + self.grace  # preempted: the others are checkpointing too
@@ -250,6 +261,7 @@ class ProcessGroup:
             # a stop signal to the launcher ends the run unless every rank checkpointed on it
             cancelled=outcome.cause is not None and not checkpointed,
             lock_lost=self.lost is not None,
+            hang=outcome.hang,
             said="every rank checkpointed" if checkpointed else "",
         )
         if outcome.cause is not None and not checkpointed:
@@ -290,6 +302,7 @@ class _Outcome:
     failure: int | None = None  # the first process's own failure
     first: int | None = None  # which process that was
     forced: bool = False  # the end was forced: killed, not waited for
+    hang: str = ""  # a rank's hang watchdog ended it (the others were killed, not waited for): its record, told
     why: str | None = None  # what the exit code means, where a failure is not a process's own
 
     def forced_end(self) -> _Outcome:

@@ -154,10 +154,10 @@ def finished_status(
     (`allocation`, with no partition yet) until slurmdbd merges the job record. `starts`: the
     batch script's starts the run directory counted (dist_jobs.rundir.attempts); sacct lists
     one line per requeue only when it saw the job pending in between, so it may count fewer.
-    `hang`: the run directory's hang record, if any: a watchdog exit of the last attempt reads
-    "hang (rank N)". `verdicts`: what the batch script decided after each step of the job
-    (dist_jobs.rundir.verdict): a program's own error says it was not retried, and the restarts
-    in place are counted.
+    `hang`: the run directory's hang record, if any: a watchdog exit of the last attempt reads as
+    its describe_hang() ("hang: rank 3 on n2 stopped at step 812; ..."). `verdicts`: what the
+    batch script decided after each step of the job (dist_jobs.rundir.verdict): a program's own
+    error says it was not retried, and the restarts in place are counted.
     """
     outcome = parse_batch_log(log_text)
     name = run if (state.name == "allocation" and run) else state.name
@@ -177,7 +177,7 @@ def finished_status(
             else sacct_exit(code, state.exit_signal)
         )
     if code == REQUEUE_EXIT_CODE and hang is not None and hang.belongs_to(job=state.job_id, attempt=outcome.attempt):
-        detail = describe_exit(code, hang_rank=hang.rank)  # the watchdog's exit, not a preemption
+        detail = describe_exit(code, hang=hang)  # the watchdog's exit, not a preemption
         if outcome.requeues_used_up is not None:
             detail += f"; the requeues are used up ({outcome.requeues_used_up} of {outcome.requeues_used_up})"
     restarts = sum(v.action is Action.RESTART for v in verdicts)

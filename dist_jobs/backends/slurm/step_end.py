@@ -23,7 +23,7 @@ from pathlib import Path
 from dist_jobs.backends.slurm.batchlog import srun_failures
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.ranks.nodelist import expand
-from dist_jobs.rundir.hang import job_id, read_hang
+from dist_jobs.rundir.hang import describe_hang, job_id, read_hang
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
 from dist_jobs.rundir.verdict import Evidence, Verdict, decide, record
 
@@ -53,7 +53,7 @@ def _newer(path: Path, since: float) -> bool:
 
 def _hang(run_dir: Path, job: str, since: float) -> str:
     record = read_hang(run_dir)
-    return record.told() if record is not None and record.belongs_to(job=job, since=since) else ""
+    return describe_hang(record) if record is not None and record.belongs_to(job=job, since=since) else ""
 
 
 def evidence(args: argparse.Namespace) -> Evidence:

@@ -235,7 +235,7 @@ def test_a_late_wake_up_well_within_ten_checks_still_counts() -> None:
 @requires("torch")
 def test_firing_leaves_the_hang_record_and_the_requeue_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dist_jobs.backends.local.launch import _newer
-    from dist_jobs.train.live import watchdog
+    from dist_jobs.train.live import host_name, watchdog
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
@@ -244,27 +244,37 @@ def test_firing_leaves_the_hang_record_and_the_requeue_marker(tmp_path: Path, mo
     stamp.touch()
     os.utime(stamp, (stamp.stat().st_atime - 60, stamp.stat().st_mtime - 60))
     started = stamp.stat().st_mtime
+    clocks, exits = [Clock(), Clock()], cast(list[int], [])
+    config = TrainConfig(hang_min_seconds=10)
     dogs = []
-    for rank in (1, 0):  # rank 1 stalled; rank 0, waiting for it, fires a moment later
-        clock, exits = Clock(), cast(list[int], [])
-        config = TrainConfig(hang_min_seconds=10)
-        dog = watchdog(config, rank, tmp_path, 600.0, clock=clock, exit=exits.append, stream=io.StringIO())
+    for rank in (0, 1):
+        dog = watchdog(
+            config, rank, tmp_path, 600.0, None, 2, clock=clocks[rank], exit=exits.append, stream=io.StringIO()
+        )
         assert dog is not None
         dog.beat(6)
-        clock.advance(11.0)
-        assert dog.check() and exits == [REQUEUE_EXIT_CODE]
+        dog.tick()  # each leaves its beat, as its thread does before every check
         dogs.append(dog)
+    for rank in (1, 0):  # both stopped stepping at step 6; rank 1 fires first, rank 0 a moment later
+        clocks[rank].advance(11.0)
+        assert dogs[rank].check()
+    assert exits == [REQUEUE_EXIT_CODE] * 2
     found = read_hang(tmp_path)
     assert found is not None and (found.rank, found.step, found.attempt, found.job) == (1, 6, 2, "4242")
+    # Their beats: both fresh, at the same step, no thread to look into: none stopped before the other.
+    assert (found.stopped, found.compared, found.host) == ((), 2, host_name())
     assert found.belongs_to(job="4242", attempt=2) and not found.belongs_to(job="4242", attempt=1)
     # The marker the batch script and the pod entrypoint turn into the requeue code (newer than
     # the attempt's start), and the local launcher's own test of it.
-    assert (tmp_path / PREEMPTED_MARKER).read_text() == "hang (rank 0)\n"
+    assert (tmp_path / PREEMPTED_MARKER).read_text() == (
+        "hang: all 2 ranks stopped at step 6, none before the others (rank 0's watchdog fired)\n"
+    )
     assert _newer(tmp_path / PREEMPTED_MARKER, started)
     requeue = 'if [ -e "$1" ] && [ "$1" -nt "$2" ]; then exit 200; fi'  # templates/sbatch.sh.j2's test
     marker = subprocess.run(["sh", "-c", requeue, "sh", str(tmp_path / PREEMPTED_MARKER), str(stamp)])
     assert marker.returncode == REQUEUE_EXIT_CODE
-    assert sorted(p.name for p in tmp_path.iterdir()) == [HANG_RECORD, PREEMPTED_MARKER, "start"]  # no temporaries
+    assert sorted(p.name for p in tmp_path.iterdir()) == [HANG_RECORD, PREEMPTED_MARKER, "beats", "start"]
+    assert sorted(p.name for p in (tmp_path / "beats").iterdir()) == ["rank-0.json", "rank-1.json"]  # no temporaries
 
 
 def test_a_hang_record_of_an_earlier_attempt_is_replaced(tmp_path: Path) -> None:

@@ -13,16 +13,16 @@ from pathlib import Path
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.state import describe_exit
-from dist_jobs.rundir.hang import HangRecord, write_hang
+from dist_jobs.rundir.hang import HangRecord, StoppedRank, write_hang
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
 
 
 def test_describe_exit_names_the_hung_rank() -> None:
-    assert describe_exit(200, hang_rank=1) == "hang (rank 1) (exit 200)"
+    assert describe_exit(200, hang=HangRecord(rank=1)) == "hang (rank 1) (exit 200)"  # an older record's
     assert describe_exit(200) == "preempted and checkpointed (exit 200)"
-    assert describe_exit(3, hang_rank=1) == "exit 3"  # a record beside another exit is not its cause
+    assert describe_exit(3, hang=HangRecord(rank=1)) == "exit 3"  # a record beside another exit is not its cause
 
 
 def _local_job(tmp_path: Path) -> Path:
@@ -44,6 +44,12 @@ def test_a_local_job_ended_by_the_watchdog_reads_hang_and_an_older_record_is_not
     write_hang(run_dir, HangRecord(rank=1, step=6, time=started + 1))
     status = LocalBackend().status(str(run_dir))
     assert (status.state, status.detail) == ("PREEMPTED", "hang (rank 1) (exit 200)")
+    os.unlink(run_dir / "HANG")  # a record that names the rank that stopped: its sentence
+    write_hang(
+        run_dir, HangRecord(0, 6, started + 1, stopped=(StoppedRank(1, "n0", 6),), others="backward", compared=2)
+    )
+    status = LocalBackend().status(str(run_dir))
+    assert status.detail == "hang: rank 1 on n0 stopped at step 6; the others wait in backward (exit 200)"
 
 
 class Sacct:
@@ -78,3 +84,10 @@ def test_a_slurm_job_whose_last_attempt_hung_reads_hang_and_not_for_another_atte
     write_hang(run_dir, HangRecord(rank=2, step=40, time=time.time(), attempt=1, job="104"))
     status = backend.status("104")
     assert (status.state, status.detail) == ("FAILED", "hang (rank 2) (exit 200); the requeues are used up (1 of 1)")
+    os.unlink(run_dir / "HANG")  # a record that names the rank that stopped: its sentence
+    stopped = (StoppedRank(rank=3, host="n2", step=40),)
+    write_hang(run_dir, HangRecord(2, 40, time.time(), 1, "104", "n1", stopped, "all_reduce", 4))
+    assert backend.status("104").detail == (
+        "hang: rank 3 on n2 stopped at step 40; the others wait in all_reduce (exit 200); "
+        "the requeues are used up (1 of 1)"
+    )
