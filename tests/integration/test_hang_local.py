@@ -1,7 +1,8 @@
 """The hang watchdog with the real training on the local backend: rank 1 of 2 stops stepping at
 step 6 (tests/support/hang_support.py); both ranks dump their threads' stacks into the output and
 the launcher exits 200 ("run me again"); the same command run again resumes from the last
-checkpoint and finishes. A run that steps slowly but steadily, with the same tight watchdog, is
+checkpoint and finishes. Rank 1 SIGSTOPped: only rank 0's watchdog fires, and the hang record
+and status name rank 1, the rank that stopped. A run that steps slowly but steadily, with the same tight watchdog, is
 left alone. Progress: rank 0's progress.json says how far the run got, and which attempt it is.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from dist_jobs.rundir.progress import read_history, read_progress
 from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
+from support.train_support import rank_of
+from support.waiting import eventually
 
 pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -68,12 +72,18 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp
     assert "in stop_stepping" in text and text.count("Current thread 0x") == 2, text[-5000:]
     assert (run_dir / PREEMPTED_MARKER).exists()  # what makes the scheduler requeue it
     # ... and why: a hang, not a preemption. The first rank to fire names it (both do).
+    # Whichever fired first, the record names rank 1: alive, but in its own code (the injected
+    # sleep) while rank 0 waits in a collective.
     hang = read_hang(run_dir)
     assert hang is not None and hang.rank in (0, 1) and (hang.step, hang.attempt) == (6, 0), hang
+    assert [s.rank for s in hang.stopped] == [1] and hang.others and hang.compared == 2, hang
     status = subprocess.run(
         [PYTHON, "-m", "dist_jobs", "status", first.stdout.splitlines()[0]], env=env(), capture_output=True, text=True
     )
-    assert f"hang (rank {hang.rank}) (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
+    host = hang.stopped[0].host  # one node: the firing rank's too
+    assert host and host == hang.host, hang
+    said = f"hang: rank 1 on {host} stopped at step 6; the others wait in {hang.others}"
+    assert f"{said} (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
     assert "preempted" not in status.stdout
     progress = read_progress(run_dir)
     assert progress is not None and progress["step"] == 6 and progress["checkpoint_step"] == 4, progress
@@ -86,6 +96,73 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp
     done = read_progress(run_dir)
     assert done is not None and (done["step"], done["state"], done["checkpoint_step"]) == (TOTAL, "finished", TOTAL)
     assert [row["step"] for row in read_history(run_dir)][-1] == TOTAL
+
+
+def _trainer_of_rank(launcher: int, rank: int) -> int | None:
+    """The pid of the training process of `rank` under the local launcher `launcher`, once there."""
+    todo, found = [launcher], []
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    for pid in found:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dist_jobs.train" in argv and rank_of(pid) == rank:  # not its keeper, which has RANK too
+            return pid
+    return None
+
+
+def test_a_sigstopped_rank_is_the_one_the_record_and_status_name_not_the_rank_whose_watchdog_fired(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's whole process stops (its watchdog too): only rank 0's watchdog fires, waiting for it
+    in a collective; its beats went stale, so rank 0 names rank 1. The launcher kills the stopped
+    rank at once (it would never checkpoint) and exits 200, as for any hang."""
+    run_dir = tmp_path / "ckpt" / "hang"
+    # Without --wait: submit returns once the launcher is detached; 0.2 s steps: 32 steps take 6 s.
+    submit = [arg for arg in command("submit") if arg != "--wait"]
+    first = subprocess.run(submit, cwd=tmp_path, env=env(DJ_TEST_STEP_DELAY="0.2"), capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout + first.stderr
+    launcher = int((run_dir / "local" / "pid").read_text())
+    log = run_dir / "local" / "output.log"
+
+    def stepping() -> bool:
+        progress = read_progress(run_dir)
+        return progress is not None and int(str(progress["step"])) >= 4
+
+    eventually(stepping, timeout=120, what="the run at step 4", context=lambda: log.read_text()[-3000:])
+    stalled = eventually(lambda: _trainer_of_rank(launcher, 1), timeout=10, what="rank 1's trainer")
+    os.kill(stalled, signal.SIGSTOP)
+    code = eventually(
+        lambda: (run_dir / "local" / "exit_code").read_text().strip(),
+        timeout=120,
+        what="the launcher's exit code",
+        retry_on=(FileNotFoundError,),
+        context=lambda: log.read_text()[-3000:],
+    )
+    text = log.read_text()
+    assert code == str(REQUEUE_EXIT_CODE), text[-5000:]
+    assert re.search(r"rank 0: hang watchdog: no optimizer step completed", text), text[-5000:]
+    assert "rank 1: hang watchdog: no optimizer step" not in text  # stopped: it never fired
+    hang = read_hang(run_dir)
+    assert hang is not None and hang.rank == 0 and hang.compared == 2, hang
+    assert [s.rank for s in hang.stopped] == [1] and hang.others, hang
+    (gone,) = hang.stopped
+    assert gone.step is not None and hang.step is not None and gone.step <= hang.step, hang
+    status = subprocess.run(
+        [PYTHON, "-m", "dist_jobs", "status", first.stdout.splitlines()[0]], env=env(), capture_output=True, text=True
+    )
+    assert gone.host and gone.host == hang.host, hang  # one node: the firing rank's too
+    said = f"hang: rank 1 on {gone.host} stopped at step {gone.step}; the others wait in {hang.others}"
+    assert f"{said} (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
+    assert not Path(f"/proc/{stalled}").exists() or "Z" in Path(f"/proc/{stalled}/stat").read_text().split(")")[-1][:3]
 
 
 def test_a_slow_but_steady_run_is_not_taken_for_a_hang(tmp_path: Path) -> None:
