@@ -214,6 +214,7 @@ def watchdog(
         found = pulse.record(dog)
         write_hang(pulse.folder, found)  # first: a status that sees the requeue sees why
         write_preempted(pulse.folder, describe_hang(found))
+        dog.say(describe_hang(found))  # this rank's view; the record keeps the first rank's
 
     dog = Watchdog(
         config.hang_factor,

@@ -228,6 +228,11 @@ class Watchdog:
             "a paused VM); that time does not count, the clock restarts now\n"
         )
 
+    def say(self, text: str) -> None:
+        """One line into the rank's log (its stream): from the watchdog thread, where a logging
+        handler's lock may be held by the stuck training thread."""
+        self._write(f"dist-jobs: rank {self.rank}: hang watchdog: {text}\n")
+
     def _write(self, text: str) -> None:
         stream = self._stream or sys.stderr
         stream.write(text)

@@ -151,6 +151,7 @@ def test_a_sigstopped_rank_is_the_one_the_record_and_status_name_not_the_rank_wh
     assert code == str(REQUEUE_EXIT_CODE), text[-5000:]
     assert re.search(r"rank 0: hang watchdog: no optimizer step completed", text), text[-5000:]
     assert "rank 1: hang watchdog: no optimizer step" not in text  # stopped: it never fired
+    assert re.search(r"rank 0: hang watchdog: hang: rank 1 on \S+ stopped at step \d+; the others wait in", text)
     hang = read_hang(run_dir)
     assert hang is not None and hang.rank == 0 and hang.compared == 2, hang
     assert [s.rank for s in hang.stopped] == [1] and hang.others, hang

@@ -383,6 +383,11 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
         assert f"rank {rank}: hang watchdog: no optimizer step completed for" in text, text[-3000:]
         assert "Current thread 0x" in text and "(most recent call first)" in text, text[-3000:]
     assert "in stop_stepping" in first[1], first[1][-3000:]
+    # Every rank fired, and each names rank 1, the one that stopped, not itself: rank 1 is in its
+    # own code (the injected sleep) while the others wait in the gradient all_reduce.
+    for rank, text in first.items():
+        said = r"hang watchdog: hang: rank 1 on \S+ stopped at step 6; the others wait in (backward|all_reduce)"
+        assert re.search(rf"rank {rank}: {said}", text), text[-3000:]
     assert resumed_step(tmp_path, name, job_id) == 4
     assert final_sacct_state(job_id) == ("COMPLETED", 2)
     stitched = logs(tmp_path, job_id, 1)
