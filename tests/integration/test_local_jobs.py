@@ -75,7 +75,7 @@ def test_cli_submit_wait_follow_exits_with_the_outcome_and_status_names_the_exit
     assert handle == f"local://{tmp_path.resolve()}/checkpoints/fails"
     assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout
     assert "failed (FAILED)  rank 1 failed first: exit 3" in proc.stderr
-    assert "dist-jobs: exit code 3: rank 1 failed first (exit 3); the others were stopped" in proc.stdout
+    assert "dist-jobs: exit code 3: the program failed: rank 1 exit 3; failed at once" in proc.stdout
     status = json.loads(dj("status", "-o", "json", handle, cwd=REPO).stdout)  # elsewhere: the handle is enough
     assert (status["state"], status["detail"]) == ("failed", "rank 1 failed first: exit 3")
     assert status["ranks"] == {"1": "exit 3"}

@@ -347,24 +347,27 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     assert stopped, first[-3000:]
     step = int(stopped.group(1))
     assert 6 <= step < TOTAL_STEPS
-    assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch, batch
-    assert "dist-jobs: step finished with exit code 200" in batch
+    assert "dist-jobs: restarting in place: restart 1 of at most 3" in batch, batch
+    assert re.search(r"attempt 0 ended: hang: rank 1 on \S+ stopped at step 6; the others wait in", batch), batch
+    assert "requeueing" not in batch and "dist-jobs: step finished with exit code 0" in batch
     assert resumed_step(tmp_path, name, job_id) == step
     assert final_sacct_state(job_id) == ("COMPLETED", 2)
     assert not (tmp_path / "checkpoints" / name / "LOCK").exists()
     assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
 
 
-def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Path, cleanup: list[str]) -> None:
+def test_a_rank_that_stops_stepping_is_dumped_restarted_in_place_and_resumes(
+    tmp_path: Path, cleanup: list[str]
+) -> None:
     """Rank 1 of 4 stops stepping at its 7th batch, on the first attempt only (the injected
     hang of support/hang_support.py); ranks 0, 2 and 3 wait for it in the gradient all_reduce.
     Every rank's hang watchdog (floor 5 s) writes all its threads' stacks into its log, leaves
-    the PREEMPTED marker and exits 200; the batch script requeues the job, attempt 1 resumes
-    from the last committed checkpoint (step 4) and finishes. `dist-jobs status` shows the
-    finished progress of attempt 1.
+    the PREEMPTED marker and exits 200; the verdict is a hang naming rank 1 and, both nodes
+    answering, the batch script restarts the step in the same allocation (never requeued): it
+    resumes from the last committed checkpoint (step 4) and finishes.
     Slow by nature: the ranks must sit stalled until the watchdog's limit runs out (its 5 s floor, or 10
-    times the recent step time if longer) and dump their stacks; then the job is requeued, waits out the
-    cluster's 10 s credential hold and runs a second time to the end."""
+    times the recent step time if longer) and dump their stacks; then the step starts again and runs
+    to the end."""
     name = "hang"
     train = {**TRAIN, "model": "support.hang_support:stalling_net", "hang_min_seconds": 5, "hang_factor": 10}
     data = spec_data(tmp_path, name, train)
@@ -373,8 +376,9 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
     status = wait_finished(tmp_path, name, job_id, timeout=240)
     batch = batch_log(tmp_path, name, job_id)
     assert status.state == "COMPLETED", batch
-    assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch, batch
-    assert "dist-jobs: step finished with exit code 200" in batch
+    assert "dist-jobs: restarting in place: restart 1 of at most 3" in batch, batch
+    assert re.search(r"attempt 0 ended: hang: rank 1 on \S+ stopped at step 6; the others wait in", batch), batch
+    assert "requeueing" not in batch and "dist-jobs: step finished with exit code 0" in batch
     first = {
         r: (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank{r}.out").read_text(errors="replace") for r in range(4)
     }
@@ -389,13 +393,14 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_resumes(tmp_path: Pat
         said = r"hang watchdog: hang: rank 1 on \S+ stopped at step 6; the others wait in (backward|all_reduce)"
         assert re.search(rf"rank {rank}: {said}", text), text[-3000:]
     assert resumed_step(tmp_path, name, job_id) == 4
-    assert final_sacct_state(job_id) == ("COMPLETED", 2)
+    assert final_sacct_state(job_id) == ("COMPLETED", 1)  # one allocation
     stitched = logs(tmp_path, job_id, 1)
-    assert "hang watchdog" in stitched and stitched.index("-attempt0-rank1.out <==") < stitched.index("-attempt1-")
+    assert "hang watchdog" in stitched and stitched.index("-attempt0-rank1.out <==") < stitched.index("-attempt0.1-")
     shown = cli(tmp_path, "status", "--backend", "slurm", job_id)
     assert shown.returncode == 0, shown.stderr
     assert f"  progress: step {TOTAL_STEPS}/{TOTAL_STEPS} (100%) epoch 2  " in shown.stdout, shown.stdout
-    assert f"checkpoint {TOTAL_STEPS}  attempt 1  finished" in shown.stdout, shown.stdout
+    assert f"checkpoint {TOTAL_STEPS}  attempt 0  finished" in shown.stdout, shown.stdout
+    assert "restarts_in_place: 1" in shown.stdout, shown.stdout
 
 
 def test_a_second_submission_of_a_running_job_is_refused(tmp_path: Path, cleanup: list[str]) -> None:

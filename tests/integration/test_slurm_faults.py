@@ -364,8 +364,10 @@ def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
     tmp_path: Path, cleanup: list[str], node_fault: None
 ) -> None:
     """n2's link goes down for 60 s mid-run: the ranks stall in a collective, their hang
-    watchdogs (10 s here) dump every thread's stack and exit with the retryable code, the job is
-    requeued and, with the link back, resumes from the newest committed checkpoint.
+    watchdogs (10 s here) dump every thread's stack and exit with the retryable code. srun hears
+    of n2's tasks only once the link is back; the verdict is a hang, and the step is restarted
+    in place (every node answers again by then) or, were n2 still silent, requeued; either way
+    it resumes from the newest committed checkpoint.
     Slow by nature: the link stays down for the fixed 60 s outage (shorter than the cluster's SlurmdTimeout
     of 90 s, so it is a link fault, not a node failure), the requeued job waits out the cluster's credential
     hold (cred_expire, 10 s) before it may start again, and then trains to the end; restoring the cluster

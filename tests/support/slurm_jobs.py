@@ -18,6 +18,7 @@ import yaml
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm.backend import SlurmBackend
+from dist_jobs.backends.slurm.logs import attempt_files
 from dist_jobs.backends.slurm.output import SACCT_FIELDS, SacctJobState, parse_sacct, sacct_job_state
 from support.paths import REPO, TESTS
 from support.specs import PREEMPTIBLE_TRAIN
@@ -159,8 +160,11 @@ def committed_steps(checkpoints: Path) -> list[int]:
 
 
 def resumed_step(root: Path, name: str, job_id: str) -> int:
-    text = (root / "logs" / f"{name}-{job_id}-attempt1-rank0.out").read_text(errors="replace")
+    """The step rank 0's second attempt (a requeue's, or a restart in place's) resumed from."""
+    files = attempt_files(root / "logs", name, job_id, 0)
+    assert len(files) >= 2, f"rank 0 has no second attempt: {files}"
+    text = files[1].read_text(errors="replace")
     match = re.search(rf"resumed from \S+/{name}/step-(\d+): .* step (\d+) overall", text)
-    assert match, f"attempt 1 logged no resume:\n{text[-3000:]}"
+    assert match, f"{files[1].name} logged no resume:\n{text[-3000:]}"
     assert match.group(1) == match.group(2)
     return int(match.group(1))

@@ -177,14 +177,7 @@ class Launcher:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
         spec, workdir = _code(spec, self.workdir)
-        try:
-            checkpoint_root(spec, workdir).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(
-                f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
-                "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
-            ) from None
-        run_dir = checkpoint_root(spec, workdir) / spec.run_id
+        run_dir = _run_dir(spec, workdir)
         me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
         group: ProcessGroup | None = None
         gone: list[str] = []  # the lock's loss, heard between two groups of a restart
@@ -232,6 +225,18 @@ class Launcher:
         )
         group.restarts_left = restarts_left
         return group
+
+
+def _run_dir(spec: JobSpec, workdir: Path) -> Path:
+    """The run directory, its checkpoint root created (bad input when it cannot be)."""
+    try:
+        checkpoint_root(spec, workdir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
+            "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
+        ) from None
+    return checkpoint_root(spec, workdir) / spec.run_id
 
 
 def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:

@@ -37,7 +37,7 @@ from typing import IO, TextIO
 
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.rundir.verdict import Evidence, Failure, Verdict, decide
+from dist_jobs.rundir.verdict import Action, Evidence, Failure, Verdict, decide
 
 GRACE_SECONDS = 30.0
 POLL_SECONDS = 0.05  # how often a launcher outside the main thread (no signal handlers) looks
@@ -268,7 +268,8 @@ class ProcessGroup:
             said = f"stopped by {outcome.cause.name} before every rank checkpointed"
             evidence = replace(evidence, exit_code=128 + outcome.cause, said=said)
         self.verdict = decide(evidence, restarts_left=self.restarts_left)
-        self.say(f"exit code {self.verdict.exit_code}: {self.verdict.told()}")
+        if self.verdict.action is not Action.DONE:  # a run that ended well says nothing more
+            self.say(f"exit code {self.verdict.exit_code}: {self.verdict.told()}")
         return self.verdict.exit_code
 
     @staticmethod

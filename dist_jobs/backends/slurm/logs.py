@@ -9,9 +9,11 @@ from pathlib import Path
 
 
 def attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]:
-    pattern = re.compile(rf"{re.escape(run)}-{re.escape(job_id)}-attempt(\d+)-rank{rank}\.out$")
+    """Rank `rank`'s files in the order they were written: `attempt<N>` after N requeues,
+    `attempt<N>.<R>` after R restarts in place within that allocation."""
+    pattern = re.compile(rf"{re.escape(run)}-{re.escape(job_id)}-attempt(\d+)(?:\.(\d+))?-rank{rank}\.out$")
     found = [
-        (int(m.group(1)), p)
+        ((int(m.group(1)), int(m.group(2) or 0)), p)
         for p in log_dir.glob(f"*-{job_id}-attempt*-rank{rank}.out")
         if (m := pattern.search(p.name))
     ]
@@ -20,7 +22,7 @@ def attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]
 
 def ranks_logged(log_dir: Path, run: str, job_id: str) -> list[int]:
     """The ranks (torchrun mode: node tasks) that have a log file of job `job_id`, in order."""
-    pattern = re.compile(rf"{re.escape(run)}-{re.escape(job_id)}-attempt\d+-rank(\d+)\.out$")
+    pattern = re.compile(rf"{re.escape(run)}-{re.escape(job_id)}-attempt\d+(?:\.\d+)?-rank(\d+)\.out$")
     found = {int(m.group(1)) for p in log_dir.glob(f"*-{job_id}-attempt*-rank*.out") if (m := pattern.search(p.name))}
     return sorted(found)
 

@@ -188,7 +188,8 @@ def test_a_flag_whose_value_is_double_dash_keeps_it() -> None:
     proc = dj("render", "--backend", "slurm", "--procs-per-node", "1", "--workdir=--", "--env=A=--", "--", "prog")
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --chdir=--" in proc.stdout.splitlines() and "export A=--" in proc.stdout.splitlines()
-    assert '"$DJ_PY" -m dist_jobs.launch -- prog &' in proc.stdout  # the bare `--` still starts the command
+    # the bare `--` still starts the command
+    assert '"$DJ_PY" -m dist_jobs.launch -- prog 2>"$step_errors" &' in proc.stdout
     status = dj("sweep", "status", "--checkpoint-dir=--", "nosuch")  # its own parser: a traceback before
     assert status.returncode == 2 and "Traceback" not in status.stderr and "no --/nosuch/sweep.json" in status.stderr
 

@@ -417,6 +417,7 @@ def test_logs_stitch_attempts_in_order(tmp_path: Path) -> None:
             f"{RUN}-26-attempt0-rank1.out": "a0 line1\na0 line2\n",
             f"{RUN}-26-attempt10-rank1.out": "a10\n",  # numeric order: 10 comes after 2
             f"{RUN}-26-attempt2-rank1.out": "a2 no newline at the end",
+            f"{RUN}-26-attempt0.1-rank1.out": "a0, restarted in place once\n",
             f"{RUN}-26-attempt0-rank11.out": "rank 11, not rank 1\n",
             f"{RUN}-126-attempt0-rank1.out": "job 126, not 26\n",
             f"{RUN}-26-attempt0-rank0.out": "rank 0\n",
@@ -427,6 +428,8 @@ def test_logs_stitch_attempts_in_order(tmp_path: Path) -> None:
         f"==> {RUN}-26-attempt0-rank1.out <==",
         "a0 line1",
         "a0 line2",
+        f"==> {RUN}-26-attempt0.1-rank1.out <==",
+        "a0, restarted in place once",
         f"==> {RUN}-26-attempt2-rank1.out <==",
         "a2 no newline at the end",
         f"==> {RUN}-26-attempt10-rank1.out <==",
