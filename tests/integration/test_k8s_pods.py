@@ -310,6 +310,58 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     assert not (run_dir / "LOCK").exists()  # pod rank 0's entrypoint released the run directory
 
 
+# A user's own DDP script, not the built-in trainer: it keeps its own snapshot in the run
+# directory on the claim and resumes from it; it knows nothing of peers lost or exit codes.
+SNAPSHOTTING = """
+import os, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+snap = Path(os.environ["DIST_JOBS_CHECKPOINT_DIR"]) / os.environ["DIST_JOBS_RUN"] / "snapshot.pt"
+step = torch.load(snap)["step"] if snap.exists() else 0
+print(f"USER starts at step {step}", flush=True)
+t = torch.ones(1)
+while step < 40:
+    dist.all_reduce(t)
+    step += 1
+    time.sleep(0.3)
+    if rank == 0 and step % 4 == 0:
+        torch.save({"step": step}, snap.with_suffix(".tmp"))
+        os.replace(snap.with_suffix(".tmp"), snap)
+print("USER done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_users_script_survives_its_worker_pods_deletion_and_resumes_from_its_own_snapshot(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """The worker pod is deleted mid-run: its entrypoint notes it is leaving before it stops the
+    program; the master's ranks then fail on their own (gloo's "Connection reset by peer", exit 1),
+    which the verdict reads as a lost peer, not the user's bug: exit 200, and the operator restarts
+    the gang, whose script resumes from its own snapshot.
+    Slow by nature: the job runs twice as real pods (containers, torch and the rendezvous twice)."""
+    data = job_spec("rp-user", claim, command=["python3", "-c", SNAPSHOTTING])
+    data["train"] = {}
+    job = submit(data)
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    eventually(lambda: (run_dir / "snapshot.pt").exists(), timeout=240, interval=0.5, what="the script's snapshot")
+    core.delete_namespaced_pod(f"{job}-worker-0", NS)
+    found = ended(custom, job, 240)
+    assert state(found) == "Succeeded", found
+    assert (run_dir / "peers" / f"{job}-worker-0").is_file()  # the deleted pod said it was leaving
+    decisions = (realpods_tier.state_dir() / "controller.log").read_text()
+    assert f"PyTorchJob {job} is restarting because 1 Master replica(s) failed (exit code 200)." in decisions
+    text = logs(capsys, job, 0)
+    starts = [int(n) for n in re.findall(r"USER starts at step (\d+)", text)]
+    assert starts and starts[-1] > 0 and "USER done" in text, text[-3000:]  # the recreated pod resumed
+    ends = [json.loads(line) for f in (run_dir / "verdicts").iterdir() for line in f.read_text().splitlines()]
+    assert any(v["ending"] == "peer lost" and f"{job}-worker-0" in v["cause"] for v in ends), ends
+
+
 def container_pid(pod: Any) -> int:
     """The host pid of the pod's container (its PID 1: the entrypoint), from its node's containerd."""
     cid = pod.status.container_statuses[0].container_id.split("://")[1]
