@@ -193,3 +193,27 @@ def test_a_rerun_of_a_finished_run_says_it_had_finished_and_trains_nothing(tmp_p
     assert again.returncode == 0, again.stdout + again.stderr
     assert "[rank 0] " in again.stdout and "the run had already finished (" in again.stdout, again.stdout
     assert "resumed from" not in again.stdout and " INFO step " not in again.stdout, again.stdout
+
+
+def test_a_submit_while_another_submit_of_the_run_is_under_way_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """Two submits of one run at once would both find no live launcher: the one that comes second
+    finds the first's claim (a live process's pid), is refused with exit 2 and leaves the run's
+    record alone; a claim whose submitter has died is taken over."""
+    folder = tmp_path / "checkpoints" / "twice" / "local"
+    folder.mkdir(parents=True)
+    submitter = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / "submitting").write_text(f"{submitter.pid}\n")
+        argv = ["submit", "--backend", "local", "--name", "twice", "--procs-per-node", "1", "--", "true"]
+        refused = dj(*argv, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert f"run twice is being submitted here by process {submitter.pid}" in refused.stderr
+        assert sorted(p.name for p in folder.iterdir()) == ["submitting"]  # nothing written
+    finally:
+        submitter.kill()
+        submitter.wait()
+    taken = dj(*argv, cwd=tmp_path)  # the claim's submitter is gone
+    assert taken.returncode == 0, taken.stderr
+    assert not (folder / "submitting").exists()
+    waited = dj("wait", "--timeout", "60", taken.stdout.strip(), cwd=tmp_path)
+    assert waited.returncode == 0, waited.stdout + waited.stderr

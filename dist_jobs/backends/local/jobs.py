@@ -9,6 +9,7 @@ its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
+CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 
 
@@ -65,17 +67,22 @@ class LocalBackend:
         return Launcher(self.out, self.workdir).run(spec)
 
     def submit(self, prepared: Prepared) -> Handle:
+        spec = prepared.spec
+        folder = run_dir_of(spec, self.workdir) / FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
+        with _claimed(folder, spec.run_id):
+            if _alive(folder):
+                raise UsageError(
+                    f"run {spec.run_id} is already running here (local://{folder.parent})",
+                    "wait for it, cancel it, or pick another --name",
+                )
+            return self._start(spec, folder)
+
+    def _start(self, spec: JobSpec, folder: Path) -> Handle:
+        """The detached launcher of a run whose record this process has claimed."""
         import msgspec  # submit's alone: status, logs and cancel load no msgspec or yaml
         import yaml
 
-        spec = prepared.spec
-        folder = run_dir_of(spec, self.workdir) / FOLDER
-        if _alive(folder):
-            raise UsageError(
-                f"run {spec.run_id} is already running here (local://{folder.parent})",
-                "wait for it, cancel it, or pick another --name",
-            )
-        folder.mkdir(parents=True, exist_ok=True)
         spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
         for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
             (folder / stale).unlink(missing_ok=True)
@@ -266,6 +273,44 @@ def _hang(folder: Path) -> HangRecord | None:
     return found if found is not None and found.belongs_to(since=started) else None
 
 
+@contextlib.contextmanager
+def _claimed(folder: Path, run: str) -> Iterator[None]:
+    """This process alone submits the run until the new launcher's pid is recorded: two submits
+    at once would both find no live launcher, and the refused one's launcher would then write
+    its exit code into the live run's record. A claim whose submitter has died is taken over."""
+    claim = folder / CLAIM
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            holder = _read_int(claim)
+            if holder is not None and _pid_alive(holder):
+                raise UsageError(
+                    f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
+                    "wait for that submit to finish, or pick another --name",
+                ) from None
+            claim.unlink(missing_ok=True)  # its submitter died: take it over
+    else:
+        raise UsageError(f"run {run}: cannot claim {claim}", "retry the submit")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        yield
+    finally:
+        claim.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def _folder(job_id: str) -> Path:
     folder = Path(job_id) / FOLDER
     if not (folder / PID).exists():
@@ -283,11 +328,7 @@ def _alive(folder: Path) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        try:
-            os.kill(pid, 0)  # no /proc (macOS): a live pid is the best we know
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return _pid_alive(pid)  # no /proc (macOS): a live pid is the best we know
     return b"dist_jobs" in cmdline  # a recycled pid runs something else
 
 
