@@ -78,3 +78,40 @@ def test_cli_submit_wait_exits_1_and_status_names_the_failed_rank(tmp_path: Path
     finally:
         if handle:
             subprocess.run(["scancel", handle.rsplit("/", 1)[1]], capture_output=True)
+
+
+def test_a_users_script_whose_rank_is_sigkilled_restarts_in_place_and_completes(tmp_path: Path) -> None:
+    """A user's own script (no dist-jobs trainer): rank 3 of 2 x 2 is SIGKILLed on the first start
+    (what the OOM killer does); srun stops the others; the verdict is "rank killed", both nodes
+    answer, and the batch script starts the step again in the same allocation, where it succeeds.
+    One allocation, two verdicts, and status counts the restart."""
+    path = tmp_path / "killed.yaml"
+    path.write_text(yaml.safe_dump(spec_data(tmp_path, "user-killed", procs_per_node=2)))
+    marker = tmp_path / "killed-once"
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from pathlib import Path
+        marker = Path({str(marker)!r})
+        if os.environ["RANK"] == "3" and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.5 if marker.exists() else 300)
+        print("rank", os.environ["RANK"], "done", flush=True)
+    """)
+    jobs = ["--jobs-dir", str(tmp_path / "runs")]
+    sub = dj(tmp_path, "submit", "--backend", "slurm", *jobs, "--wait", str(path), "--", "python3", "-c", code)
+    handle = sub.stdout.splitlines()[0] if sub.stdout else ""
+    try:
+        assert sub.returncode == 0, sub.stdout + sub.stderr
+        status = json.loads(dj(tmp_path, "status", *jobs, "-o", "json", handle).stdout)
+        assert (status["state"], status["extra"]["attempts"]) == ("succeeded", "1"), status
+        assert status["extra"]["restarts_in_place"] == "1", status
+        job_id = handle.rsplit("/", 1)[1]
+        lines = (tmp_path / "checkpoints" / "user-killed" / "verdicts" / f"{job_id}.jsonl").read_text().splitlines()
+        ends = [(v["ending"], v["action"], v["rank"]) for v in map(json.loads, lines)]
+        assert ends == [("rank killed", "restart", 3), ("completed", "done", None)], ends
+        logs = dj(tmp_path, "logs", *jobs, "--rank", "3", handle).stdout
+        assert "-attempt0.1-rank3.out <==" in logs and "rank 3 done" in logs, logs
+    finally:
+        if handle:
+            subprocess.run(["scancel", handle.rsplit("/", 1)[1]], capture_output=True)
