@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bench_slurm_submit import tiny_net, wait_until
+from bench_slurm_submit import spec_data, tiny_net, wait_until
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -55,34 +55,11 @@ def slow_net(num_classes: int = 10) -> Any:
 
 
 def spec(root: Path, name: str, max_restarts: int) -> Path:
-    data = {
-        "name": name,
-        "nodes": 2,
-        "procs_per_node": 2,
-        "cpus_per_task": 1,
-        "time": "10",
-        "log_dir": str(root / "logs"),
-        "checkpoint_dir": str(root / "checkpoints"),
-        "setup": [f'export PATH="{Path(sys.executable).parent}:$PATH"'],
-        "env": {
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)]),
-            "OMP_NUM_THREADS": "1",
-            "DJ_BENCH_STEP_DELAY": "0.3",
-        },
-        "preemption": {"max_restarts": max_restarts},
-        "train": {
-            "model": "bench_fault_restart:slow_net",
-            "data": "fake",
-            "image_size": 16,
-            "fake_samples": 256,
-            "batch_size": 4,
-            "epochs": 3,
-            "device": "cpu",
-            "log_every": 1,
-            "progress": False,
-            "checkpoint_every_steps": 4,
-        },
-    }
+    """The submit bench's job, slowed, 3 epochs (48 steps), a checkpoint every 4 steps."""
+    data = spec_data(root, name)
+    data["env"]["DJ_BENCH_STEP_DELAY"] = "0.3"
+    data["preemption"] = {"max_restarts": max_restarts}
+    data["train"].update(model="bench_fault_restart:slow_net", epochs=3, checkpoint_every_steps=4)
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -50,7 +50,14 @@ def tiny_net(num_classes: int = 10) -> Any:
 
 
 def spec(root: Path, name: str) -> Path:
-    data = {
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec_data(root, name), sort_keys=False))
+    return path
+
+
+def spec_data(root: Path, name: str) -> dict[str, Any]:
+    """The 2-node x 2-process job of the tiny net on fake data, logging every step."""
+    return {
         "name": name,
         "nodes": 2,
         "procs_per_node": 2,
@@ -72,9 +79,6 @@ def spec(root: Path, name: str) -> Path:
             "progress": False,
         },
     }
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def wait_until(ready: Any, timeout: float, what: str) -> None:

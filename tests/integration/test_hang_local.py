@@ -23,7 +23,7 @@ from dist_jobs.rundir.progress import read_history, read_progress
 from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
-from support.train_support import rank_of
+from support.train_support import descendants, rank_of
 from support.waiting import eventually
 
 pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(420)]
@@ -104,16 +104,7 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp
 
 def _trainer_of_rank(launcher: int, rank: int) -> int | None:
     """The pid of the training process of `rank` under the local launcher `launcher`, once there."""
-    todo, found = [launcher], []
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    for pid in found:
+    for pid in descendants(launcher):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:

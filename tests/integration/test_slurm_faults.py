@@ -33,6 +33,7 @@ from dist_jobs.rundir.verdict import Action, Ending, recorded
 from dist_jobs.train.ckpt_read import SHARED, load_verified, read_marker
 from support.paths import REPO, TESTS
 from support.slurm_jobs import (
+    SLOW_FIRST_ATTEMPT,
     TRAIN,
     backend,
     batch_log,
@@ -242,6 +243,19 @@ def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(tmp_path: Pat
     assert len(committed_steps(tmp_path / "checkpoints" / name)) >= 2
 
 
+def past_step_8(tmp_path: Path, cleanup: list[str], name: str, setup: str, **train: Any) -> tuple[str, Path, Timeline]:
+    """A 2 x 2 job of the built-in trainer (checkpoint every 4 steps, `setup` slowing it), once
+    its checkpoint step-8 is committed: (job id, run directory, its timeline)."""
+    data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4, **train})
+    data["setup"].append(setup)
+    job = submit(tmp_path, write_spec(tmp_path, data))
+    cleanup.append(job)
+    run_dir = tmp_path / "checkpoints" / name
+    timeline = Timeline(tmp_path)
+    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
+    return job, run_dir, timeline
+
+
 # --- a rank killed ----------------------------------------------------------------------------------
 
 
@@ -265,13 +279,7 @@ def test_a_killed_rank_restarts_in_place_within_a_minute_and_the_job_is_never_re
     starts the step again in the same allocation from step-8: no requeue, no queue wait. The
     first new step comes within 60 s of the kill; status counts the restart."""
     name = "rankkill"
-    data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4})
-    data["setup"].append("export DJ_TEST_STEP_DELAY=0.3")
-    job = submit(tmp_path, write_spec(tmp_path, data))
-    cleanup.append(job)
-    run_dir = tmp_path / "checkpoints" / name
-    timeline = Timeline(tmp_path)
-    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
+    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, "export DJ_TEST_STEP_DELAY=0.3")
     pid = eventually(lambda: rank_pid(job, 3), timeout=30, what="rank 3's process")
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
@@ -332,14 +340,8 @@ def test_a_node_killed_mid_run_requeues_and_resumes_from_the_last_checkpoint(
     already far below SLURM's default of 300 s), and the requeued job then waits out the credential hold
     (cred_expire, 10 s) and restarts slurmd on n2 (up.sh) before the second attempt trains to the end."""
     name = "nodefail"
-    data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4})
-    data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.5; fi')
-    job = submit(tmp_path, write_spec(tmp_path, data))
-    cleanup.append(job)
-    run_dir = tmp_path / "checkpoints" / name
-    timeline = Timeline(tmp_path)
+    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, SLOW_FIRST_ATTEMPT % "0.5")
     slurm = backend(tmp_path)
-    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
     kill_node("n2")
     killed, killed_at = time.monotonic(), committed_steps(run_dir)[-1]
     until("the requeue", lambda: slurm.status(job).state in ("PENDING", "REQUEUED"), 240, timeline, job)
@@ -373,14 +375,8 @@ def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
     hold (cred_expire, 10 s) before it may start again, and then trains to the end; restoring the cluster
     afterwards reruns slurm/cluster/up.sh."""
     name = "linkdrop"
-    train = {**TRAIN, "checkpoint_every_steps": 4, "hang_min_seconds": 10, "hang_factor": 5, "collective_timeout": 120}
-    data = spec_data(tmp_path, name, train=train)
-    data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.5; fi')
-    job = submit(tmp_path, write_spec(tmp_path, data))
-    cleanup.append(job)
-    run_dir = tmp_path / "checkpoints" / name
-    timeline = Timeline(tmp_path)
-    until("checkpoint step-8", lambda: (run_dir / "step-8" / "COMPLETE").exists(), 180, timeline, job)
+    watchdog = {"hang_min_seconds": 10, "hang_factor": 5, "collective_timeout": 120}
+    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, SLOW_FIRST_ATTEMPT % "0.5", **watchdog)
     subprocess.run(["ip", "link", "set", "slrm-n2", "down"], check=True)
     try:
         dropped = time.monotonic()

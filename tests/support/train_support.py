@@ -202,18 +202,7 @@ class Launch:
 
     def tree(self) -> list[int]:
         """This process and all its living descendants (pids)."""
-        found, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            if not Path(f"/proc/{pid}").exists():
-                continue
-            found.append(pid)
-            for task in Path(f"/proc/{pid}/task").glob("*"):
-                try:
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-                except OSError:
-                    pass
-        return [pid for pid in found if _alive(pid)]
+        return [pid for pid in descendants(self.proc.pid) if _alive(pid)]
 
     def wait(self, timeout: float) -> int:
         try:
@@ -358,3 +347,19 @@ def assert_bit_identical(got: Any, want: Any, where: str = "state") -> None:
             assert_bit_identical(a, b, f"{where}[{i}]")
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every process below it now (pids, from /proc's children lists)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if not Path(f"/proc/{pid}").exists():
+            continue
+        found.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return found
