@@ -23,6 +23,7 @@ from dist_jobs.rundir.attempts import Attempts
 from dist_jobs.rundir.beats import Beat, read_beats, stopped, waiting_in, write_beat
 from dist_jobs.rundir.hang import HangRecord, StoppedRank, describe_hang, job_id, write_hang, write_preempted
 from dist_jobs.rundir.holder import owner_from_env
+from dist_jobs.rundir.ledger import note, process_started
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.distributed import collectives_entered
@@ -80,9 +81,33 @@ class Live:
         self._failed = False
         self._rate: float | None = None
         self._written: float | None = None  # when the previous record was written (unix time)
+        self._first = False  # the attempt's first step is still to be noted
 
     def start(self, step: int) -> None:
+        """The attempt begins its loop at `step`: the ETA's pace, and the ledger's start (dated
+        when this process started, so its imports and rendezvous count as start-up)."""
         self._mark = (self.clock(), step)
+        self._first = True
+        self._note("start", time=process_started(), attempt=self.attempt, job=job_id(), resumed_step=step)
+
+    def stepped(self, step: int) -> None:
+        """After each optimizer step: the ledger notes the attempt's first."""
+        if self._first:
+            self._first = False
+            self._note("first_step", time=time.time(), step=step)
+
+    def saved(self, step: int, blocked_s: float) -> None:
+        """A checkpoint save of `step` held the loop for `blocked_s`."""
+        self._note("save", time=time.time(), step=step, blocked_s=blocked_s)
+
+    def _note(self, event: str, **fields: object) -> None:
+        """One ledger event (dist_jobs.rundir.ledger); like progress, training goes on without it."""
+        if self.folder is None or not self.guard.holds(f"note {event} in the ledger"):
+            return
+        try:
+            note(self.folder, event, **fields)
+        except OSError as exc:
+            log.warning("ledger: cannot write %s: %s (training goes on)", self.folder, exc)
 
     def update(self, step: int, epoch: int, values: Mapping[str, float], *, finished: bool = False) -> None:
         """Record `values` (the latest of each metric is kept) and rewrite the progress file."""

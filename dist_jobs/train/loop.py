@@ -212,11 +212,13 @@ def _train(run: Run) -> dict[str, float]:
                 pos.epoch, pos.batches = pos.epoch + 1, 0
         run.poll.drain()
         if run.ckpt is not None:
+            began = time.monotonic()
             if run.saved_step != pos.step:
-                _save(run)
+                _save(run, noted=False)
             with _paused(run):
                 run.ckpt.wait()
             run.live.checkpoint_step = run.saved_step
+            run.live.saved(pos.step, time.monotonic() - began)  # the last save, its write awaited
     folder = checkpoint_folder(c)
     if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
         run.live.update(pos.step, min(pos.epoch, c.epochs - 1), {}, finished=True)
@@ -273,6 +275,7 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
 def _boundary(run: Run) -> None:
     """Between optimizer steps: checkpoint when due, stop when any rank was told to."""
     c, pos = run.config, run.pos
+    run.live.stepped(pos.step)
     preempt, time_due, lost = run.poll.result()  # what all ranks reported one boundary ago
     if lost:  # rank 0 saw another run take the run directory over: stop, and save nothing
         _lock_lost(run)
@@ -293,13 +296,16 @@ def _paused(run: Run) -> AbstractContextManager[Any]:
     return run.watchdog.paused() if run.watchdog is not None else nullcontext()
 
 
-def _save(run: Run) -> None:
+def _save(run: Run, noted: bool = True) -> None:
     """Checkpoint the current step, the watchdog paused; the ranks leave together: rank 0's part
     (the shared state, the commit) is the long one, and the other ranks would wait for it in the
-    next step's collective with their watchdog on."""
+    next step's collective with their watchdog on. `noted`: the ledger gets the time it held the loop."""
+    began = time.monotonic()
     with _paused(run):
         _checkpoint(run)
         run.dist.barrier()
+    if noted:
+        run.live.saved(run.pos.step, time.monotonic() - began)
 
 
 def _checkpoint(run: Run) -> None:
