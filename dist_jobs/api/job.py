@@ -24,6 +24,7 @@ from dist_jobs.backends.state import JobState
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.checkpoints import newest_committed
+from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.rundir.progress import owned_by, quiet_for, read_progress
 from dist_jobs.rundir.result import read_result
 
@@ -45,15 +46,21 @@ class JobInfo:
     extra: dict[str, str] = field(default_factory=dict, hash=False)
     # rank 0's <run dir>/progress.json (dist_jobs.rundir.progress) when it is readable from here
     progress: dict[str, Any] | None = field(default=None, hash=False)
+    # where the run's wall time went, across attempts (dist_jobs.rundir.ledger); None where unknown
+    goodput: Ledger | None = field(default=None, hash=False, compare=False)
 
     @property
     def finished(self) -> bool:
         return self.state.finished
 
     def to_dict(self) -> dict[str, Any]:
-        out = {**dataclasses.asdict(self), "extra": dict(self.extra)}
+        """Plain data; the ledger as `goodput` (the run's totals) and `attempts` (each one's share)."""
+        ledger, plain = self.goodput, dataclasses.replace(self, goodput=None)
+        out = {**dataclasses.asdict(plain), "extra": dict(self.extra)}
         out["state"] = self.state.value
         out["ranks"] = {str(k): v for k, v in self.ranks.items()}
+        out["goodput"] = None if ledger is None else ledger.summary()
+        out["attempts"] = [] if ledger is None else ledger.attempt_dicts()
         return out
 
 
@@ -87,7 +94,16 @@ def _failure(info: JobInfo) -> tuple[int | None, int | None, str | None]:
 
 
 def info_of(handle: str, status: JobStatus) -> JobInfo:
-    return JobInfo(handle, status.name, status.job_state, status.state, status.detail, dict(status.ranks), status.extra)
+    return JobInfo(
+        handle,
+        status.name,
+        status.job_state,
+        status.state,
+        status.detail,
+        dict(status.ranks),
+        status.extra,
+        goodput=status.goodput,
+    )
 
 
 class Job:

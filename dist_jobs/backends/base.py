@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.errors import DistJobsError
+from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class JobStatus:
     # job is "requeued"); "" lets the word decide (backends.state.normalise).
     normal: str = ""
     handle: str = ""  # the job's handle where the backend lists it (list()): slurm://c/12, k8s://ns/KIND/name
+    # where its wall time went, across attempts (dist_jobs.rundir.ledger), where the run directory is readable
+    goodput: Ledger | None = field(default=None, hash=False, compare=False)
 
     @property
     def job_state(self) -> JobState:

@@ -39,4 +39,7 @@ def info_table(info: Any) -> str:
     progress = getattr(info, "progress", None)
     if progress:
         lines.append(f"  progress: {describe(progress)}")
+    goodput = getattr(info, "goodput", None)
+    if goodput is not None:
+        lines.append(f"  {goodput.told()}")
     return "\n".join(lines)

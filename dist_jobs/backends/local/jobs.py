@@ -30,6 +30,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
+from dist_jobs.rundir.ledger import ledger
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -119,7 +120,8 @@ class LocalBackend:
         return each_status(self, job_ids)
 
     def status(self, job_id: str) -> JobStatus:
-        return _with_code(self._status(job_id), _folder(job_id))
+        folder = _folder(job_id)
+        return _with_goodput(_with_code(self._status(job_id), folder), folder)
 
     def _status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
@@ -197,6 +199,18 @@ def _with_code(status: JobStatus, folder: Path) -> JobStatus:
     if not isinstance(record, dict):
         return status
     return dataclasses.replace(status, extra={**status.extra, "code": describe(record)})
+
+
+def _with_goodput(status: JobStatus, folder: Path) -> JobStatus:
+    """The run's goodput ledger: this submission's (the launcher's pid names its verdicts), from
+    when it was submitted (the pid file is written then) until it ended, or now."""
+    pid = _read_int(folder / PID)
+    try:
+        submitted = (folder / PID).stat().st_mtime
+    except OSError:
+        return status
+    found = ledger(folder.parent, str(pid), submitted, time.time())
+    return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
 def _prefix(line: str) -> str:
