@@ -170,6 +170,8 @@ def test_status_list_cancel(
         "ranks": {},
         "extra": {"Master": "active=1", "Worker": "active=1"},
         "progress": None,  # its run directory (/shared/checkpoints/...) is not on this machine
+        "goodput": None,  # nor its ledger
+        "attempts": [],
     }
 
     code, out, _ = run(capsys, *k8s("list", kubeconfig))
