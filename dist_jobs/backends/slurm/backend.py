@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dist_jobs.backends.base import JobStatus, Prepared
 from dist_jobs.backends.handle import Handle
@@ -68,6 +68,22 @@ def _queued(job: SlurmJob) -> JobStatus:
         "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
         {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
     )
+
+
+def _with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
+    """The ledger of the job's run directory (its verdicts are recorded under the job id), from
+    the submit time job.json recorded (local time, to the second) until it ended, or now."""
+    run_dir, submitted = meta.get("run_dir"), meta.get("submitted_at")
+    if not run_dir or "_" in job_id:  # an array task's verdicts are named by its own (raw) id
+        return status
+    from dist_jobs.rundir.ledger import ledger  # a run directory's records: a few small files
+
+    try:
+        since = time.mktime(time.strptime(str(submitted), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        since = None  # the first attempt's start, then
+    found = ledger(Path(run_dir), job_id, since, time.time())
+    return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
 def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
@@ -184,8 +200,11 @@ class SlurmBackend:
         )
 
     def _with_code(self, job_id: str, status: JobStatus) -> JobStatus:
-        """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted with one."""
-        code = job_meta(self.jobs_dir, job_id).get("code")
+        """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted
+        with one; and the goodput ledger of a job submitted from here whose run directory is readable."""
+        meta = job_meta(self.jobs_dir, job_id)
+        status = _with_goodput(job_id, status, meta)
+        code = meta.get("code")
         if not isinstance(code, dict):
             return status
         # a job with a snapshot alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
