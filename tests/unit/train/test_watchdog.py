@@ -355,7 +355,7 @@ def _run(dog: Watchdog, clock: Clock, tmp_path: Path) -> Any:
         dist=types.SimpleNamespace(is_main=False, rank=1, barrier=slow),
         pos=types.SimpleNamespace(step=8),
         saved_step=4,
-        live=types.SimpleNamespace(checkpoint_step=None),
+        live=types.SimpleNamespace(checkpoint_step=None, stepped=lambda step: None, saved=lambda step, blocked_s: None),
         flag=types.SimpleNamespace(received=None),
     )
     return run, slow
