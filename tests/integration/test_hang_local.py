@@ -29,7 +29,14 @@ from support.waiting import eventually
 pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(420)]
 
 TOTAL = 32  # 128 samples / (2 ranks x batch 4) = 16 steps an epoch, 2 epochs
-STALLING = {"model": "support.hang_support:stalling_net", "hang_min_seconds": 4, "hang_factor": 10}
+# The collective timeout well above the watchdog's limit (however slow a loaded machine makes the
+# steps), so rank 0's watchdog fires before its all_reduce gives up on the stopped rank.
+STALLING = {
+    "model": "support.hang_support:stalling_net",
+    "hang_min_seconds": 4,
+    "hang_factor": 10,
+    "collective_timeout": 120,
+}
 TRAIN = tiny_train(**STALLING, fake_samples=128, epochs=2, seed=5, log_every=2, checkpoint_every_steps=4)
 
 

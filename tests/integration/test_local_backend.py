@@ -478,3 +478,19 @@ def test_the_launchers_exit_code_says_what_happened(tmp_path: Path, codes: tuple
     jobs = [(f"p{i}", program(code), dict(os.environ)) for i, code in enumerate(codes)]
     assert ProcessGroup(out, grace=30).run(jobs, cwd=tmp_path) == want, out.getvalue()
     assert want == 0 or f"dist-jobs: exit code {want}: " in out.getvalue()
+
+
+def test_a_rank_that_lost_a_peer_does_not_make_the_launcher_wait_out_the_grace(tmp_path: Path) -> None:
+    """p0 exits 200 with no preemption asked for (it lost a peer); p1 is stopped (SIGSTOP) and
+    would never exit: nobody is checkpointing, so the launcher kills it after a short wait, not
+    after the 120 s grace period, and the verdict names p1's death."""
+    from dist_jobs.backends.local.procs import PEER_LOST_WAIT, ProcessGroup
+
+    out = io.StringIO()
+    stop = "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGSTOP)"
+    jobs = [("p0", [PYTHON, "-c", "import sys, time; time.sleep(2); sys.exit(200)"], dict(os.environ))]
+    jobs.append(("p1", [PYTHON, "-c", stop], dict(os.environ)))
+    started = time.monotonic()
+    code = ProcessGroup(out, grace=120).run(jobs, cwd=tmp_path)
+    assert time.monotonic() - started < 2 + PEER_LOST_WAIT + 20, out.getvalue()
+    assert code == 200 and "rank killed: killed by SIGKILL (exit 137)" in out.getvalue(), out.getvalue()

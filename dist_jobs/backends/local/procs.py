@@ -40,6 +40,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.verdict import Action, Evidence, Failure, Verdict, decide
 
 GRACE_SECONDS = 30.0
+PEER_LOST_WAIT = 5.0  # seconds the others get after a process exited 200 on a lost peer
 POLL_SECONDS = 0.05  # how often a launcher outside the main thread (no signal handlers) looks
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEPER = Path(__file__).with_name("keeper.py")
@@ -230,12 +231,21 @@ class ProcessGroup:
                 outcome.hang = hang
                 return outcome.forced_end()
             if deadline is None and REQUEUE_EXIT_CODE in codes:
-                deadline = time.monotonic() + self.grace  # preempted: the others are checkpointing too
+                deadline = time.monotonic() + self._requeue_wait(outcome, started)
             if deadline is not None and time.monotonic() > deadline:
                 left = sum(c is None for c in codes)
-                self.say(f"{left} of {len(codes)} processes still running after {self.grace:.0f} s: killing them")
+                self.say(f"{left} of {len(codes)} processes still running: killing them")
                 return outcome.forced_end()
             signals.sleep(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _requeue_wait(self, outcome: _Outcome, started: float) -> float:
+        """How long the others may take once a process exited 200. After a preemption (our stop
+        signal, or rank 0's PREEMPTED marker) they are checkpointing too: the grace period. Else
+        the process lost a peer: no one checkpoints, and a peer that is stopped or hung would
+        never exit; PEER_LOST_WAIT only lets rank 0 finish a marker it was writing."""
+        if outcome.cause is not None or (self.preempted is not None and self.preempted(started)):
+            return self.grace
+        return min(self.grace, PEER_LOST_WAIT)
 
     def _verdict(self, outcome: _Outcome, started: float) -> int:
         """What the run's end means (dist_jobs.rundir.verdict decides; kept in `self.verdict`),
