@@ -35,6 +35,7 @@ from dist_jobs.rundir.ledger import ledger
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
 if TYPE_CHECKING:
+    from dist_jobs.backends.preflight import MissingPackages
     from dist_jobs.spec import JobSpec
 
 FOLDER = "local"  # below the run directory
@@ -53,9 +54,14 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
+    def __init__(
+        self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages | None = None
+    ) -> None:
+        """`missing`: which packages the ranks' python (this one) cannot import (default: looked
+        up; tests replace it)."""
         self.out = out
         self.workdir = workdir or Path.cwd()
+        self.missing = missing
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
@@ -65,10 +71,16 @@ class LocalBackend:
     def run(self, spec: JobSpec) -> int:
         from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
-        return Launcher(self.out, self.workdir).run(spec)
+        if self.missing is None:
+            return Launcher(self.out, self.workdir).run(spec)
+        return Launcher(self.out, self.workdir, self.missing).run(spec)
 
     def submit(self, prepared: Prepared) -> Handle:
+        # submit's alone: status, logs and cancel load no spec classes (msgspec)
+        from dist_jobs.backends.preflight import check_trainer_packages, missing_packages
+
         spec = prepared.spec
+        check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
         folder = run_dir_of(spec, self.workdir) / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):

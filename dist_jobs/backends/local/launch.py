@@ -20,6 +20,7 @@ from typing import TextIO
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.local.procs import ProcessGroup
+from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages, missing_packages
 from dist_jobs.backends.snapshot import in_copy, spec_in_copy
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.errors import UsageError
@@ -140,9 +141,13 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
 class Launcher:
     name = "local"
 
-    def __init__(self, out: TextIO | None = None, workdir: Path | None = None) -> None:
+    def __init__(
+        self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages = missing_packages
+    ) -> None:
+        """`missing`: which packages the ranks' python (this one) cannot import (tests replace it)."""
         self.out = out or sys.stdout
         self.workdir = workdir or Path.cwd()
+        self.missing = missing
         self.first_failure: tuple[str, int] | None = None  # after run(): which process failed first, its code
 
     @staticmethod
@@ -172,6 +177,7 @@ class Launcher:
     def run(self, spec: JobSpec) -> int:
         """Run to completion under the run directory's lock; the exit code is procs.py (0, 200
         preempted and checkpointed, 128+N stopped by signal N, or the first failure's code)."""
+        check_trainer_packages(spec, sys.executable, self.missing)  # every rank runs this python
         use_gpus, note = self._gpu_mode(spec)
         if note:
             print(note, file=self.out, flush=True)

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHA
 from dist_jobs.errors import BackendError, DistJobsError
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
+    from dist_jobs.backends.preflight import MissingPackages
     from dist_jobs.spec import JobSpec
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
@@ -125,11 +126,11 @@ class SlurmBackend:
         cluster: str = "",
         *,
         python: str | None = None,
-        missing_packages: Callable[[Sequence[str]], list[str]] | None = None,
+        missing_packages: MissingPackages | None = None,
     ) -> None:
         """`python`: the job's python unless the spec names one (default: DIST_JOBS_PYTHON, else
         the interpreter running this); `missing_packages`: which of some packages that interpreter
-        cannot import (default: looked up in this one; see submit.missing_packages)."""
+        cannot import (default: looked up in this one; see backends.preflight)."""
         self.run = runner or run_command
         self.cwd = cwd or Path.cwd()
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
@@ -143,8 +144,9 @@ class SlurmBackend:
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
     def submit(self, prepared: Prepared) -> Handle:
-        # submit's own module: yaml and msgspec, which the query verbs load none of (test_imports)
-        from dist_jobs.backends.slurm.submit import job_python_export, missing_packages, snapshot_spec, submit
+        # submit's own modules: yaml and msgspec, which the query verbs load none of (test_imports)
+        from dist_jobs.backends.preflight import missing_packages
+        from dist_jobs.backends.slurm.submit import job_python_export, snapshot_spec, submit
 
         if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder

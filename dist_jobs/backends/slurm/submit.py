@@ -6,36 +6,28 @@ and logs load no yaml or msgspec (tests/unit/test_imports.py).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import yaml
 
 from dist_jobs.backends.base import Prepared, checkpoint_root
+from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages
 from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, sbatch_error
 from dist_jobs.backends.snapshot import read, spec_in_copy
-from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.errors import BackendError
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.paths import expand_home
-from dist_jobs.spec.train import trainer_packages
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-# Which of these packages this interpreter cannot import (tests replace it: no torch needed there).
-MissingPackages = Callable[[Sequence[str]], list[str]]
-
-
-def missing_packages(names: Sequence[str]) -> list[str]:
-    """Those of `names` the interpreter running dist-jobs cannot import (looked up, not imported)."""
-    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def job_python_export(spec: JobSpec, python: str, missing: MissingPackages) -> list[str]:
@@ -48,17 +40,8 @@ def job_python_export(spec: JobSpec, python: str, missing: MissingPackages) -> l
     package the trainer imports for this model and data (`missing`): every rank would fail in
     its first second, on every node, after the job waited in the queue.
     """
-    if spec.command is None and not spec.python and python == sys.executable:
-        packages = trainer_packages(spec.train)
-        lacking = missing(packages)
-        if lacking:
-            needs = f"model {spec.train.model!r} and data {spec.train.data!r}"
-            raise UsageError(
-                f"the job's python ({python}) has no {' or '.join(lacking)}, which the built-in trainer needs "
-                f"for {needs}",
-                f"pip install 'dist-jobs[train]' into it ({', '.join(packages)}), "
-                "or set python: in the job spec to one that has them",
-            )
+    if not spec.python and python == sys.executable:  # an interpreter this process can look into
+        check_trainer_packages(spec, python, missing)
     if spec.python or "," in python:  # sbatch splits --export at commas
         return []
     return [f"--export=ALL,DIST_JOBS_PYTHON={python}"]
