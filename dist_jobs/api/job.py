@@ -15,8 +15,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from dist_jobs.api.plot import plot_run
 from dist_jobs.api.polling import poll_until
 from dist_jobs.backends import Backend, JobStatus
 from dist_jobs.backends.handle import Handle
@@ -225,6 +227,11 @@ class Job:
         JobFailed if it failed or was cancelled, so no earlier run's result passes for its own."""
         self.wait(timeout, raise_on_failure=True)
         return read_result(self._backend.run_dir(self.id))
+
+    def plot(self, path: str | Path) -> Path:
+        """Draw the run into `path` (a PNG): loss, throughput and accuracy per step, each attempt
+        in its colour, where it resumed and which faults ended attempts (needs dist-jobs[plot])."""
+        return plot_run(self._backend.run_dir(self.id), Path(path), self.handle).path
 
 
 def wait_all(

@@ -226,6 +226,11 @@ def cmd_logs(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace, _: Any) -> int:
+    print(_job(args).plot(args.output))
+    return 0
+
+
 def cmd_env(args: argparse.Namespace, _: Any) -> int:
     # `env` alone: every verb imports this module, and the ranks' (socket, random) would count
     # against render's start-up budget (bench/bench_render.py)
@@ -323,6 +328,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "list": cmd_list,
     "cancel": cmd_cancel,
     "logs": cmd_logs,
+    "plot": cmd_plot,
     "wait": cmd_wait,
     "env": cmd_env,
     "schema": cmd_schema,

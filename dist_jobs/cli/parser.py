@@ -22,6 +22,7 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
     "status": "show a job's state (normalised and the scheduler's word), which rank failed, and its progress",
     "cancel": "cancel a job",
     "logs": "print a job's logs",
+    "plot": "draw a run's loss, throughput and accuracy per step, every attempt and fault: -o run.png",
     "wait": "wait for a job to end; exit 0 if it succeeded, 1 failed, 3 cancelled, 4 timeout",
     "list": "list dist-jobs jobs",
     "env": "print the ranks this process resolves (run it under srun/torchrun)",
@@ -113,6 +114,11 @@ def _logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
 
 
+def _plot(p: argparse.ArgumentParser) -> None:
+    _job(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the picture to write (PNG, SVG, PDF)")
+
+
 def _wait(p: argparse.ArgumentParser) -> None:
     _job(p)
     output_option(p)
@@ -155,6 +161,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "status": _status,
     "cancel": _job,
     "logs": _logs,
+    "plot": _plot,
     "wait": _wait,
     "list": _list,
     "env": _env,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import dist_jobs
+from dist_jobs.api.plot import plot_run
 from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
@@ -69,3 +70,13 @@ def test_a_rank_killed_after_a_checkpoint_costs_the_steps_since_and_status_tells
         ("0", 2, "rank killed"),
         ("0.1", 0, "completed"),
     ]
+    # the run as a picture: each attempt's steps, where the restart resumed, the fault
+    drawn = plot_run(Path(job.id), tmp_path / "direct.png", job.handle)
+    assert [steps[0] for steps in drawn.attempts] == [1, 5] and drawn.attempts[-1][-1] == 16, drawn
+    assert drawn.resumed_at == [4] and drawn.faults == ["rank killed: rank 1 killed by SIGKILL (exit 137)"]
+    png = tmp_path / "run.png"
+    plotted = subprocess.run(
+        [PYTHON, "-m", "dist_jobs", "plot", job.handle, "-o", str(png)], capture_output=True, text=True, env=cli
+    )
+    assert plotted.returncode == 0 and plotted.stdout.strip() == str(png), plotted.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
