@@ -16,7 +16,7 @@ child=""
 leaving=""
 # Told to stop (the pod is deleted or preempted): say so in the run directory first, so the
 # other pods' programs, which fail once this one is gone, read as having lost a peer.
-trap 'leaving=--leaving; python3 -m dist_jobs.rundir.verdict leaving 2>/dev/null; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
+trap 'leaving=--leaving; python3 -m dist_jobs.rundir.pod_end leaving 2>/dev/null; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 # One live run per run directory: pod rank 0 takes the lock (a replaced pod of the same job takes
 # it over; DIST_JOBS_LOCK_OWNER names the job). Elastic jobs have no pod rank: the trainer's rank 0
 # takes it there. No `$$` here: Kubernetes turns `$$` in a command into `$`.
@@ -59,7 +59,7 @@ case "$noted" in
 esac
 # The verdict prints the code to exit with (its own line goes to stderr). An image without
 # dist_jobs gets the old rule: a preemption checkpoint is retried, the rest keeps its code.
-if ! code=$(python3 -m dist_jobs.rundir.verdict --rc "$rc" ${noted:+--first "$noted"} --since "$stamp" ${lost:+"$lost"} ${leaving:+"$leaving"}); then
+if ! code=$(python3 -m dist_jobs.rundir.pod_end --rc "$rc" ${noted:+--first "$noted"} --since "$stamp" ${lost:+"$lost"} ${leaving:+"$leaving"}); then
   code=$rc
   [ "$rc" -ne 0 ] && [ -n "$noted" ] && code=$noted
   marker="${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}/PREEMPTED"

@@ -7,10 +7,10 @@ use: no spec flags or renderer (see cli.parser).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from dist_jobs.cli.argv import Parser
 from dist_jobs.cli.commands import COMMANDS
 from dist_jobs.cli.parser import build as _parser
 from dist_jobs.errors import DistJobsError
@@ -40,13 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _guarded(args.verb, lambda: COMMANDS[args.verb](args, command))
 
 
-def _unknown_options(parser: argparse.ArgumentParser, verb: str, own: list[str], unknown: list[str]) -> int:
+def _unknown_options(parser: Parser, verb: str, own: list[str], unknown: list[str]) -> int:
     """Options the verb does not take: its own usage (not the top level's), and for a training
     flag (`--shm-allreduce`, `--model gpt`, as the trainer takes them) its `--set train.X=...`."""
     from dist_jobs.cli.flags import trainer_flag_fixes  # this error's alone
 
-    sub = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))  # type: ignore[union-attr]
-    sub.choices[verb].print_usage(sys.stderr)
+    parser.verbs.get(verb, parser).print_usage(sys.stderr)
     print(f"dist-jobs {verb}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
     fixes = trainer_flag_fixes(own) if verb in ("render", "submit", "run", "sweep", "config") else []
     if fixes:

@@ -7,6 +7,10 @@ from typing import Any
 
 
 class Parser(argparse.ArgumentParser):
+    # each verb's own parser (dist-jobs VERB ...), by name, as build() adds them: its usage is
+    # what an error of that verb shows
+    verbs: dict[str, argparse.ArgumentParser]
+
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         # main() has cut argv at its first bare `--` (the job's command) before parsing, so a `--`
         # that reaches a flag here is its value (`--workdir=--`), which argparse would drop.

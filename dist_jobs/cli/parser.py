@@ -34,7 +34,7 @@ HELP = {  # each verb's line in `dist-jobs --help`, in this order
 }
 
 
-def build(verb: str | None = None) -> argparse.ArgumentParser:
+def build(verb: str | None = None) -> Parser:
     """Every verb, with the arguments of `verb` only (of all, when None)."""
     parser = Parser(
         prog="dist-jobs",
@@ -42,6 +42,7 @@ def build(verb: str | None = None) -> argparse.ArgumentParser:
         epilog="A command after `--` replaces the default training entrypoint.",
     )
     parser.add_argument("--version", action="version", version=f"dist-jobs {VERSION}")
+    parser.verbs = {}
     # prog given: argparse would otherwise format a usage line to make it
     sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND", prog="dist-jobs")
     # A known verb gets its own parser alone (each costs argparse ~0.2 ms); help and completion,
@@ -53,6 +54,7 @@ def build(verb: str | None = None) -> argparse.ArgumentParser:
             add_sweep_parser(sub, text, backend_options, output_option)
             continue
         p = sub.add_parser(name, help=text)
+        parser.verbs[name] = p
         if verb in (None, name) and name in ARGUMENTS:
             ARGUMENTS[name](p)
     return parser

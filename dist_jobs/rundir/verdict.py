@@ -15,25 +15,21 @@ longer answer, a peer that left) and `decide()` says what it means and what to d
     cancelled                  -> nothing: the scheduler ends the job
 
 A rank that died because a peer vanished is a consequence, not a cause: only the first failure
-counts, and what the launcher stopped after it does not. `python -m dist_jobs.rundir.verdict`
-is the shell scripts' way in; every verdict is recorded in `<run dir>/verdicts/<submission>.jsonl`,
+counts, and what the launcher stopped after it does not. The pod entrypoint asks through
+`python -m dist_jobs.rundir.pod_end`, the batch script through dist_jobs.backends.slurm.step_end;
+every verdict is recorded in `<run dir>/verdicts/<submission>.jsonl`,
 which status reads back. Stdlib only: it runs in any image, before and after the program.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import signal
-import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from dist_jobs.constants import LOCK_LOST_EXIT_CODE, PREEMPTED_MARKER, REQUEUE_EXIT_CODE
-from dist_jobs.rundir.hang import describe_hang, read_hang
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
 
 VERDICTS = "verdicts"  # folder of the run directory: one JSON-lines file per submission
 # A shell's "killed by signal N" (128+N), short of the requeue code.
@@ -209,17 +205,21 @@ def _signal_name(number: int) -> str:
 
 
 def record(run_dir: Path, submission: str, verdict: Verdict) -> None:
-    """Append the verdict to the submission's record (one short line, one O_APPEND write)."""
+    """Append the verdict to the submission's record (one short line, one O_APPEND write). A run
+    that lost its lock writes nothing more into the run directory, which is another run's now:
+    its verdict is told in its log only."""
+    if verdict.ending is Ending.LOCK_LOST:
+        return
     folder = run_dir / VERDICTS
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{_safe(submission)}.jsonl", "a", encoding="utf-8") as fh:
+    with open(folder / f"{safe_name(submission)}.jsonl", "a", encoding="utf-8") as fh:
         fh.write(verdict.to_json() + "\n")
 
 
 def recorded(run_dir: Path, submission: str) -> list[Verdict]:
     """Every verdict of a submission, oldest first; unreadable lines are skipped."""
     try:
-        lines = (run_dir / VERDICTS / f"{_safe(submission)}.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = (run_dir / VERDICTS / f"{safe_name(submission)}.jsonl").read_text(encoding="utf-8").splitlines()
     except OSError:
         return []
     found = []
@@ -231,85 +231,5 @@ def recorded(run_dir: Path, submission: str) -> list[Verdict]:
     return found
 
 
-def _safe(text: str) -> str:
+def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip(".-") or "unstamped"
-
-
-PEERS = "peers"  # folder of the run directory: a note per pod told to stop (its deletion's SIGTERM)
-
-
-def note_leaving(run_dir: Path, member: str) -> None:
-    """Leave word that `member` (a pod) was told to stop: its peers' programs, which will fail
-    when it is gone, then read as having lost a peer, not as failing by themselves."""
-    folder = run_dir / PEERS
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / _safe(member)).write_text(f"{time.time()}\n", encoding="utf-8")
-
-
-def peer_left(run_dir: Path, member: str, since: float) -> str:
-    """A peer other than `member` that was told to stop since `since`, told; "" if none."""
-    try:
-        notes = [p for p in (run_dir / PEERS).iterdir() if p.name != _safe(member)]
-    except OSError:
-        return ""
-    left = sorted(p.name for p in notes if _mtime(p) >= since)
-    return f"{', '.join(left)} stopped while the program ran" if left else ""
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python3 -m dist_jobs.rundir.verdict",
-        description="The verdict on one member's program (a pod's): prints the exit code to end with.",
-    )
-    p.add_argument("--rc", type=int, required=True, help="the program's exit code")
-    p.add_argument("--first", type=int, help="the code the member's first failing process noted")
-    p.add_argument("--since", type=Path, required=True, help="a file touched when the program started")
-    p.add_argument("--lock-lost", action="store_true")
-    p.add_argument("--leaving", action="store_true", help="this member was told to stop (SIGTERM)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`... verdict leaving` notes this pod's leaving. Otherwise, for the pod entrypoint: reads
-    DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION and HOSTNAME (the pod) from the
-    environment, records the verdict, tells it on stderr and prints the exit code: 0, 200 (the
-    operator's ExitCode policy recreates the pod), 6, or the program's own code (1-127: permanent)."""
-    run_dir = Path(os.environ.get("DIST_JOBS_CHECKPOINT_DIR", ".")) / os.environ.get("DIST_JOBS_RUN", "")
-    member = os.environ.get("HOSTNAME", "")
-    if argv == ["leaving"]:  # `... verdict leaving`: the entrypoint's SIGTERM trap
-        note_leaving(run_dir, member)
-        return 0
-    args = _parser().parse_args(argv)
-    since = _mtime(args.since)
-    code = args.first if args.rc and args.first else args.rc
-    hang = read_hang(run_dir)
-    evidence = Evidence(
-        exit_code=args.rc,
-        failures=(Failure(None, member, code),) if code else (),
-        preempted=args.rc != 0 and _mtime(run_dir / PREEMPTED_MARKER) >= since,
-        hang=describe_hang(hang) if hang is not None and hang.belongs_to(since=since) else "",
-        lock_lost=args.lock_lost,
-        peer_left="" if args.leaving else peer_left(run_dir, member, since),
-        said="this pod was told to stop" if args.leaving else "",
-        warned=args.leaving,
-    )
-    # The operator recreates the pod: its fresh start is the restart (no in-place loop here).
-    verdict = replace(decide(evidence, restarts_left=1), node=member, time=time.time())
-    try:
-        record(run_dir, os.environ.get("DIST_JOBS_SUBMISSION", ""), verdict)
-    except OSError as exc:
-        print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
-    print(f"dist-jobs: {member or 'this pod'}: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
-    print(verdict.exit_code)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

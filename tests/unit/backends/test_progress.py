@@ -331,7 +331,10 @@ def test_follow_refreshes_until_the_job_ends(tmp_path: Path, sleeper: subprocess
 
 def test_follow_ends_cleanly_on_ctrl_c(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     run = _local_job(tmp_path, sleeper.pid)
-    follow = dj("status", f"local://{run}", "--follow", "--interval", "0.2")
+    # As a terminal starts it: Ctrl-C at its default. A process started with SIGINT ignored keeps
+    # it ignored (Python installs no KeyboardInterrupt then), and an xdist worker may hand that on.
+    default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    follow = dj("status", f"local://{run}", "--follow", "--interval", "0.2", preexec_fn=default)
     assert follow.stdout is not None and "running" in follow.stdout.readline()
     follow.send_signal(signal.SIGINT)
     out, err = follow.communicate(timeout=30)

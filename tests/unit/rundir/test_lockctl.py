@@ -101,9 +101,20 @@ def test_a_second_job_on_the_same_volume_is_refused_a_replaced_pod_takes_over(tm
 
 
 def test_other_pods_leave_the_lock_to_pod_rank_0(tmp_path: Path) -> None:
-    plant(tmp_path / "shared" / "locked", foreign("k8s:pytorchjob/other/locked", "k8s", "x"))
     proc = run_pod(tmp_path, 'echo "token=${DIST_JOBS_LOCK_TOKEN:-none}"', PET_NODE_RANK="1")
     assert proc.returncode == 0 and "token=none" in proc.stdout, proc.stderr
+    assert not (tmp_path / "shared" / "locked" / LOCK_NAME).exists()
+
+
+def test_a_pod_without_the_lock_whose_job_lost_the_run_directory_stops_and_writes_nothing(tmp_path: Path) -> None:
+    """Only pod rank 0 holds the lock; another pod learns at its program's end that another job
+    holds the run directory now: exit 6 (not requeued), and no verdict written there."""
+    run_dir = tmp_path / "shared" / "locked"
+    plant(run_dir, foreign("k8s:pytorchjob/other/locked", "k8s", "x"))
+    proc = run_pod(tmp_path, "exit 1", PET_NODE_RANK="1")
+    assert proc.returncode == 6, proc.stderr
+    assert "lock lost: another run took the run directory over" in proc.stderr
+    assert not (run_dir / "verdicts").exists()
 
 
 def test_the_pods_heartbeat_keeps_the_lock_fresh(tmp_path: Path) -> None:

@@ -104,3 +104,8 @@ def test_a_users_program_that_fails_once_a_peer_pod_was_told_to_stop_lost_a_peer
     proc = pod(tmp_path, f"touch '{note}'; exit 1")  # the worker told to stop while the program ran
     assert proc.returncode == 200, proc.stderr
     assert "peer lost: pods-worker-0 stopped while the program ran" in proc.stderr
+
+
+def test_a_run_that_lost_its_lock_records_nothing_in_the_other_runs_directory(tmp_path: Path) -> None:
+    record(tmp_path, "42", decide(Evidence(137, lock_lost=True)))
+    assert not (tmp_path / "verdicts").exists()

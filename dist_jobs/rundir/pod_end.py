@@ -1,0 +1,112 @@
+"""`python3 -m dist_jobs.rundir.pod_end ...`: the pod entrypoint (templates/pod-entrypoint.sh)
+asks this at its program's end what the end means (dist_jobs.rundir.verdict decides) and which
+exit code the pod ends with; `... pod_end leaving` is its SIGTERM trap's word to its peers.
+
+The evidence only a pod has: the code its first failing process noted, the PREEMPTED marker and
+the HANG record newer than the program's start, whether its job still holds the run directory
+(only pod rank 0 takes the lock: the other pods learn a takeover here), and the notes of peer
+pods told to stop while the program ran. Not imported by the package: `python -m` runs it alone.
+Stdlib only: it runs in any image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from dist_jobs.constants import PREEMPTED_MARKER
+from dist_jobs.rundir.hang import describe_hang, read_hang
+from dist_jobs.rundir.holder import owner_from_env
+from dist_jobs.rundir.lock import LOCK_NAME, current
+from dist_jobs.rundir.verdict import Evidence, Failure, decide, record, safe_name
+
+PEERS = "peers"  # folder of the run directory: a note per pod told to stop (its deletion's SIGTERM)
+
+
+def note_leaving(run_dir: Path, member: str) -> None:
+    """Leave word that `member` (a pod) was told to stop: its peers' programs, which will fail
+    when it is gone, then read as having lost a peer, not as failing by themselves."""
+    folder = run_dir / PEERS
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / safe_name(member)).write_text(f"{time.time()}\n", encoding="utf-8")
+
+
+def peer_left(run_dir: Path, member: str, since: float) -> str:
+    """A peer other than `member` that was told to stop since `since`, told; "" if none."""
+    try:
+        notes = [p for p in (run_dir / PEERS).iterdir() if p.name != safe_name(member)]
+    except OSError:
+        return ""
+    left = sorted(p.name for p in notes if _mtime(p) >= since)
+    return f"{', '.join(left)} stopped while the program ran" if left else ""
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _taken_over(run_dir: Path) -> bool:
+    """Whether another job holds the run directory's lock now: a pod that holds no lock itself
+    (only pod rank 0 takes it) learns here that its job lost the run directory, and stops too."""
+    owner = owner_from_env(os.environ)
+    holder = current(run_dir / LOCK_NAME)
+    return bool(owner) and holder is not None and holder.owner != owner
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python3 -m dist_jobs.rundir.pod_end",
+        description="The verdict on one member's program (a pod's): prints the exit code to end with.",
+    )
+    p.add_argument("--rc", type=int, required=True, help="the program's exit code")
+    p.add_argument("--first", type=int, help="the code the member's first failing process noted")
+    p.add_argument("--since", type=Path, required=True, help="a file touched when the program started")
+    p.add_argument("--lock-lost", action="store_true")
+    p.add_argument("--leaving", action="store_true", help="this member was told to stop (SIGTERM)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`... verdict leaving` notes this pod's leaving. Otherwise, for the pod entrypoint: reads
+    DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION and HOSTNAME (the pod) from the
+    environment, records the verdict, tells it on stderr and prints the exit code: 0, 200 (the
+    operator's ExitCode policy recreates the pod), 6, or the program's own code (1-127: permanent)."""
+    run_dir = Path(os.environ.get("DIST_JOBS_CHECKPOINT_DIR", ".")) / os.environ.get("DIST_JOBS_RUN", "")
+    member = os.environ.get("HOSTNAME", "")
+    if argv == ["leaving"]:  # `... verdict leaving`: the entrypoint's SIGTERM trap
+        note_leaving(run_dir, member)
+        return 0
+    args = _parser().parse_args(argv)
+    since = _mtime(args.since)
+    code = args.first if args.rc and args.first else args.rc
+    hang = read_hang(run_dir)
+    evidence = Evidence(
+        exit_code=args.rc,
+        failures=(Failure(None, member, code),) if code else (),
+        preempted=args.rc != 0 and _mtime(run_dir / PREEMPTED_MARKER) >= since,
+        hang=describe_hang(hang) if hang is not None and hang.belongs_to(since=since) else "",
+        lock_lost=args.lock_lost or _taken_over(run_dir),
+        peer_left="" if args.leaving else peer_left(run_dir, member, since),
+        said="this pod was told to stop" if args.leaving else "",
+        warned=args.leaving,
+    )
+    # The operator recreates the pod: its fresh start is the restart (no in-place loop here).
+    verdict = replace(decide(evidence, restarts_left=1), node=member, time=time.time())
+    try:
+        record(run_dir, os.environ.get("DIST_JOBS_SUBMISSION", ""), verdict)
+    except OSError as exc:
+        print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
+    print(f"dist-jobs: {member or 'this pod'}: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
+    print(verdict.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
