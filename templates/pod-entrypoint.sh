@@ -14,9 +14,11 @@ DIST_JOBS_EXIT_NOTE="$notes/first-failure"
 export DIST_JOBS_EXIT_NOTE
 child=""
 leaving=""
-# Told to stop (the pod is deleted or preempted): say so in the run directory first, so the
-# other pods' programs, which fail once this one is gone, read as having lost a peer.
-trap 'leaving=--leaving; python3 -m dist_jobs.rundir.pod_end leaving 2>/dev/null; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
+# Told to stop (the pod is deleted or preempted): say so in the run directory first (an empty
+# file whose time is the note: no interpreter to start), so the other pods' programs, which fail
+# once this one is gone, read as having lost a peer (dist_jobs.rundir.pod_end).
+peers="${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}/peers"
+trap 'leaving=--leaving; mkdir -p "$peers" 2>/dev/null && : >"$peers/${HOSTNAME:-pod}"; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 # One live run per run directory: pod rank 0 takes the lock (a replaced pod of the same job takes
 # it over; DIST_JOBS_LOCK_OWNER names the job). Elastic jobs have no pod rank: the trainer's rank 0
 # takes it there. No `$$` here: Kubernetes turns `$$` in a command into `$`.

@@ -1,6 +1,7 @@
 """`python3 -m dist_jobs.rundir.pod_end ...`: the pod entrypoint (templates/pod-entrypoint.sh)
 asks this at its program's end what the end means (dist_jobs.rundir.verdict decides) and which
-exit code the pod ends with; `... pod_end leaving` is its SIGTERM trap's word to its peers.
+exit code the pod ends with. A pod told to stop leaves an empty file `<run dir>/peers/<pod>`
+(its SIGTERM trap, in sh), whose time says when.
 
 The evidence only a pod has: the code its first failing process noted, the PREEMPTED marker and
 the HANG record newer than the program's start, whether its job still holds the run directory
@@ -24,15 +25,7 @@ from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.lock import LOCK_NAME, current
 from dist_jobs.rundir.verdict import Evidence, Failure, decide, record, safe_name
 
-PEERS = "peers"  # folder of the run directory: a note per pod told to stop (its deletion's SIGTERM)
-
-
-def note_leaving(run_dir: Path, member: str) -> None:
-    """Leave word that `member` (a pod) was told to stop: its peers' programs, which will fail
-    when it is gone, then read as having lost a peer, not as failing by themselves."""
-    folder = run_dir / PEERS
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / safe_name(member)).write_text(f"{time.time()}\n", encoding="utf-8")
+PEERS = "peers"  # folder of the run directory: a note per pod told to stop (the entrypoint's trap)
 
 
 def peer_left(run_dir: Path, member: str, since: float) -> str:
@@ -74,15 +67,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`... verdict leaving` notes this pod's leaving. Otherwise, for the pod entrypoint: reads
+    """For the pod entrypoint: reads
     DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION and HOSTNAME (the pod) from the
     environment, records the verdict, tells it on stderr and prints the exit code: 0, 200 (the
     operator's ExitCode policy recreates the pod), 6, or the program's own code (1-127: permanent)."""
     run_dir = Path(os.environ.get("DIST_JOBS_CHECKPOINT_DIR", ".")) / os.environ.get("DIST_JOBS_RUN", "")
     member = os.environ.get("HOSTNAME", "")
-    if argv == ["leaving"]:  # `... verdict leaving`: the entrypoint's SIGTERM trap
-        note_leaving(run_dir, member)
-        return 0
     args = _parser().parse_args(argv)
     since = _mtime(args.since)
     code = args.first if args.rc and args.first else args.rc
