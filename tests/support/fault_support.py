@@ -11,34 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
-from support.hang_support import _first_to_stall
-from support.train_support import tiny_net
+from support.hang_support import faulty_net
 
 
 def dying_net(num_classes: int = 10) -> Any:
-    import torch
-    from torch import nn
-
-    inner = tiny_net(num_classes)
-    marker = os.environ.get("DJ_TEST_KILL_MARKER", "")
-    rank = int(os.environ.get("RANK", "0"))
-    kill_rank = int(os.environ.get("DJ_TEST_KILL_RANK", "1"))
-    kill_at = int(os.environ.get("DJ_TEST_KILL_BATCH", "7"))
-
-    class Dying(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-            self.batches = 0
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if self.training and marker and rank == kill_rank:
-                self.batches += 1
-                if self.batches == kill_at and _first_to_stall(Path(marker)):
-                    os.kill(os.getpid(), signal.SIGKILL)
-            return self.inner(x)
-
-    return Dying()
+    return faulty_net("DJ_TEST_KILL", 7, num_classes, lambda rank, batch: os.kill(os.getpid(), signal.SIGKILL))

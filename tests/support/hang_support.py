@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +22,41 @@ from support.train_support import tiny_net
 
 
 def stalling_net(num_classes: int = 10) -> Any:
+    return faulty_net("DJ_TEST_HANG", 6, num_classes, _stall)
+
+
+def faulty_net(prefix: str, at_batch: int, num_classes: int, fault: Callable[[int, int], None]) -> Any:
+    """tiny_net whose training forward, on rank ${prefix}_RANK (default 1) at its
+    ${prefix}_STEP-th (or ${prefix}_BATCH-th) batch, calls `fault(rank, batch)` once per run: the
+    first rank to get there creates ${prefix}_MARKER. Without the marker variable: tiny_net."""
     import torch
     from torch import nn
 
     inner = tiny_net(num_classes)
-    marker = os.environ.get("DJ_TEST_HANG_MARKER", "")
+    marker = os.environ.get(f"{prefix}_MARKER", "")
     rank = int(os.environ.get("RANK", "0"))
-    stall_rank = int(os.environ.get("DJ_TEST_HANG_RANK", "1"))
-    stall_at = int(os.environ.get("DJ_TEST_HANG_STEP", "6"))
+    faulty_rank = int(os.environ.get(f"{prefix}_RANK", "1"))
+    at = int(os.environ.get(f"{prefix}_STEP") or os.environ.get(f"{prefix}_BATCH") or at_batch)
 
-    class Stalling(nn.Module):
+    class Faulty(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.inner = inner
             self.batches = 0
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if self.training and marker and rank == stall_rank:
+            if self.training and marker and rank == faulty_rank:
                 self.batches += 1
-                if self.batches == stall_at and _first_to_stall(Path(marker)):
-                    print(f"hang_support: rank {rank} stops stepping at batch {stall_at}", file=sys.stderr, flush=True)
-                    stop_stepping()
+                if self.batches == at and _first_to_stall(Path(marker)):
+                    fault(rank, at)
             return self.inner(x)
 
-    return Stalling()
+    return Faulty()
+
+
+def _stall(rank: int, batch: int) -> None:
+    print(f"hang_support: rank {rank} stops stepping at batch {batch}", file=sys.stderr, flush=True)
+    stop_stepping()
 
 
 def stop_stepping() -> None:

@@ -159,7 +159,7 @@ def test_bash_completion_knows_every_verb_and_flag() -> None:
     assert proc.returncode == 0
     script = proc.stdout
     assert "complete -o filenames -F _dist_jobs dist-jobs" in script
-    assert "render submit run status cancel logs wait list env schema completion" in script
+    assert "render submit run status cancel logs plot wait list env schema completion" in script
     submit = next(line for line in script.splitlines() if line.strip().startswith("submit)"))
     assert "--wait" in submit and "--follow" in submit and "--max-requeues" in submit and "--record" not in submit
     bash = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
