@@ -35,7 +35,8 @@ UNSTAMPED = "unstamped"
 DONE = ".done"  # suffix of a member's record once it succeeded
 
 
-def _safe(text: str, fallback: str) -> str:
+def safe_name(text: str, fallback: str) -> str:
+    """`text` as one file name of a run directory: runs of other characters become `-`."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip(".-") or fallback
 
 
@@ -53,8 +54,8 @@ class Attempts:
         missing = [n for n in ("DIST_JOBS_CHECKPOINT_DIR", "DIST_JOBS_RUN", "DIST_JOBS_MAX_REQUEUES") if not env.get(n)]
         if missing:
             raise ValueError(f"{', '.join(missing)} not set (the rendered job sets them)")
-        member = _safe(env.get("HOSTNAME") or socket.gethostname(), "member")
-        submission = _safe(env.get("DIST_JOBS_SUBMISSION", ""), UNSTAMPED)
+        member = safe_name(env.get("HOSTNAME") or socket.gethostname(), "member")
+        submission = safe_name(env.get("DIST_JOBS_SUBMISSION", ""), UNSTAMPED)
         run_dir = Path(env["DIST_JOBS_CHECKPOINT_DIR"]) / env["DIST_JOBS_RUN"]
         return cls(run_dir / "attempts" / submission / member, int(env["DIST_JOBS_MAX_REQUEUES"]), member)
 
@@ -98,7 +99,7 @@ def starts(run_dir: Path, submission: str) -> int:
     the attempts the run directory saw (a scheduler's own count may merge some)."""
     counts = []
     try:
-        for record in (run_dir / "attempts" / _safe(submission, UNSTAMPED)).iterdir():
+        for record in (run_dir / "attempts" / safe_name(submission, UNSTAMPED)).iterdir():
             counts.append(len(record.read_text(errors="replace").splitlines()))
     except OSError:  # no records (not started, or an older version's success removed them)
         pass

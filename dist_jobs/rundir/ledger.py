@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dist_jobs.rundir.holder import process_start
-from dist_jobs.rundir.progress import read_history
+from dist_jobs.rundir.progress import read_history, read_json_lines
 from dist_jobs.rundir.verdict import Action, Ending, Verdict, recorded
 
 LEDGER = "ledger.jsonl"
@@ -70,19 +70,7 @@ def process_started(now: float | None = None) -> float:
 
 def read_events(run_dir: Path) -> list[dict[str, object]]:
     """Every complete event, oldest first; torn or foreign lines are skipped."""
-    try:
-        text = (run_dir / LEDGER).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    events = []
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("time"), (int, float)):
-            events.append(event)
-    return events
+    return read_json_lines(run_dir / LEDGER, "time", (int, float))
 
 
 @dataclass(frozen=True)

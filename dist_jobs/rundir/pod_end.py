@@ -20,10 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from dist_jobs.constants import PREEMPTED_MARKER
+from dist_jobs.rundir.attempts import safe_name
 from dist_jobs.rundir.hang import describe_hang, read_hang
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.lock import LOCK_NAME, current
-from dist_jobs.rundir.verdict import Evidence, Failure, decide, record, safe_name
+from dist_jobs.rundir.verdict import Evidence, Failure, decide, record
 
 PEERS = "peers"  # folder of the run directory: a note per pod told to stop (the entrypoint's trap)
 
@@ -31,7 +32,7 @@ PEERS = "peers"  # folder of the run directory: a note per pod told to stop (the
 def peer_left(run_dir: Path, member: str, since: float) -> str:
     """A peer other than `member` that was told to stop since `since`, told; "" if none."""
     try:
-        notes = [p for p in (run_dir / PEERS).iterdir() if p.name != safe_name(member)]
+        notes = [p for p in (run_dir / PEERS).iterdir() if p.name != safe_name(member, "pod")]
     except OSError:
         return ""
     left = sorted(p.name for p in notes if _mtime(p) >= since)

@@ -62,19 +62,26 @@ def owned_by(progress: Mapping[str, object], owner: str | None) -> bool:
 
 def read_history(run_dir: Path) -> list[dict[str, object]]:
     """Every complete row of metrics.jsonl, oldest first; torn or garbage lines are skipped."""
+    return read_json_lines(run_dir / HISTORY, "step", int)
+
+
+def read_json_lines(path: Path, key: str, kind: type | tuple[type, ...]) -> list[dict[str, object]]:
+    """The records of a JSON-lines file appended one line per write (metrics.jsonl, ledger.jsonl),
+    oldest first: those that parse as an object with `key` of type `kind`; a torn last line (its
+    writer killed mid-line) and foreign lines are skipped, and a missing file has none."""
     try:
-        text = (run_dir / HISTORY).read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    rows = []
+    records = []
     for line in text.splitlines():
         try:
-            row = json.loads(line)
+            record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows
+        if isinstance(record, dict) and isinstance(record.get(key), kind):
+            records.append(record)
+    return records
 
 
 def _number(value: object, fmt: str) -> str | None:

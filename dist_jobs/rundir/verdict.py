@@ -30,6 +30,7 @@ from enum import Enum
 from pathlib import Path
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
+from dist_jobs.rundir.attempts import UNSTAMPED, safe_name
 
 VERDICTS = "verdicts"  # folder of the run directory: one JSON-lines file per submission
 # A shell's "killed by signal N" (128+N), short of the requeue code.
@@ -210,16 +211,16 @@ def record(run_dir: Path, submission: str, verdict: Verdict) -> None:
     its verdict is told in its log only."""
     if verdict.ending is Ending.LOCK_LOST:
         return
-    folder = run_dir / VERDICTS
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{safe_name(submission)}.jsonl", "a", encoding="utf-8") as fh:
+    path = _record_of(run_dir, submission)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
         fh.write(verdict.to_json() + "\n")
 
 
 def recorded(run_dir: Path, submission: str) -> list[Verdict]:
     """Every verdict of a submission, oldest first; unreadable lines are skipped."""
     try:
-        lines = (run_dir / VERDICTS / f"{safe_name(submission)}.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = _record_of(run_dir, submission).read_text(encoding="utf-8").splitlines()
     except OSError:
         return []
     found = []
@@ -231,5 +232,5 @@ def recorded(run_dir: Path, submission: str) -> list[Verdict]:
     return found
 
 
-def safe_name(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip(".-") or "unstamped"
+def _record_of(run_dir: Path, submission: str) -> Path:
+    return run_dir / VERDICTS / f"{safe_name(submission, UNSTAMPED)}.jsonl"
