@@ -96,6 +96,15 @@ def write_preempted(folder: Path, why: str) -> None:
     write_atomic(folder / PREEMPTED_MARKER, why + "\n")
 
 
+def preempted_since(folder: Path, since: float) -> bool:
+    """Whether the PREEMPTED marker was left at or after `since` (the attempt's start): this
+    attempt checkpointed on a signal (or hung), not an earlier one."""
+    try:
+        return (folder / PREEMPTED_MARKER).stat().st_mtime >= since
+    except OSError:
+        return False
+
+
 def read_hang(folder: Path) -> HangRecord | None:
     """The record, or None when there is none or it cannot be read."""
     try:

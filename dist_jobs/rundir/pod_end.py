@@ -19,9 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.attempts import safe_name
-from dist_jobs.rundir.hang import describe_hang, read_hang
+from dist_jobs.rundir.hang import describe_hang, preempted_since, read_hang
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.lock import LOCK_NAME, current
 from dist_jobs.rundir.verdict import Evidence, Failure, decide, record
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     evidence = Evidence(
         exit_code=args.rc,
         failures=(Failure(None, member, code),) if code else (),
-        preempted=args.rc != 0 and _mtime(run_dir / PREEMPTED_MARKER) >= since,
+        preempted=args.rc != 0 and preempted_since(run_dir, since),
         hang=describe_hang(hang) if hang is not None and hang.belongs_to(since=since) else "",
         lock_lost=args.lock_lost or _taken_over(run_dir),
         peer_left="" if args.leaving else peer_left(run_dir, member, since),

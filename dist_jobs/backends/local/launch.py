@@ -22,13 +22,12 @@ from dist_jobs.backends.base import Prepared, checkpoint_root
 from dist_jobs.backends.local.procs import ProcessGroup
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages, missing_packages
 from dist_jobs.backends.snapshot import in_copy, spec_in_copy
-from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
-from dist_jobs.rundir.hang import describe_hang, read_hang
+from dist_jobs.rundir.hang import describe_hang, preempted_since, read_hang
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, held, new_token
 from dist_jobs.rundir.verdict import Action, Evidence, decide, record
@@ -226,7 +225,7 @@ class Launcher:
             self.out,
             grace=spec.preemption.grace_seconds,
             stop_signal=signal.Signals["SIG" + step_signal(spec)],
-            preempted=lambda since: _newer(run_dir / PREEMPTED_MARKER, since),
+            preempted=lambda since: preempted_since(run_dir, since),
             hung=lambda since: _hang_since(run_dir, since),
         )
         group.restarts_left = restarts_left
@@ -253,13 +252,6 @@ def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:
     if not in_copy(spec):
         spec = spec_in_copy(spec, workdir, checkpoint_root(spec, workdir).resolve() / spec.run_id / "local")
     return spec, Path(spec.workdir or workdir)
-
-
-def _newer(path: Path, since: float) -> bool:
-    try:
-        return path.stat().st_mtime >= since
-    except FileNotFoundError:
-        return False
 
 
 def _hang_since(run_dir: Path, since: float) -> str:

@@ -21,9 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dist_jobs.backends.slurm.batchlog import srun_failures
-from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.ranks.nodelist import expand
-from dist_jobs.rundir.hang import describe_hang, job_id, read_hang
+from dist_jobs.rundir.hang import describe_hang, job_id, preempted_since, read_hang
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
 from dist_jobs.rundir.verdict import Evidence, Verdict, decide, record
 
@@ -42,13 +41,6 @@ def answering_nodes(nodes: list[str]) -> list[str]:
         print(f"dist-jobs: probing the nodes failed: {exc}", file=sys.stderr)
         return []
     return sorted(set(done.stdout.split()))
-
-
-def _newer(path: Path, since: float) -> bool:
-    try:
-        return path.stat().st_mtime >= since
-    except OSError:
-        return False
 
 
 def _hang(run_dir: Path, job: str, since: float) -> str:
@@ -70,7 +62,7 @@ def evidence(args: argparse.Namespace) -> Evidence:
         failures=srun_failures(text, cancelled=args.cancelled),
         warned=args.warned,
         cancelled=args.cancelled,
-        preempted=_newer(args.run_dir / PREEMPTED_MARKER, since),
+        preempted=preempted_since(args.run_dir, since),
         hang=_hang(args.run_dir, job_id(), since),
         lock_lost=lock_lost,
     )
