@@ -5,7 +5,7 @@ A page asks for generated text with an HTML comment on a line of its own, for ex
 repository (one that is not Markdown, such as LICENSE, as a text block) and
 `<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring,
 `<!-- gen: function dist_jobs/api/__init__.py:job -->` a function mkdocstrings cannot reach. A page's `console`
-blocks that start with `$ dist-jobs` are run (docs/gen.py, check_examples) and a mismatch is an
+blocks that start with `$ dist-jobs` are run (docs/gen.py, run_examples) and a mismatch is an
 error, so `mkdocs build --strict` fails on a stale example.
 """
 
@@ -32,8 +32,8 @@ GENERATORS = {
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
-    text = _DIRECTIVE.sub(_expand, markdown)
-    for problem in gen.check_examples(text):
+    text, problems = gen.run_examples(_DIRECTIVE.sub(_expand, markdown))
+    for problem in problems:
         log.error("%s: an example is stale: %s", page.file.src_path, problem)
     return text
 
