@@ -48,8 +48,8 @@ docs: $(VENV)/.installed
 # ruff (lint and format) over the code, mypy over the package; the import rules are a test
 # (tests/unit/test_layers.py), so they run with the suite.
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check dist_jobs tests bench docs noxfile.py
-	$(VENV)/bin/ruff format --check dist_jobs tests bench docs noxfile.py
+	$(VENV)/bin/ruff check dist_jobs tests bench docs examples noxfile.py
+	$(VENV)/bin/ruff format --check dist_jobs tests bench docs examples noxfile.py
 	$(VENV)/bin/mypy
 
 # Without the cluster tiers (their tests skip with the reason).

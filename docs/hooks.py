@@ -4,7 +4,8 @@ A page asks for generated text with an HTML comment on a line of its own, for ex
 `<!-- gen: spec_reference -->`; `<!-- gen: include BENCHMARKS.md -->` pulls in a file of the
 repository (one that is not Markdown, such as LICENSE, as a text block) and
 `<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring,
-`<!-- gen: function dist_jobs/api/__init__.py:job -->` a function mkdocstrings cannot reach. A page's `console`
+`<!-- gen: function dist_jobs/api/__init__.py:job -->` a function mkdocstrings cannot reach,
+`<!-- gen: file examples/ddp-script/train.py -->` a file as a code block titled with its name. A page's `console`
 blocks that start with `$ dist-jobs` are run (docs/gen.py, run_examples) and a mismatch is an
 error, so `mkdocs build --strict` fails on a stale example.
 """
@@ -46,9 +47,19 @@ def _expand(match: re.Match[str]) -> str:
         return gen.docstring(arg)
     if name == "function":
         return gen.function(arg)
+    if name == "file":
+        return _file(arg)
     if name not in GENERATORS:
         raise ValueError(f"unknown generator {name!r}; known: {sorted(GENERATORS)}, include")
     return GENERATORS[name]()
+
+
+def _file(relative: str) -> str:
+    """A file of the repository (an example's script or spec) as a code block titled with its
+    name: the page shows it, and the page's executed examples find it in their folder."""
+    path = gen.REPO / relative
+    lang = {".py": "python", ".yaml": "yaml", ".sh": "bash"}.get(path.suffix, "text")
+    return f'```{lang} title="{path.name}"\n{path.read_text().rstrip()}\n```\n'
 
 
 def _include(relative: str) -> str:

@@ -76,7 +76,7 @@ def test_every_link_opened_from_disk_lands_on_a_page(site: Path, tmp_path: Path)
     html = dom(index, tmp_path)
     links = local_links(html, index)
     # The navigation reaches every section, and every link opens a file (no folder listings).
-    assert {"getting-started.html", "first-run.html", "preemption.html", "spec.html", "api.html"} <= {
+    assert {"getting-started.html", "first-run.html", "your-script.html", "examples.html", "spec.html", "api.html"} <= {
         link.name for link in links
     }
     assert [link for link in links if not link.is_file()] == []
@@ -93,3 +93,11 @@ def test_the_tutorial_shows_its_real_output_and_its_picture(site: Path, tmp_path
     assert "\u2026" not in text  # every elided line shows what was printed
     image = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]{1000,})"', html)
     assert image is not None, "the run's plot is not embedded"
+
+
+def test_the_examples_gallery_ran_each_example(site: Path, tmp_path: Path) -> None:
+    text = re.sub(r"<[^>]+>", "", dom(site / "examples.html", tmp_path))
+    assert re.search(r"\[rank 0\] eval_loss \d+\.\d{4}, eval_mae \d+\.\d{4}", text)  # fit-your-model's last line
+    assert "dist.init_process_group" in text  # ddp-script's train.py, shown from its folder
+    your_script = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "your-script.html", tmp_path))
+    assert "[rank 0] done on 4 ranks; LOCAL_RANK 0, MASTER_ADDR 127.0.0.1" in your_script
