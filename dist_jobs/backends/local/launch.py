@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
@@ -204,7 +205,7 @@ class Launcher:
             token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
             restart, port = 0, free_port()
             while True:
-                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart)
+                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart, lock.beat)
                 procs = plan(spec, workdir, port, job_id, use_gpus)
                 code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=workdir)
                 verdict = replace(group.verdict or decide(Evidence(code)), attempt=f"0.{restart}" if restart else "0")
@@ -220,13 +221,14 @@ class Launcher:
         self.first_failure = group.first_failure
         return code
 
-    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int) -> ProcessGroup:
+    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int, still_ours: Callable[[], bool]) -> ProcessGroup:
         group = ProcessGroup(
             self.out,
             grace=spec.preemption.grace_seconds,
             stop_signal=signal.Signals["SIG" + step_signal(spec)],
             preempted=lambda since: preempted_since(run_dir, since),
             hung=lambda since: _hang_since(run_dir, since),
+            still_ours=still_ours,
         )
         group.restarts_left = restarts_left
         return group
