@@ -76,9 +76,8 @@ def test_every_link_opened_from_disk_lands_on_a_page(site: Path, tmp_path: Path)
     html = dom(index, tmp_path)
     links = local_links(html, index)
     # The navigation reaches every section, and every link opens a file (no folder listings).
-    assert {"getting-started.html", "first-run.html", "your-script.html", "examples.html", "spec.html", "api.html"} <= {
-        link.name for link in links
-    }
+    pages = ["getting-started", "first-run", "your-script", "fsdp", "examples", "spec", "api"]
+    assert {f"{page}.html" for page in pages} <= {link.name for link in links}
     assert [link for link in links if not link.is_file()] == []
     # The search box is there, and its index is a script (a fetch() of JSON fails from file://).
     assert 'data-md-component="search-query"' in html
@@ -101,3 +100,9 @@ def test_the_examples_gallery_ran_each_example(site: Path, tmp_path: Path) -> No
     assert "dist.init_process_group" in text  # ddp-script's train.py, shown from its folder
     your_script = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "your-script.html", tmp_path))
     assert "[rank 0] done on 4 ranks; LOCAL_RANK 0, MASTER_ADDR 127.0.0.1" in your_script
+
+
+def test_the_fsdp_tutorial_resumed_on_another_world_size_and_exported(site: Path, tmp_path: Path) -> None:
+    text = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "fsdp.html", tmp_path))
+    assert "it was written by 2 ranks at sample 640 of the epoch; 4 ranks x batch 16 continue at sample 640" in text
+    assert "exported the model of checkpoints/sharded/step-30 to model.pt" in text
