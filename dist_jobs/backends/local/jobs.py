@@ -44,6 +44,7 @@ PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled",
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
+REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
 class LocalBackend:
@@ -96,7 +97,7 @@ class LocalBackend:
         import yaml
 
         spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
-        for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
+        for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
             _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
@@ -269,6 +270,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)
+    except DistJobsError as exc:  # refused before any rank started (the run directory's lock): say why
+        code = exc.exit_code
+        _write(folder / REFUSED, exc.message)  # before EXIT: a status that sees the code sees this too
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         if backend.first_failure:  # before EXIT: a status that sees the code sees this too
@@ -278,7 +283,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
 
 
 def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
-    """FAILED, naming the process that failed first (the launcher stopped the others)."""
+    """FAILED, naming why the launcher refused the run, or the process that failed first (the
+    launcher stopped the others)."""
+    with contextlib.suppress(OSError):
+        return JobStatus(job_id, name, "FAILED", f"{(folder / REFUSED).read_text().strip()} ({describe_exit(code)})")
     try:
         label, first = (folder / FIRST).read_text().strip().split("\t")
     except (OSError, ValueError):  # none recorded (a launcher killed outright, or an older run)
