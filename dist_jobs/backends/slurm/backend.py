@@ -161,13 +161,14 @@ class SlurmBackend:
         return Handle("slurm", job_id, cluster=self.cluster_name())
 
     def run_dir(self, job_id: str) -> Path:
-        """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
+        """`<checkpoint_dir>/<run>` of a job submitted from this machine (its job.json, found
+        through the registry from any folder)."""
         found = job_meta(self.jobs_dir, job_id).get("run_dir")
         if found:
             return Path(found)
         raise BackendError(
             f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
-            "attach from the folder you submitted from (or pass its --jobs-dir)",
+            "a job submitted from this machine is found from any folder; for another machine's, pass its --jobs-dir",
         )
 
     def owner(self, job_id: str) -> str:
