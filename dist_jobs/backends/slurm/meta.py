@@ -17,6 +17,7 @@ from typing import Any
 from dist_jobs.backends import registry
 from dist_jobs.backends.slurm.output import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.place import RunDir
 
 JOB_JSON = "job.json"
 
@@ -52,7 +53,8 @@ def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
     trials = meta.get("trials") or []
     if int(index) >= len(trials):
         return {}
-    run_dir = Path(meta["run_dir"]).parent / trials[int(index)] if meta.get("run_dir") else None
+    # the trial's run beside the array's, below the sweep's checkpoint root
+    run_dir = RunDir.at(RunDir(Path(meta["run_dir"])).root, trials[int(index)]) if meta.get("run_dir") else None
     return {
         **meta,
         "run": trials[int(index)],
