@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root, each_status
+from dist_jobs.backends import registry
+from dist_jobs.backends.base import JobStatus, Prepared, each_status, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
@@ -43,10 +44,7 @@ PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled",
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
-
-
-def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
-    return checkpoint_root(spec, workdir).resolve() / spec.run_id
+REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
 class LocalBackend:
@@ -81,7 +79,7 @@ class LocalBackend:
 
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
-        folder = run_dir_of(spec, self.workdir) / FOLDER
+        folder = (prepared.run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):
             if _alive(folder):
@@ -89,7 +87,9 @@ class LocalBackend:
                     f"run {spec.run_id} is already running here (local://{folder.parent})",
                     "wait for it, cancel it, or pick another --name",
                 )
-            return self._start(spec, folder)
+            handle = self._start(spec, folder)
+        registry.record(registry.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
+        return handle
 
     def _start(self, spec: JobSpec, folder: Path) -> Handle:
         """The detached launcher of a run whose record this process has claimed."""
@@ -97,7 +97,7 @@ class LocalBackend:
         import yaml
 
         spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
-        for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
+        for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
             _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
@@ -157,8 +157,9 @@ class LocalBackend:
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
-        root = (self.workdir / "checkpoints").resolve()
-        found = [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
+        """Every job submitted from this machine (registry) whose run directory still holds it."""
+        runs = dict.fromkeys(job.job_id for job in registry.every("local"))
+        found = [self.status(run) for run in runs if (Path(run) / FOLDER / SPEC).is_file()]
         return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 
     def cancel(self, job_id: str) -> None:
@@ -269,6 +270,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)
+    except DistJobsError as exc:  # refused before any rank started (the run directory's lock): say why
+        code = exc.exit_code
+        _write(folder / REFUSED, exc.message)  # before EXIT: a status that sees the code sees this too
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         if backend.first_failure:  # before EXIT: a status that sees the code sees this too
@@ -278,7 +283,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
 
 
 def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
-    """FAILED, naming the process that failed first (the launcher stopped the others)."""
+    """FAILED, naming why the launcher refused the run, or the process that failed first (the
+    launcher stopped the others)."""
+    with contextlib.suppress(OSError):
+        return JobStatus(job_id, name, "FAILED", f"{(folder / REFUSED).read_text().strip()} ({describe_exit(code)})")
     try:
         label, first = (folder / FIRST).read_text().strip().split("\t")
     except (OSError, ValueError):  # none recorded (a launcher killed outright, or an older run)
