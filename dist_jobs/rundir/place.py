@@ -2,7 +2,7 @@
 
 Built once from the spec and the host's view (dist_jobs.backends.base.run_dir_of on the submit
 side, the trainer's checkpoint_folder from the variables the backend set), recorded absolute at
-submit (dist_jobs.backends.registry), and read back from there by status, logs and list, so a
+submit (dist_jobs.backends.records), and read back from there by status, logs and list, so a
 handle gives the same answer from any folder.
 """
 

@@ -1,4 +1,4 @@
-"""Where a local run lives is recorded once, at submit (dist_jobs.backends.registry): `list` finds a
+"""Where a local run lives is recorded once, at submit (dist_jobs.backends.records): `list` finds a
 job wherever its checkpoint_dir put it, and a run the lock refused says why."""
 
 from __future__ import annotations

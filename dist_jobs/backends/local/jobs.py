@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dist_jobs.backends import registry
+from dist_jobs.backends import records
 from dist_jobs.backends.base import JobStatus, Prepared, each_status, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
@@ -88,7 +88,7 @@ class LocalBackend:
                     "wait for it, cancel it, or pick another --name",
                 )
             handle = self._start(spec, folder)
-        registry.record(registry.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
+        records.record(records.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
         return handle
 
     def _start(self, spec: JobSpec, folder: Path) -> Handle:
@@ -157,8 +157,8 @@ class LocalBackend:
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
-        """Every job submitted from this machine (registry) whose run directory still holds it."""
-        runs = dict.fromkeys(job.job_id for job in registry.every("local"))
+        """Every job submitted from this machine (backends.records) whose run directory still holds it."""
+        runs = dict.fromkeys(job.job_id for job in records.every("local"))
         found = [self.status(run) for run in runs if (Path(run) / FOLDER / SPEC).is_file()]
         return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 

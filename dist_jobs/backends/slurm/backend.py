@@ -162,7 +162,7 @@ class SlurmBackend:
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from this machine (its job.json, found
-        through the registry from any folder)."""
+        through backends.records from any folder)."""
         found = job_meta(self.jobs_dir, job_id).get("run_dir")
         if found:
             return Path(found)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dist_jobs.backends import registry
+from dist_jobs.backends import records
 from dist_jobs.backends.slurm.output import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.place import RunDir
@@ -23,8 +23,8 @@ JOB_JSON = "job.json"
 
 
 def _record(jobs_dir: Path, job_id: str) -> Path | None:
-    """job.json of `job_id`: in `jobs_dir`, else where this machine's registry says it was
-    submitted to, so a job's record is found from any folder."""
+    """job.json of `job_id`: in `jobs_dir`, else where this machine's record of submitted jobs
+    (backends.records) says it was submitted to, so a job's record is found from any folder."""
     # a listing, not a glob: a glob compiles a pattern per job id, and a sweep's status asks for each trial
     try:
         names = sorted(n for n in os.listdir(jobs_dir) if n.endswith(f"-{job_id}"))
@@ -32,7 +32,7 @@ def _record(jobs_dir: Path, job_id: str) -> Path | None:
         names = []
     found = (jobs_dir / n / JOB_JSON for n in names)
     here = next((p for p in found if p.is_file()), None)
-    submitted = registry.recorded("slurm", job_id) if here is None else None
+    submitted = records.recorded("slurm", job_id) if here is None else None
     if submitted is None or not submitted.job_dir:
         return here
     path = Path(submitted.job_dir) / JOB_JSON

@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from dist_jobs.backends import registry
+from dist_jobs.backends import records
 from dist_jobs.backends.base import Prepared, run_dir_of
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages
 from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
@@ -115,7 +115,7 @@ def _submit_staged(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     job_dir = str(jobs_dir / f"{spec.run_id}-{job_id}")
-    registry.record(registry.Submitted("slurm", job_id, str(run_dir), str(log_dir), job_dir))
+    records.record(records.Submitted("slurm", job_id, str(run_dir), str(log_dir), job_dir))
     return job_id
 
 

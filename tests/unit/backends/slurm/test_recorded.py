@@ -1,4 +1,4 @@
-"""Where a SLURM job's folders are is recorded once at submit (dist_jobs.backends.registry): its
+"""Where a SLURM job's folders are is recorded once at submit (dist_jobs.backends.records): its
 status reads the same from any folder, not only from the one it was submitted from."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from dist_jobs.backends import registry
+from dist_jobs.backends import records
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.spec.load import load_spec
 from support.paths import TESTS
@@ -61,8 +61,8 @@ def test_submit_records_the_absolute_run_and_log_folders_once(tmp_path: Path) ->
     prepared = slurm.prepare(spec)
     assert prepared.run_dir is not None and prepared.run_dir.path == tmp_path / "ck" / "paused"
     slurm.submit(prepared)
-    found = registry.recorded("slurm", "29")
+    found = records.recorded("slurm", "29")
     assert found is not None
     assert (found.run_dir, found.log_dir) == (str(tmp_path / "ck" / "paused"), str(tmp_path / "logs"))
     assert Path(found.job_dir).is_absolute() and (Path(found.job_dir) / "job.json").is_file()
-    assert [job.job_id for job in registry.every("slurm")] == ["29"]
+    assert [job.job_id for job in records.every("slurm")] == ["29"]
