@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +42,11 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
 
 def _expand(match: re.Match[str]) -> str:
     name, arg = match.group(1), match.group(2)
-    if name == "include":
-        return _include(arg)
-    if name == "docstring":
-        return gen.docstring(arg)
-    if name == "function":
-        return gen.function(arg)
-    if name == "file":
-        return _file(arg)
-    if name not in GENERATORS:
-        raise ValueError(f"unknown generator {name!r}; known: {sorted(GENERATORS)}, include")
-    return GENERATORS[name]()
+    if name in GENERATORS:
+        return GENERATORS[name]()
+    if name in WITH_ARGUMENT:
+        return WITH_ARGUMENT[name](arg)
+    raise ValueError(f"unknown generator {name!r}; known: {sorted(GENERATORS)}, {sorted(WITH_ARGUMENT)}")
 
 
 def _file(relative: str) -> str:
@@ -69,3 +64,12 @@ def _include(relative: str) -> str:
     if not relative.endswith(".md"):
         return "```text\n" + text.rstrip("\n") + "\n```\n"
     return re.sub(r"\A# [^\n]*\n", "", text)
+
+
+# The directives that take an argument: `<!-- gen: NAME ARGUMENT -->`.
+WITH_ARGUMENT: dict[str, Callable[[str], str]] = {
+    "include": _include,
+    "docstring": gen.docstring,
+    "function": gen.function,
+    "file": _file,
+}

@@ -153,4 +153,4 @@ def test_every_page_exists_and_every_generator_a_page_names_is_known() -> None:
 
     for page in pages.rglob("*.md"):
         for name, _ in re.findall(r"^<!-- gen: (\w+)(?: (\S+))? -->$", page.read_text(), re.M):
-            assert name in hooks.GENERATORS or name in ("include", "docstring", "function"), (page, name)
+            assert name in hooks.GENERATORS or name in hooks.WITH_ARGUMENT, (page, name)
