@@ -8,11 +8,19 @@ still answers (one task per node). The verdict is recorded in the run directory,
 (the batch log) and printed as `ACTION EXIT_CODE` for the script:
 
     done 0 | restart 200 | requeue 200 | fail 3 | stop 6 | none 143
+
+Before a requeue, the nodes the verdict blames are kept away from the job's next attempts
+(dist_jobs.rundir.quarantine): a third word then gives the job's whole node exclusion from now on,
+for `scontrol update JobId=... ExcNodeList=...` once the job is requeued (SLURM takes it only on
+a pending job), or `none` when every quarantine has expired:
+
+    requeue 200 n2
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -24,7 +32,8 @@ from dist_jobs.backends.slurm.batchlog import srun_failures
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import describe_hang, job_id, preempted_since, read_hang
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
-from dist_jobs.rundir.verdict import Evidence, Verdict, decide, record
+from dist_jobs.rundir.quarantine import exclusion, keep_away, kept_away
+from dist_jobs.rundir.verdict import Action, Evidence, Verdict, decide, record
 
 PROBE_SECONDS = 30  # a node that cannot run `printenv` within this is lost to this allocation
 
@@ -79,6 +88,35 @@ def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = ans
     return verdict
 
 
+def excluded_now(scontrol_show_job: str) -> list[str]:
+    """The nodes a job excludes, from `scontrol show job -o JOBID` ("(null)": none)."""
+    found = re.search(r"\bExcNodeList=(\S+)", scontrol_show_job)
+    return [] if found is None or found.group(1) == "(null)" else expand(found.group(1))
+
+
+def _job_exclusion(job: str) -> list[str]:
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return excluded_now(done.stdout)
+
+
+def quarantine(run_dir: Path, job: str, verdict: Verdict, current: Callable[[str], list[str]] = _job_exclusion) -> str:
+    """Before a requeue: keep the nodes the verdict blames away from the job's next attempts and
+    say so on stderr; the job's node exclusion from now on (`none`: clear it), or "" when the job
+    never kept a node away (nothing to change)."""
+    if verdict.action is not Action.REQUEUE:
+        return ""
+    now = time.time()
+    for kept in keep_away(run_dir, job, verdict, now):
+        print(f"dist-jobs: the next attempt keeps away from {kept.told()}", file=sys.stderr)
+    records = kept_away(run_dir, job)
+    if not records:
+        return ""
+    return ",".join(exclusion(current(job), records, now)) or "none"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m dist_jobs.backends.slurm.step_end")
     p.add_argument("--rc", type=int, required=True, help="the step's exit code")
@@ -104,7 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the run directory's own trouble fails the next step loudly anyway
         print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
     print(f"dist-jobs: attempt {args.attempt} ended: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
-    print(f"{verdict.action} {verdict.exit_code}")
+    try:
+        excluded = quarantine(args.run_dir, job_id(), verdict)
+    except OSError as exc:  # the requeue matters more than the quarantine
+        print(f"dist-jobs: cannot record the nodes to keep away: {exc}", file=sys.stderr)
+        excluded = ""
+    print(f"{verdict.action} {verdict.exit_code}" + (f" {excluded}" if excluded else ""))
     return 0
 
 
