@@ -87,6 +87,39 @@ def _with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobSt
     return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
+def _with_joining(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
+    """A running job some of whose ranks have not joined after a while: which, where, for how long."""
+    if status.state != "RUNNING" or not meta.get("run_dir") or not meta.get("log_dir") or "_" in job_id:
+        return status
+    # a running job's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.backends.slurm.joining import joining
+    from dist_jobs.ranks.nodelist import expand
+
+    nodes = expand(status.extra.get("nodes", "")) if status.extra.get("nodes") else []
+    layout = (nodes, int(meta.get("procs_per_node") or 0), meta.get("launcher") == "torchrun")
+    said = joining(Path(meta["run_dir"]), Path(meta["log_dir"]), meta.get("run", ""), job_id, layout, time.time())
+    if not said:
+        return status
+    return dataclasses.replace(status, detail="; ".join(part for part in (status.detail, said) if part))
+
+
+def _with_quarantine(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
+    """A job not ended yet that keeps nodes away from its next attempts (they failed an earlier
+    one; dist_jobs.rundir.quarantine): which and why, in `kept_away` and the detail."""
+    run_dir = meta.get("run_dir")
+    if not run_dir or status.finished:
+        return status
+    from dist_jobs.rundir.quarantine import kept_away  # a run directory's records: a small file
+
+    now = time.time()
+    active = [q for q in kept_away(Path(run_dir), job_id) if q.active(now)]
+    if not active:
+        return status
+    told = ", ".join(q.told() for q in active)
+    detail = "; ".join(part for part in (status.detail, f"keeps away from {told}") if part)
+    return dataclasses.replace(status, detail=detail, extra={**status.extra, "kept_away": told})
+
+
 def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
     """Rank `rank`'s lines of a torchrun node's log, found by their `[rank R] ` prefix and given
     as the rank wrote them, and the attempt banners; without follow, a log where no line has
@@ -203,9 +236,10 @@ class SlurmBackend:
 
     def _with_code(self, job_id: str, status: JobStatus) -> JobStatus:
         """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted
-        with one; and the goodput ledger of a job submitted from here whose run directory is readable."""
+        with one; the goodput ledger and the nodes kept away of a job submitted from here whose
+        run directory is readable."""
         meta = job_meta(self.jobs_dir, job_id)
-        status = _with_goodput(job_id, status, meta)
+        status = _with_quarantine(job_id, _with_goodput(job_id, _with_joining(job_id, status, meta), meta), meta)
         code = meta.get("code")
         if not isinstance(code, dict):
             return status
@@ -290,8 +324,11 @@ class SlurmBackend:
             except BackendError:  # sacct failed: the status is told without it
                 acct = None
         nodes = {}
-        if job.nodelist:
-            proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", job.nodelist, "--format", SINFO_NODE_STATES])
+        # the allocation's nodes too: a dead node SLURM has released is no longer in squeue's list
+        allocated = acct.nodelist if acct is not None and acct.nodelist not in ("", "None assigned") else ""
+        asked = allocated or job.nodelist
+        if asked:
+            proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", asked, "--format", SINFO_NODE_STATES])
             nodes = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
         return completing_status(job, acct, nodes)
 

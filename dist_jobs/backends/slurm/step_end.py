@@ -12,9 +12,11 @@ still answers (one task per node). The verdict is recorded in the run directory,
 Before a requeue, the nodes the verdict blames are kept away from the job's next attempts
 (dist_jobs.rundir.quarantine): a third word then gives the job's whole node exclusion from now on,
 for `scontrol update JobId=... ExcNodeList=...` once the job is requeued (SLURM takes it only on
-a pending job), or `none` when every quarantine has expired:
+a pending job), or `none` when every quarantine has expired. When SLURM requeues the job itself
+(it declared a node down: the batch shell gets SIGTERM), sinfo names the failed node:
 
     requeue 200 n2
+    none 143 n2
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from dist_jobs.backends.slurm.batchlog import srun_failures
+from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import describe_hang, job_id, preempted_since, read_hang
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
-from dist_jobs.rundir.quarantine import exclusion, keep_away, kept_away
-from dist_jobs.rundir.verdict import Action, Evidence, Verdict, decide, record
+from dist_jobs.rundir.quarantine import blamed_nodes, exclusion, keep_away, kept_away
+from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record
 
 PROBE_SECONDS = 30  # a node that cannot run `printenv` within this is lost to this allocation
 
@@ -77,14 +80,34 @@ def evidence(args: argparse.Namespace) -> Evidence:
     )
 
 
-def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes) -> Verdict:
-    """The verdict; a restart in place only once every node has answered."""
+def failed_nodes(nodes: list[str]) -> list[str]:
+    """The allocation's nodes SLURM says do not answer or are down (sinfo), once the job is gone
+    from them: the probe's srun cannot run there any more."""
+    argv = ["sinfo", "--noheader", "--Node", "--nodes", ",".join(nodes), "--format", SINFO_NODE_STATES]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"dist-jobs: asking sinfo about the nodes failed: {exc}", file=sys.stderr)
+        return []
+    states = parse_node_states(done.stdout)
+    return [n for n, s in states.items() if not s.responding or s.state.startswith(("down", "fail"))]
+
+
+def judge(
+    ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes, failed: Probe = failed_nodes
+) -> Verdict:
+    """The verdict; a restart in place only once every node has answered. A cancel (SLURM's own
+    requeue when it declares a node down) asks sinfo which node failed."""
     verdict = decide(ev, restarts_left=restarts_left)
     if verdict.fault_in_place:
         answered = set(probe(nodes))
         lost = tuple(n for n in nodes if n not in answered)
         if lost:
             verdict = decide(replace(ev, lost_nodes=lost), restarts_left=restarts_left)
+    elif verdict.ending is Ending.CANCELLED and nodes:
+        down = tuple(failed(nodes))
+        if down:
+            verdict = decide(replace(ev, lost_nodes=down), restarts_left=restarts_left)
     return verdict
 
 
@@ -103,10 +126,10 @@ def _job_exclusion(job: str) -> list[str]:
 
 
 def quarantine(run_dir: Path, job: str, verdict: Verdict, current: Callable[[str], list[str]] = _job_exclusion) -> str:
-    """Before a requeue: keep the nodes the verdict blames away from the job's next attempts and
-    say so on stderr; the job's node exclusion from now on (`none`: clear it), or "" when the job
-    never kept a node away (nothing to change)."""
-    if verdict.action is not Action.REQUEUE:
+    """Before a requeue (the script's, or SLURM's own after a node failed): keep the nodes the
+    verdict blames away from the job's next attempts and say so on stderr; the job's node
+    exclusion from now on (`none`: clear it), or "" when the job never kept a node away."""
+    if verdict.action is not Action.REQUEUE and not blamed_nodes(verdict):
         return ""
     now = time.time()
     for kept in keep_away(run_dir, job, verdict, now):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.slurm.step_end import excluded_now, quarantine
+from dist_jobs.backends.slurm.step_end import excluded_now, judge, quarantine
 from dist_jobs.rundir.quarantine import QUARANTINE, Quarantine, blamed_nodes, exclusion, keep_away, kept_away
-from dist_jobs.rundir.verdict import Action, Evidence, Failure, Verdict, decide
+from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide
 
 NODE_LOST = decide(Evidence(143, (Failure(3, "n2", signal="SIGKILL"),), lost_nodes=("n2", "n3")))
 KILLED_USED_UP = decide(Evidence(137, (Failure(3, "n2", signal="SIGKILL"),)), restarts_left=0)
@@ -77,3 +77,15 @@ def test_no_quarantine_no_change_and_an_expired_one_clears(tmp_path: Path) -> No
     keep_away(tmp_path, "7", NODE_LOST, now=0.0, seconds=1)  # long expired
     assert quarantine(tmp_path, "7", PREEMPTED, current=lambda job: ["n2", "n3"]) == "none"
     assert Action.REQUEUE is PREEMPTED.action
+
+
+def test_when_slurm_requeues_the_job_itself_sinfo_names_the_failed_node(tmp_path: Path) -> None:
+    """SLURM declared n2 down and requeued the job: the batch shell got SIGTERM (a cancel to it),
+    and the probe's srun can no longer run; sinfo says which node failed."""
+    cancelled = Evidence(143, cancelled=True)
+    no_probe = lambda nodes: pytest.fail("no srun probe once the job is requeued")
+    verdict = judge(cancelled, ["n1", "n2"], 1, probe=no_probe, failed=lambda nodes: ["n2"])
+    assert (verdict.ending, verdict.action, verdict.node) == (Ending.NODE_LOST, Action.NONE, "n2")
+    assert quarantine(tmp_path, "7", verdict, current=lambda job: []) == "n2"
+    plain = judge(cancelled, ["n1", "n2"], 1, probe=no_probe, failed=lambda nodes: [])  # an scancel
+    assert plain.ending is Ending.CANCELLED and quarantine(tmp_path, "8", plain, current=lambda job: []) == ""

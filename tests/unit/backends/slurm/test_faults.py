@@ -84,7 +84,7 @@ def test_a_requeued_job_waiting_for_a_dead_node_says_so_without_running_or_an_et
     assert "running" not in table and "eta" not in table, table
     assert table.splitlines()[0] == f"slurm://distjobs/7  fx-nodefail  requeued (COMPLETING)  {info.detail}"
     assert info.progress is not None and info.progress["eta_s"] is None
-    sinfo = ["sinfo", "--noheader", "--Node", "--nodes", "n2", "--format", SINFO_NODE_STATES]
+    sinfo = ["sinfo", "--noheader", "--Node", "--nodes", "n[1-2]", "--format", SINFO_NODE_STATES]  # the allocation's
     assert [argv[0] for argv in runner.calls] == ["squeue", "sacct", "sinfo"] and runner.calls[2] == sinfo
 
 
