@@ -87,17 +87,26 @@ def _with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobSt
     return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
-def _with_joining(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
+def _with_joining(run: Runner, job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
     """A running job some of whose ranks have not joined after a while: which, where, for how long."""
     if status.state != "RUNNING" or not meta.get("run_dir") or not meta.get("log_dir") or "_" in job_id:
         return status
     # a running job's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+    from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
     from dist_jobs.backends.slurm.joining import joining
     from dist_jobs.ranks.nodelist import expand
 
-    nodes = expand(status.extra.get("nodes", "")) if status.extra.get("nodes") else []
+    nodelist = status.extra.get("nodes", "")
+    nodes = expand(nodelist) if nodelist else []
+
+    def silent() -> list[str]:
+        proc = run(["sinfo", "--noheader", "--Node", "--nodes", nodelist, "--format", SINFO_NODE_STATES])
+        states = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
+        return [name for name, state in states.items() if not state.responding]
+
     layout = (nodes, int(meta.get("procs_per_node") or 0), meta.get("launcher") == "torchrun")
-    said = joining(Path(meta["run_dir"]), Path(meta["log_dir"]), meta.get("run", ""), job_id, layout, time.time())
+    folders = Path(meta["run_dir"]), Path(meta["log_dir"])
+    said = joining(*folders, meta.get("run", ""), job_id, layout, time.time(), silent)
     if not said:
         return status
     return dataclasses.replace(status, detail="; ".join(part for part in (status.detail, said) if part))
@@ -239,7 +248,8 @@ class SlurmBackend:
         with one; the goodput ledger and the nodes kept away of a job submitted from here whose
         run directory is readable."""
         meta = job_meta(self.jobs_dir, job_id)
-        status = _with_quarantine(job_id, _with_goodput(job_id, _with_joining(job_id, status, meta), meta), meta)
+        status = _with_joining(self.run, job_id, status, meta)
+        status = _with_quarantine(job_id, _with_goodput(job_id, status, meta), meta)
         code = meta.get("code")
         if not isinstance(code, dict):
             return status

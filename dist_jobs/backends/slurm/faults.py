@@ -61,19 +61,18 @@ def completing_status(job: SlurmJob, acct: SacctJobState | None, nodes: Mapping[
     failed = [n for n in nodes.values() if n.name not in completing and not n.responding]
     told = [nodes[n].told() if n in nodes else n for n in completing]
     where = ", ".join(told) or job.nodelist or "its nodes"
-    if failed:
-        where += f" ({', '.join(n.told() for n in failed)} failed)"
+    lost = f"failed: {', '.join(n.told() for n in failed)}; " if failed else ""
     ended = acct.end.strftime("%Y-%m-%d %H:%M:%S") if acct is not None and acct.end is not None else None
     extra = {"nodes": job.nodelist, "restarts": "" if job.restarts is None else str(job.restarts)}
     if acct is not None and acct.state == "REQUEUED":
         restart = f" (restart {job.restarts})" if job.restarts else ""
         detail = (
-            f"requeued{restart}{f' at {ended}' if ended else ''}; no rank runs: "
+            f"requeued{restart}{f' at {ended}' if ended else ''}; {lost}no rank runs: "
             f"waiting for SLURM to clean up {where} before the job can start again"
         )
         return JobStatus(job.job_id, job.name, job.state, detail, extra, normal="requeued")
     if acct is not None and ended and acct.state not in ("RUNNING", "PENDING"):
-        detail = f"ended ({acct.state}) at {ended}; SLURM is still cleaning up {where}"
+        detail = f"ended ({acct.state}) at {ended}; {lost}SLURM is still cleaning up {where}"
     else:
-        detail = f"ending: SLURM is stopping the job on {where}"
+        detail = f"ending: {lost}SLURM is stopping the job on {where}"
     return JobStatus(job.job_id, job.name, job.state, detail, extra, normal="completing")

@@ -10,13 +10,15 @@ wait at the rendezvous. What the run's folders say about the step now running:
 - each rank's beat of this attempt, newer than the step's start (dist_jobs.rundir.beats): the
   rank joined and trains.
 After JOIN_GRACE_S without every rank joined, the ranks that did not start are named, else (some
-ranks beat) those that never beat. Pure but for reading those files.
+ranks beat) those that never beat, else (none did) those on a node the scheduler says does not
+answer (a node that died after starting its tasks: the others wait at the rendezvous). Pure but
+for reading those files and asking the caller about silent nodes.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,20 +71,33 @@ def waiting_for(missing: Sequence[int], nodes: Sequence[str], procs: int, second
     return f"waiting for {told} to join for {duration(seconds)}"
 
 
-def not_joined(world: int, started: Collection[int], joined: Collection[int]) -> list[int]:
+def not_joined(
+    world: int, started: Collection[int], joined: Collection[int], silent: Collection[int] = ()
+) -> list[int]:
     """The ranks the others wait for: those that did not start, else (some joined) those that did
-    not join; none when nothing tells them apart."""
+    not join, else (none joined) those on a node that does not answer (`silent`); none when
+    nothing tells them apart."""
     unstarted = [r for r in range(world) if r not in started]
     if unstarted:
         return unstarted
-    return [r for r in range(world) if r not in joined] if joined else []
+    if joined:
+        return [r for r in range(world) if r not in joined]
+    return sorted(silent)
 
 
 def joining(
-    run_dir: Path, log_dir: Path, run: str, job_id: str, layout: tuple[list[str], int, bool], now: float
+    run_dir: Path,
+    log_dir: Path,
+    run: str,
+    job_id: str,
+    layout: tuple[list[str], int, bool],
+    now: float,
+    silent_nodes: Callable[[], list[str]] = list,
 ) -> str:
     """The ranks of the running job not joined after JOIN_GRACE_S, told; "" when all joined, or
-    before. `layout`: (the allocation's nodes, processes per node, torchrun mode: one task per node)."""
+    before. `layout`: (the allocation's nodes, processes per node, torchrun mode: one task per
+    node); `silent_nodes`: the allocation's nodes that do not answer the scheduler, asked only
+    when no rank joined (a node that died after starting its tasks)."""
     nodes, procs, torchrun = layout
     step = running_step(log_dir, job_id)
     if step is None or now - step.started < JOIN_GRACE_S or procs <= 0:
@@ -94,5 +109,9 @@ def joining(
     started = {r for r in range(world) if (r // procs if torchrun else r) in tasks}
     attempt = int(step.label.split(".")[0])
     joined = {b.rank for b in read_beats(run_dir, world, job=job_id, attempt=attempt) if b.time >= step.started}
-    missing = not_joined(world, started, joined)
+    silent = []
+    if not joined and len(started) == world:
+        gone = set(silent_nodes())
+        silent = [r for r in range(world) if r // procs < len(nodes) and nodes[r // procs] in gone]
+    missing = not_joined(world, started, joined, silent)
     return waiting_for(missing, nodes, procs, now - step.started) if missing else ""

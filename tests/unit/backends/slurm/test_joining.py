@@ -31,6 +31,8 @@ def test_the_ranks_that_did_not_start_are_waited_for_else_those_that_did_not_joi
     assert not_joined(4, started={0, 1, 2, 3}, joined={0, 1, 2}) == [3]
     assert not_joined(4, started={0, 1, 2, 3}, joined=set()) == []  # nothing tells them apart
     assert not_joined(4, started={0, 1, 2, 3}, joined={0, 1, 2, 3}) == []
+    assert not_joined(4, started={0, 1, 2, 3}, joined=set(), silent={3, 2}) == [2, 3]  # a node that died
+    assert not_joined(4, started={0, 1, 2, 3}, joined={0, 1}, silent={3}) == [2, 3]  # the beats say more
 
 
 def step(logs: Path, job: str, label: str, started: float, tasks: list[int]) -> None:
