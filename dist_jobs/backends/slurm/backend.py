@@ -87,48 +87,6 @@ def _with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobSt
     return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
-def _with_joining(run: Runner, job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
-    """A running job some of whose ranks have not joined after a while: which, where, for how long."""
-    if status.state != "RUNNING" or not meta.get("run_dir") or not meta.get("log_dir") or "_" in job_id:
-        return status
-    # a running job's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
-    from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
-    from dist_jobs.backends.slurm.joining import joining
-    from dist_jobs.ranks.nodelist import expand
-
-    nodelist = status.extra.get("nodes", "")
-    nodes = expand(nodelist) if nodelist else []
-
-    def silent() -> list[str]:
-        proc = run(["sinfo", "--noheader", "--Node", "--nodes", nodelist, "--format", SINFO_NODE_STATES])
-        states = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
-        return [name for name, state in states.items() if not state.responding]
-
-    layout = (nodes, int(meta.get("procs_per_node") or 0), meta.get("launcher") == "torchrun")
-    folders = Path(meta["run_dir"]), Path(meta["log_dir"])
-    said = joining(*folders, meta.get("run", ""), job_id, layout, time.time(), silent)
-    if not said:
-        return status
-    return dataclasses.replace(status, detail="; ".join(part for part in (status.detail, said) if part))
-
-
-def _with_quarantine(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
-    """A job not ended yet that keeps nodes away from its next attempts (they failed an earlier
-    one; dist_jobs.rundir.quarantine): which and why, in `kept_away` and the detail."""
-    run_dir = meta.get("run_dir")
-    if not run_dir or status.finished:
-        return status
-    from dist_jobs.rundir.quarantine import kept_away  # a run directory's records: a small file
-
-    now = time.time()
-    active = [q for q in kept_away(Path(run_dir), job_id) if q.active(now)]
-    if not active:
-        return status
-    told = ", ".join(q.told() for q in active)
-    detail = "; ".join(part for part in (status.detail, f"keeps away from {told}") if part)
-    return dataclasses.replace(status, detail=detail, extra={**status.extra, "kept_away": told})
-
-
 def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
     """Rank `rank`'s lines of a torchrun node's log, found by their `[rank R] ` prefix and given
     as the rank wrote them, and the attempt banners; without follow, a log where no line has
@@ -248,8 +206,12 @@ class SlurmBackend:
         with one; the goodput ledger and the nodes kept away of a job submitted from here whose
         run directory is readable."""
         meta = job_meta(self.jobs_dir, job_id)
-        status = _with_joining(self.run, job_id, status, meta)
-        status = _with_quarantine(job_id, _with_goodput(job_id, status, meta), meta)
+        if not status.finished and meta.get("run_dir"):
+            # a job not ended's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+            from dist_jobs.backends.slurm.joining import with_joining, with_quarantine
+
+            status = with_quarantine(job_id, with_joining(self.run, job_id, status, meta), meta)
+        status = _with_goodput(job_id, status, meta)
         code = meta.get("code")
         if not isinstance(code, dict):
             return status

@@ -1,4 +1,6 @@
-"""Ranks a running SLURM job still waits for: "waiting for ranks 2-3 on n2 to join for 1m40s".
+"""What a SLURM job not ended waits for, added to its status: the ranks that have not joined
+("waiting for ranks 2-3 on n2 to join for 1m40s") and the nodes it keeps away (they failed an
+earlier attempt: dist_jobs.rundir.quarantine).
 
 Before its first optimizer step a job shows no progress to measure, so a node that died before
 it (or a rank that never started) leaves the job RUNNING to the scheduler while the ranks left
@@ -17,13 +19,21 @@ for reading those files and asking the caller about silent nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import subprocess
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from dist_jobs.backends.base import JobStatus
+from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
+from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.beats import read_beats
 from dist_jobs.rundir.progress import duration
+from dist_jobs.rundir.quarantine import kept_away
 
 JOIN_GRACE_S = 60.0  # a healthy rendezvous takes seconds; past this a missing rank is news
 
@@ -115,3 +125,40 @@ def joining(
         silent = [r for r in range(world) if r // procs < len(nodes) and nodes[r // procs] in gone]
     missing = not_joined(world, started, joined, silent)
     return waiting_for(missing, nodes, procs, now - step.started) if missing else ""
+
+
+def with_joining(
+    run: Callable[[list[str]], subprocess.CompletedProcess[str]], job_id: str, status: JobStatus, meta: dict[str, Any]
+) -> JobStatus:
+    """A running job some of whose ranks have not joined after a while: which, where, for how
+    long, in the detail. `meta`: the job's job.json; `run`: runs sinfo."""
+    if status.state != "RUNNING" or not meta.get("run_dir") or not meta.get("log_dir") or "_" in job_id:
+        return status
+    nodelist = status.extra.get("nodes", "")
+
+    def silent() -> list[str]:
+        proc = run(["sinfo", "--noheader", "--Node", "--nodes", nodelist, "--format", SINFO_NODE_STATES])
+        states = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
+        return [name for name, state in states.items() if not state.responding]
+
+    nodes = expand(nodelist) if nodelist else []
+    layout = (nodes, int(meta.get("procs_per_node") or 0), meta.get("launcher") == "torchrun")
+    folders = Path(meta["run_dir"]), Path(meta["log_dir"])
+    said = joining(*folders, meta.get("run", ""), job_id, layout, time.time(), silent)
+    if not said:
+        return status
+    return dataclasses.replace(status, detail="; ".join(part for part in (status.detail, said) if part))
+
+
+def with_quarantine(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
+    """A job not ended that keeps nodes away from its next attempts: which and why, in
+    `kept_away` and the detail."""
+    if not meta.get("run_dir") or status.finished:
+        return status
+    now = time.time()
+    active = [q for q in kept_away(Path(meta["run_dir"]), job_id) if q.active(now)]
+    if not active:
+        return status
+    told = ", ".join(q.told() for q in active)
+    detail = "; ".join(part for part in (status.detail, f"keeps away from {told}") if part)
+    return dataclasses.replace(status, detail=detail, extra={**status.extra, "kept_away": told})

@@ -22,6 +22,7 @@ a pending job), or `none` when every quarantine has expired. When SLURM requeues
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -93,6 +94,19 @@ def failed_nodes(nodes: list[str]) -> list[str]:
     return [n for n, s in states.items() if not s.responding or s.state.startswith(("down", "fail"))]
 
 
+def silent_nodes(nodes: list[str], probe: Probe, failed: Probe, here: str | None = None) -> tuple[str, ...]:
+    """The allocation's nodes that did not answer the probe. The batch host runs this process, so
+    it answers; a probe that reached no node at all failed as a whole (its srun cannot start a
+    step while a node of the allocation is dead): then sinfo's failed nodes, when it names any."""
+    here = os.environ.get("SLURMD_NODENAME", "") if here is None else here
+    answered = set(probe(nodes))
+    if not answered:
+        down = [n for n in failed(nodes) if n != here]
+        if down:
+            return tuple(down)
+    return tuple(n for n in nodes if n not in answered and n != here)
+
+
 def judge(
     ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes, failed: Probe = failed_nodes
 ) -> Verdict:
@@ -100,8 +114,7 @@ def judge(
     requeue when it declares a node down) asks sinfo which node failed."""
     verdict = decide(ev, restarts_left=restarts_left)
     if verdict.fault_in_place:
-        answered = set(probe(nodes))
-        lost = tuple(n for n in nodes if n not in answered)
+        lost = silent_nodes(nodes, probe, failed)
         if lost:
             verdict = decide(replace(ev, lost_nodes=lost), restarts_left=restarts_left)
     elif verdict.ending is Ending.CANCELLED and nodes:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.slurm.step_end import excluded_now, judge, quarantine
+from dist_jobs.backends.slurm.step_end import excluded_now, judge, quarantine, silent_nodes
 from dist_jobs.rundir.quarantine import QUARANTINE, Quarantine, blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide
 
@@ -89,3 +89,13 @@ def test_when_slurm_requeues_the_job_itself_sinfo_names_the_failed_node(tmp_path
     assert quarantine(tmp_path, "7", verdict, current=lambda job: []) == "n2"
     plain = judge(cancelled, ["n1", "n2"], 1, probe=no_probe, failed=lambda nodes: [])  # an scancel
     assert plain.ending is Ending.CANCELLED and quarantine(tmp_path, "8", plain, current=lambda job: []) == ""
+
+
+def test_the_batch_host_answers_and_a_probe_that_reached_nobody_asks_sinfo() -> None:
+    """srun cannot start the probe's step while a node of the allocation is dead: it reaches no
+    node. The batch host runs the verdict itself, so it is never the lost node."""
+    nobody = lambda nodes: []
+    assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: ["n2"], here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: [], here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2", "n3"], lambda nodes: ["n1", "n3"], failed=nobody, here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2"], lambda nodes: ["n1", "n2"], failed=nobody, here="n1") == ()
