@@ -138,19 +138,51 @@ def _job_exclusion(job: str) -> list[str]:
     return excluded_now(done.stdout)
 
 
-def quarantine(run_dir: Path, job: str, verdict: Verdict, current: Callable[[str], list[str]] = _job_exclusion) -> str:
+def _in_service() -> list[str]:
+    """The nodes of the job's partition that could run it (sinfo: answering, not down or drained)."""
+    argv = ["sinfo", "--noheader", "--Node", "--format", SINFO_NODE_STATES]
+    partition = os.environ.get("SLURM_JOB_PARTITION", "")
+    try:
+        done = subprocess.run(
+            argv + (["--partition", partition] if partition else []), capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    states = parse_node_states(done.stdout)
+    return [n for n, s in states.items() if s.responding and not s.state.startswith(("down", "drain", "fail", "maint"))]
+
+
+def quarantine(
+    run_dir: Path,
+    job: str,
+    verdict: Verdict,
+    current: Callable[[str], list[str]] = _job_exclusion,
+    in_service: Callable[[], list[str]] = _in_service,
+) -> str:
     """Before a requeue (the script's, or SLURM's own after a node failed): keep the nodes the
     verdict blames away from the job's next attempts and say so on stderr; the job's node
-    exclusion from now on (`none`: clear it), or "" when the job never kept a node away."""
-    if verdict.action is not Action.REQUEUE and not blamed_nodes(verdict):
+    exclusion from now on (`none`: clear it), or "" when the job never kept a node away. A node
+    is not kept away when the partition would be left with too few nodes for the job
+    (SLURM_JOB_NUM_NODES): the job would never start again."""
+    blamed = blamed_nodes(verdict)
+    if verdict.action is not Action.REQUEUE and not blamed:
         return ""
-    now = time.time()
-    for kept in keep_away(run_dir, job, verdict, now):
-        print(f"dist-jobs: the next attempt keeps away from {kept.told()}", file=sys.stderr)
+    now, excluded = time.time(), current(job)
+    needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0)
+    left = [n for n in in_service() if n not in excluded and n not in blamed] if blamed and needed else []
+    if blamed and len(left) < needed:
+        print(
+            f"dist-jobs: {', '.join(blamed)} not kept away: the job needs {needed} nodes and "
+            f"only {len(left)} other{'s' if len(left) != 1 else ''} can run it",
+            file=sys.stderr,
+        )
+    else:
+        for kept in keep_away(run_dir, job, verdict, now):
+            print(f"dist-jobs: the next attempt keeps away from {kept.told()}", file=sys.stderr)
     records = kept_away(run_dir, job)
     if not records:
         return ""
-    return ",".join(exclusion(current(job), records, now)) or "none"
+    return ",".join(exclusion(excluded, records, now)) or "none"
 
 
 def _parser() -> argparse.ArgumentParser:

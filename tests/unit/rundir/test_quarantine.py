@@ -99,3 +99,15 @@ def test_the_batch_host_answers_and_a_probe_that_reached_nobody_asks_sinfo() -> 
     assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: [], here="n1") == ("n2",)
     assert silent_nodes(["n1", "n2", "n3"], lambda nodes: ["n1", "n3"], failed=nobody, here="n1") == ("n2",)
     assert silent_nodes(["n1", "n2"], lambda nodes: ["n1", "n2"], failed=nobody, here="n1") == ()
+
+
+def test_a_node_is_not_kept_away_when_too_few_others_could_run_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 2-node job on a partition of 2: excluding the failed node would leave it pending forever."""
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    assert quarantine(tmp_path, "7", KILLED_USED_UP, current=lambda job: [], in_service=lambda: ["n1", "n2"]) == ""
+    assert "n2 not kept away: the job needs 2 nodes and only 1 other can run it" in capsys.readouterr().err
+    assert kept_away(tmp_path, "7") == []
+    spare = lambda: ["n1", "n2", "n3"]
+    assert quarantine(tmp_path, "7", KILLED_USED_UP, current=lambda job: [], in_service=spare) == "n2"
