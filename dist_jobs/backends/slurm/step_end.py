@@ -165,7 +165,7 @@ def quarantine(
     is not kept away when the partition would be left with too few nodes for the job
     (SLURM_JOB_NUM_NODES): the job would never start again."""
     blamed = blamed_nodes(verdict)
-    if verdict.action is not Action.REQUEUE and not blamed:
+    if not blamed and (verdict.action is not Action.REQUEUE or not kept_away(run_dir, job)):
         return ""
     now, excluded = time.time(), current(job)
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0)
