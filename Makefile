@@ -26,10 +26,12 @@ demo: $(VENV)/.installed
 # cluster jobs, and the side work fills the cores then without slowing what it waits on. The side
 # work's output follows the full session's; either failing fails `make test`.
 SIDE_LOG := build/test-side.log
+# 3 SLURM nodes: the node-failure test needs one to spare for a 2-node job (its failed node is kept away).
+SLURM_NODES := 3
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null && command -v chromium >/dev/null || \
 	    (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck chromium)
-	bash slurm/cluster/up.sh
+	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
 	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	mkdir -p build
@@ -57,7 +59,7 @@ test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m 'not slurm and not apiserver and not realpods'; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 cluster-up:
-	bash slurm/cluster/up.sh
+	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) bash slurm/cluster/up.sh
 cluster-down:
 	bash slurm/cluster/down.sh
 apiserver-up:

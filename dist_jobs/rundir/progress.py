@@ -88,7 +88,7 @@ def _number(value: object, fmt: str) -> str | None:
     return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     whole = int(seconds)
     hours, rest = divmod(whole, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
@@ -110,7 +110,7 @@ def describe(progress: Mapping[str, object]) -> str:
         parts.append(f"{rate} samples/s")
     eta = progress.get("eta_s")
     if isinstance(eta, (int, float)) and progress.get("state") != "finished":
-        parts.append(f"eta {_duration(float(eta))}")
+        parts.append(f"eta {duration(float(eta))}")
     checkpoint = progress.get("checkpoint_step")
     parts.append(f"checkpoint {checkpoint if isinstance(checkpoint, int) else '-'}")
     parts.append(f"attempt {progress.get('attempt', 0)}")
@@ -118,7 +118,7 @@ def describe(progress: Mapping[str, object]) -> str:
         parts.append("finished")
     quiet = progress.get("quiet_s")
     if isinstance(quiet, (int, float)):
-        parts.append(f"no progress for {_duration(float(quiet))}")
+        parts.append(f"no progress for {duration(float(quiet))}")
     return "  ".join(parts)
 
 

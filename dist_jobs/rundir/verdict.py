@@ -7,7 +7,7 @@ longer answer, a peer that left) and `decide()` says what it means and what to d
 
     completed                  -> done
     preempted (warned, marker) -> requeue
-    node lost                  -> requeue, elsewhere
+    node lost                  -> requeue, elsewhere (SLURM's own requeue of a failed node's job: nothing)
     rank killed by a signal nobody sent us, a peer lost, a hang
                                -> restart in place (while the allocation has restarts left), else requeue
     the program's own exit     -> fail at once: a bug is not retried
@@ -179,13 +179,15 @@ def _classify(ev: Evidence) -> Verdict:
     cause = "" if first is None else (f"rank {first.rank} " if first.rank is not None else "") + first.told()
     if ev.lock_lost:
         return Verdict(Ending.LOCK_LOST, Action.STOP, LOCK_LOST_EXIT_CODE, "another run took the run directory over")
+    lost = ", ".join(ev.lost_nodes)
+    if ev.cancelled and lost:  # SLURM requeues a job whose node failed itself: it acts, the node is to blame
+        return Verdict(Ending.NODE_LOST, Action.NONE, ev.exit_code, f"{lost} no longer answered", node=lost)
     if ev.cancelled:
         return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, ev.said or cause, rank=rank, node=node)
     if first is None:
         return Verdict(Ending.COMPLETED, Action.DONE, 0)
-    if ev.lost_nodes:
-        nodes = ", ".join(ev.lost_nodes)
-        return Verdict(Ending.NODE_LOST, Action.REQUEUE, REQUEUE_EXIT_CODE, f"{nodes} no longer answered", node=nodes)
+    if lost:
+        return Verdict(Ending.NODE_LOST, Action.REQUEUE, REQUEUE_EXIT_CODE, f"{lost} no longer answered", node=lost)
     if ev.hang:
         return Verdict(Ending.HANG, Action.RESTART, REQUEUE_EXIT_CODE, ev.hang, rank=rank, node=node)
     if ev.preempted or ev.warned:

@@ -1,5 +1,6 @@
-"""Run the rendered job scripts: the sbatch script with stub `srun`/`scontrol` that record what
-they were given, and a pod's entrypoint as its container runs it."""
+"""Run the rendered job scripts: the sbatch script with stub `srun`/`scontrol`/`sinfo` that record
+what they were given (sinfo and scontrol print nothing), and a pod's entrypoint as its container
+runs it."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ sys.exit(int(rcs[min(n, len(rcs) - 1)]))
 
 def make_stubs(folder: Path, python: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("srun", "scontrol", "torchrun"):
+    for name in ("srun", "scontrol", "sinfo", "torchrun"):
         path = folder / name
         path.write_text((SRUN_STUB if name == "srun" else STUB).format(python=python))
         path.chmod(0o755)

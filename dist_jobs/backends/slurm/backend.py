@@ -207,8 +207,14 @@ class SlurmBackend:
 
     def _with_code(self, job_id: str, status: JobStatus) -> JobStatus:
         """`code`: the snapshot the job runs (commit, uncommitted changes), if it was submitted
-        with one; and the goodput ledger of a job submitted from here whose run directory is readable."""
+        with one; the goodput ledger and the nodes kept away of a job submitted from here whose
+        run directory is readable."""
         meta = job_meta(self.jobs_dir, job_id)
+        if not status.finished and meta.get("run_dir"):
+            # a job not ended's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
+            from dist_jobs.backends.slurm.joining import with_joining, with_quarantine
+
+            status = with_quarantine(job_id, with_joining(self.run, job_id, status, meta), meta)
         status = _with_goodput(job_id, status, meta)
         code = meta.get("code")
         if not isinstance(code, dict):
@@ -294,8 +300,11 @@ class SlurmBackend:
             except BackendError:  # sacct failed: the status is told without it
                 acct = None
         nodes = {}
-        if job.nodelist:
-            proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", job.nodelist, "--format", SINFO_NODE_STATES])
+        # the allocation's nodes too: a dead node SLURM has released is no longer in squeue's list
+        allocated = acct.nodelist if acct is not None and acct.nodelist not in ("", "None assigned") else ""
+        asked = allocated or job.nodelist
+        if asked:
+            proc = self.run(["sinfo", "--noheader", "--Node", "--nodes", asked, "--format", SINFO_NODE_STATES])
             nodes = parse_node_states(proc.stdout) if proc.returncode == 0 else {}
         return completing_status(job, acct, nodes)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm.output import SacctJobState, SlurmJob
+from dist_jobs.ranks.nodelist import expand
 
 # For `sinfo --noheader --Node --nodes NODES --format SINFO_NODE_STATES`: one line per node.
 SINFO_NODE_STATES = "%N|%T|%E|%H"
@@ -52,19 +53,26 @@ def parse_node_states(stdout: str) -> dict[str, NodeState]:
 
 def completing_status(job: SlurmJob, acct: SacctJobState | None, nodes: Mapping[str, NodeState]) -> JobStatus:
     """squeue's COMPLETING job, told with sacct's latest attempt (`acct`: None when sacct could
-    not say) and the state of the nodes still completing."""
-    where = ", ".join(n.told() for n in nodes.values()) or job.nodelist or "its nodes"
+    not say) and the state of its nodes (`nodes`: those of the allocation, sacct's, and those
+    still completing, squeue's). squeue lists only the nodes not yet released: once SLURM has
+    marked a dead node down it is released, and a live one (the batch host) may still be cleaned
+    up; the node that failed is named as such, not as the one being cleaned up."""
+    completing = expand(job.nodelist) if job.nodelist else list(nodes)
+    failed = [n for n in nodes.values() if n.name not in completing and not n.responding]
+    told = [nodes[n].told() if n in nodes else n for n in completing]
+    where = ", ".join(told) or job.nodelist or "its nodes"
+    lost = f"failed: {', '.join(n.told() for n in failed)}; " if failed else ""
     ended = acct.end.strftime("%Y-%m-%d %H:%M:%S") if acct is not None and acct.end is not None else None
     extra = {"nodes": job.nodelist, "restarts": "" if job.restarts is None else str(job.restarts)}
     if acct is not None and acct.state == "REQUEUED":
         restart = f" (restart {job.restarts})" if job.restarts else ""
         detail = (
-            f"requeued{restart}{f' at {ended}' if ended else ''}; no rank runs: "
+            f"requeued{restart}{f' at {ended}' if ended else ''}; {lost}no rank runs: "
             f"waiting for SLURM to clean up {where} before the job can start again"
         )
         return JobStatus(job.job_id, job.name, job.state, detail, extra, normal="requeued")
     if acct is not None and ended and acct.state not in ("RUNNING", "PENDING"):
-        detail = f"ended ({acct.state}) at {ended}; SLURM is still cleaning up {where}"
+        detail = f"ended ({acct.state}) at {ended}; {lost}SLURM is still cleaning up {where}"
     else:
-        detail = f"ending: SLURM is stopping the job on {where}"
+        detail = f"ending: {lost}SLURM is stopping the job on {where}"
     return JobStatus(job.job_id, job.name, job.state, detail, extra, normal="completing")

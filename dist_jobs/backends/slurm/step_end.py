@@ -8,11 +8,22 @@ still answers (one task per node). The verdict is recorded in the run directory,
 (the batch log) and printed as `ACTION EXIT_CODE` for the script:
 
     done 0 | restart 200 | requeue 200 | fail 3 | stop 6 | none 143
+
+Before a requeue, the nodes the verdict blames are kept away from the job's next attempts
+(dist_jobs.rundir.quarantine): a third word then gives the job's whole node exclusion from now on,
+for `scontrol update JobId=... ExcNodeList=...` once the job is requeued (SLURM takes it only on
+a pending job), or `none` when every quarantine has expired. When SLURM requeues the job itself
+(it declared a node down: the batch shell gets SIGTERM), sinfo names the failed node:
+
+    requeue 200 n2
+    none 143 n2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import subprocess
 import sys
 import time
@@ -21,10 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from dist_jobs.backends.slurm.batchlog import srun_failures
+from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import describe_hang, job_id, preempted_since, read_hang
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
-from dist_jobs.rundir.verdict import Evidence, Verdict, decide, record
+from dist_jobs.rundir.quarantine import blamed_nodes, exclusion, keep_away, kept_away
+from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record
 
 PROBE_SECONDS = 30  # a node that cannot run `printenv` within this is lost to this allocation
 
@@ -68,15 +81,108 @@ def evidence(args: argparse.Namespace) -> Evidence:
     )
 
 
-def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes) -> Verdict:
-    """The verdict; a restart in place only once every node has answered."""
+def failed_nodes(nodes: list[str]) -> list[str]:
+    """The allocation's nodes SLURM says do not answer or are down (sinfo), once the job is gone
+    from them: the probe's srun cannot run there any more."""
+    argv = ["sinfo", "--noheader", "--Node", "--nodes", ",".join(nodes), "--format", SINFO_NODE_STATES]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"dist-jobs: asking sinfo about the nodes failed: {exc}", file=sys.stderr)
+        return []
+    states = parse_node_states(done.stdout)
+    return [n for n, s in states.items() if not s.responding or s.state.startswith(("down", "fail"))]
+
+
+def silent_nodes(nodes: list[str], probe: Probe, failed: Probe, here: str | None = None) -> tuple[str, ...]:
+    """The allocation's nodes that did not answer the probe. The batch host runs this process, so
+    it answers; a probe that reached no node at all failed as a whole (its srun cannot start a
+    step while a node of the allocation is dead): then sinfo's failed nodes, when it names any."""
+    here = os.environ.get("SLURMD_NODENAME", "") if here is None else here
+    answered = set(probe(nodes))
+    if not answered:
+        down = [n for n in failed(nodes) if n != here]
+        if down:
+            return tuple(down)
+    return tuple(n for n in nodes if n not in answered and n != here)
+
+
+def judge(
+    ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes, failed: Probe = failed_nodes
+) -> Verdict:
+    """The verdict; a restart in place only once every node has answered. A cancel (SLURM's own
+    requeue when it declares a node down) asks sinfo which node failed."""
     verdict = decide(ev, restarts_left=restarts_left)
     if verdict.fault_in_place:
-        answered = set(probe(nodes))
-        lost = tuple(n for n in nodes if n not in answered)
+        lost = silent_nodes(nodes, probe, failed)
         if lost:
             verdict = decide(replace(ev, lost_nodes=lost), restarts_left=restarts_left)
+    elif verdict.ending is Ending.CANCELLED and nodes:
+        down = tuple(failed(nodes))
+        if down:
+            verdict = decide(replace(ev, lost_nodes=down), restarts_left=restarts_left)
     return verdict
+
+
+def excluded_now(scontrol_show_job: str) -> list[str]:
+    """The nodes a job excludes, from `scontrol show job -o JOBID` ("(null)": none)."""
+    found = re.search(r"\bExcNodeList=(\S+)", scontrol_show_job)
+    return [] if found is None or found.group(1) == "(null)" else expand(found.group(1))
+
+
+def _job_exclusion(job: str) -> list[str]:
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return excluded_now(done.stdout)
+
+
+def _in_service() -> list[str]:
+    """The nodes of the job's partition that could run it (sinfo: answering, not down or drained)."""
+    argv = ["sinfo", "--noheader", "--Node", "--format", SINFO_NODE_STATES]
+    partition = os.environ.get("SLURM_JOB_PARTITION", "")
+    try:
+        done = subprocess.run(
+            argv + (["--partition", partition] if partition else []), capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    states = parse_node_states(done.stdout)
+    return [n for n, s in states.items() if s.responding and not s.state.startswith(("down", "drain", "fail", "maint"))]
+
+
+def quarantine(
+    run_dir: Path,
+    job: str,
+    verdict: Verdict,
+    current: Callable[[str], list[str]] = _job_exclusion,
+    in_service: Callable[[], list[str]] = _in_service,
+) -> str:
+    """Before a requeue (the script's, or SLURM's own after a node failed): keep the nodes the
+    verdict blames away from the job's next attempts and say so on stderr; the job's node
+    exclusion from now on (`none`: clear it), or "" when the job never kept a node away. A node
+    is not kept away when the partition would be left with too few nodes for the job
+    (SLURM_JOB_NUM_NODES): the job would never start again."""
+    blamed = blamed_nodes(verdict)
+    if not blamed and (verdict.action is not Action.REQUEUE or not kept_away(run_dir, job)):
+        return ""
+    now, excluded = time.time(), current(job)
+    needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0)
+    left = [n for n in in_service() if n not in excluded and n not in blamed] if blamed and needed else []
+    if blamed and len(left) < needed:
+        print(
+            f"dist-jobs: {', '.join(blamed)} not kept away: the job needs {needed} nodes and "
+            f"only {len(left)} other{'s' if len(left) != 1 else ''} can run it",
+            file=sys.stderr,
+        )
+    else:
+        for kept in keep_away(run_dir, job, verdict, now):
+            print(f"dist-jobs: the next attempt keeps away from {kept.told()}", file=sys.stderr)
+    records = kept_away(run_dir, job)
+    if not records:
+        return ""
+    return ",".join(exclusion(excluded, records, now)) or "none"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,7 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the run directory's own trouble fails the next step loudly anyway
         print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
     print(f"dist-jobs: attempt {args.attempt} ended: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
-    print(f"{verdict.action} {verdict.exit_code}")
+    try:
+        excluded = quarantine(args.run_dir, job_id(), verdict)
+    except OSError as exc:  # the requeue matters more than the quarantine
+        print(f"dist-jobs: cannot record the nodes to keep away: {exc}", file=sys.stderr)
+        excluded = ""
+    print(f"{verdict.action} {verdict.exit_code}" + (f" {excluded}" if excluded else ""))
     return 0
 
 

@@ -164,13 +164,17 @@ def test_restarts_used_up_or_a_silent_node_give_the_allocation_up(tmp_path) -> N
     spec = load_spec(data={**SEED, "preemption": {"max_restarts": 1}})
     proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs, {"STUB_RCS": "137", "STUB_ERRS": KILLED}, rc=137)
     assert proc.returncode == 200 and len(step_calls(calls)) == 2, proc.stderr
-    assert scontrol_calls(calls) == [["requeue", "4242"]]
+    # the killed rank's node is kept away from the next attempt: excluded once the job is requeued
+    show, requeue = ["show", "job", "-o", "4242"], ["requeue", "4242"]
+    assert scontrol_calls(calls) == [show, requeue, ["update", "JobId=4242", "ExcNodeList=gpu008"]]
     # gpu008 does not answer the probe: requeued at once, no restart on a broken allocation
     env = {"STUB_RCS": "137", "STUB_ERRS": KILLED, "STUB_NODES": "gpu007"}
-    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, env)
+    (tmp_path / "b").mkdir()  # another run directory: no quarantine of the first run's
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path / "b", stubs, env)
     assert proc.returncode == 200 and len(step_calls(calls)) == 1, proc.stderr
-    assert scontrol_calls(calls) == [["requeue", "4242"]]
+    assert scontrol_calls(calls) == [show, requeue, ["update", "JobId=4242", "ExcNodeList=gpu008"]]
     assert "ended: node lost: gpu008 no longer answered; to resume from the latest checkpoint" in proc.stderr
+    assert "the next attempt keeps away from gpu008 (gpu008 no longer answered; until " in proc.stderr
 
 
 def test_requeue_after_a_preemption_checkpoint(tmp_path) -> None:

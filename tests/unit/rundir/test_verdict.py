@@ -30,6 +30,7 @@ PEER = Failure(0, "n1", code=200)
         (Evidence(200, (PEER,), preempted=True, hang="rank 3 stopped"), Ending.HANG, Action.RESTART, 200),
         (Evidence(143, (KILLED,), lost_nodes=("n2",)), Ending.NODE_LOST, Action.REQUEUE, 200),
         (Evidence(143, (KILLED,), cancelled=True), Ending.CANCELLED, Action.NONE, 143),
+        (Evidence(143, cancelled=True, lost_nodes=("n2",)), Ending.NODE_LOST, Action.NONE, 143),  # SLURM requeues
         (Evidence(0, lock_lost=True), Ending.LOCK_LOST, Action.STOP, 6),
     ],
 )

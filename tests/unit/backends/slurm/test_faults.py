@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 from pathlib import Path
+
+import pytest
 
 from dist_jobs.api.job import Job
 from dist_jobs.backends.handle import Handle
@@ -17,6 +21,7 @@ from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.cli.output import info_table
 from dist_jobs.rundir.attempts import Attempts, starts
 from dist_jobs.rundir.progress import write_progress
+from dist_jobs.rundir.quarantine import QUARANTINE, kept_away
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
@@ -84,7 +89,7 @@ def test_a_requeued_job_waiting_for_a_dead_node_says_so_without_running_or_an_et
     assert "running" not in table and "eta" not in table, table
     assert table.splitlines()[0] == f"slurm://distjobs/7  fx-nodefail  requeued (COMPLETING)  {info.detail}"
     assert info.progress is not None and info.progress["eta_s"] is None
-    sinfo = ["sinfo", "--noheader", "--Node", "--nodes", "n2", "--format", SINFO_NODE_STATES]
+    sinfo = ["sinfo", "--noheader", "--Node", "--nodes", "n[1-2]", "--format", SINFO_NODE_STATES]  # the allocation's
     assert [argv[0] for argv in runner.calls] == ["squeue", "sacct", "sinfo"] and runner.calls[2] == sinfo
 
 
@@ -172,3 +177,59 @@ def test_the_batch_logs_exit_200_wins_over_sacct_after_a_node_failure() -> None:
     assert got.exit_code == 200 and got.cancelled_at is None  # "CANCELLED ... DUE TO JOB REQUEUE": no cancel
     assert got.ranks[0] == "preempted and checkpointed (exit 200) on n1" and 2 not in got.ranks  # n2 said nothing
     assert parse_batch_log(read("batchlog_nodefail.txt")).exit_code == 0  # the resumed attempt completed
+
+
+# --- a node kept away (issue 35) ------------------------------------------------------------------
+
+
+def test_the_node_that_failed_is_named_apart_from_the_one_slurm_still_cleans_up(tmp_path: Path) -> None:
+    """SLURM declared n2 down and released it; squeue lists only n1, the batch host, still
+    completing: status names n2 as the node that failed, not n1."""
+    runner = Runner(
+        squeue="squeue_completing_nodefail_released_long.txt",
+        sacct="sacct_completing_nodefail_released.txt",
+        sinfo="sinfo_completing_nodefail_released.txt",
+    )
+    info = Job(Handle("slurm", "430", cluster="distjobs"), submitted(tmp_path, "430", runner)).status()
+    assert info.state is JobState.COMPLETING
+    assert info.detail == (
+        "ended (NODE_FAIL) at 2026-11-28 06:54:09; failed: n2 (not responding since 2026-11-28 06:54:09); "
+        "SLURM is still cleaning up n1"
+    )
+    assert runner.calls[2] == ["sinfo", "--noheader", "--Node", "--nodes", "n[1-2]", "--format", SINFO_NODE_STATES]
+
+
+def test_a_requeued_job_names_the_node_it_keeps_away_and_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = Runner(squeue="squeue_quarantine_pending_long.txt", sacct=None, sinfo=None)
+    slurm = submitted(tmp_path, "430", runner)
+    (tmp_path / "ck" / "fx").mkdir(parents=True)
+    (tmp_path / "ck" / "fx" / QUARANTINE).write_text(read("quarantine_nodefail.jsonl"))
+    record = kept_away(tmp_path / "ck" / "fx", "430")[0]
+    monkeypatch.setattr(time, "time", lambda: record.time + 60)  # a minute after the requeue
+    info = Job(Handle("slurm", "430", cluster="distjobs"), slurm).status()
+    assert info.state is JobState.PENDING
+    assert info.detail == f"BeginTime; keeps away from {record.told()}"
+    assert record.told().startswith("n2 (n2 no longer answered; until ")
+    assert info.extra["kept_away"] == record.told()
+    monkeypatch.setattr(time, "time", lambda: record.until + 1)  # expired: nothing said
+    assert Job(Handle("slurm", "430", cluster="distjobs"), slurm).status().detail == "BeginTime"
+
+
+def test_status_names_the_ranks_of_a_silent_node_while_the_others_wait_at_the_rendezvous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n2 died after its tasks started and before any rank joined: every task has its log, no
+    rank beats, the job is RUNNING to SLURM, and sinfo says n2 does not answer (captured)."""
+    runner = Runner(squeue="squeue_running_node_dead_long.txt", sinfo="sinfo_running_node_dead.txt", sacct=None)
+    slurm = submitted(tmp_path, "429", runner)
+    meta_path = tmp_path / "runs" / "fx-429" / "job.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "procs_per_node": 2, "launcher": "srun"}))
+    now = 1_795_848_554.0
+    monkeypatch.setattr(time, "time", lambda: now)
+    logs = tmp_path / "logs"
+    for name in (".429-attempt0.start", *(f"fx-429-attempt0-rank{r}.out" for r in range(4))):
+        (logs / name).touch()
+        os.utime(logs / name, (now - 100, now - 100))
+    info = Job(Handle("slurm", "429", cluster="distjobs"), slurm).status()
+    assert (info.word, info.detail) == ("RUNNING", "waiting for ranks 2-3 on n2 to join for 1m40s")
+    assert runner.calls[-1][:4] == ["sinfo", "--noheader", "--Node", "--nodes"] and "n[1-2]" in runner.calls[-1]

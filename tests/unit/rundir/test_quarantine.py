@@ -1,0 +1,113 @@
+"""dist_jobs.rundir.quarantine: the nodes a job keeps away from its next attempts, and the
+batch script's side of it (dist_jobs.backends.slurm.step_end)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dist_jobs.backends.slurm.step_end import excluded_now, judge, quarantine, silent_nodes
+from dist_jobs.rundir.quarantine import QUARANTINE, Quarantine, blamed_nodes, exclusion, keep_away, kept_away
+from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide
+
+NODE_LOST = decide(Evidence(143, (Failure(3, "n2", signal="SIGKILL"),), lost_nodes=("n2", "n3")))
+KILLED_USED_UP = decide(Evidence(137, (Failure(3, "n2", signal="SIGKILL"),)), restarts_left=0)
+KILLED_RESTART = decide(Evidence(137, (Failure(3, "n2", signal="SIGKILL"),)), restarts_left=1)
+PREEMPTED = decide(Evidence(200, preempted=True))
+
+
+@pytest.mark.parametrize(
+    "verdict,nodes",
+    [(NODE_LOST, ("n2", "n3")), (KILLED_USED_UP, ("n2",)), (KILLED_RESTART, ()), (PREEMPTED, ())],
+)
+def test_the_verdict_blames_lost_nodes_and_the_node_of_a_killed_rank_given_up_on(
+    verdict: Verdict, nodes: tuple[str, ...]
+) -> None:
+    assert blamed_nodes(verdict) == nodes
+
+
+def test_a_node_kept_away_is_recorded_with_why_and_until_when(tmp_path: Path) -> None:
+    keep_away(tmp_path, "7", NODE_LOST, now=1000.0, seconds=60)
+    keep_away(tmp_path, "8", KILLED_USED_UP, now=1000.0)  # another job of the run
+    assert kept_away(tmp_path, "7") == [
+        Quarantine("n2", "n2, n3 no longer answered", "7", 1000.0, 1060.0),
+        Quarantine("n3", "n2, n3 no longer answered", "7", 1000.0, 1060.0),
+    ]
+    assert [q.node for q in kept_away(tmp_path, "8")] == ["n2"]
+    assert kept_away(tmp_path / "missing", "7") == []
+
+
+def test_a_torn_line_is_skipped_and_the_latest_record_of_a_node_wins(tmp_path: Path) -> None:
+    keep_away(tmp_path, "7", NODE_LOST, now=1000.0, seconds=60)
+    with open(tmp_path / QUARANTINE, "a") as fh:
+        fh.write('{"node": "n9", "time": 1\n')  # its writer died mid-line
+    keep_away(tmp_path, "7", KILLED_USED_UP, now=2000.0, seconds=60)
+    found = kept_away(tmp_path, "7")
+    assert [(q.node, q.until) for q in found] == [("n3", 1060.0), ("n2", 2060.0)]
+    assert [q.active(1500.0) for q in found] == [False, True]
+
+
+def test_the_exclusion_keeps_the_users_own_adds_the_active_and_drops_the_expired() -> None:
+    records = [Quarantine("n2", "lost", "7", 0.0, 100.0), Quarantine("n3", "lost", "7", 0.0, 10.0)]
+    assert exclusion(["gpu7", "n3"], records, now=50.0) == ["gpu7", "n2"]
+    assert exclusion([], records, now=5.0) == ["n2", "n3"]
+    assert exclusion(["n2"], records, now=500.0) == []
+
+
+def test_scontrol_show_jobs_exclusion_is_read() -> None:
+    assert excluded_now("JobId=7 JobName=x ReqNodeList=(null) ExcNodeList=n[2-3] NodeList=n1") == ["n2", "n3"]
+    assert excluded_now("JobId=7 ExcNodeList=(null) NodeList=n1") == []
+    assert excluded_now("") == []
+
+
+def test_before_a_requeue_the_blamed_node_is_kept_away_and_the_whole_exclusion_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert quarantine(tmp_path, "7", NODE_LOST, current=lambda job: ["gpu7"]) == "gpu7,n2,n3"
+    assert "the next attempt keeps away from n2 (n2, n3 no longer answered; until " in capsys.readouterr().err
+    # a later requeue for another reason still gives the exclusion: the quarantine stands
+    assert quarantine(tmp_path, "7", PREEMPTED, current=lambda job: ["gpu7", "n2", "n3"]) == "gpu7,n2,n3"
+    assert capsys.readouterr().err == ""
+
+
+def test_no_quarantine_no_change_and_an_expired_one_clears(tmp_path: Path) -> None:
+    assert quarantine(tmp_path, "7", PREEMPTED, current=lambda job: ["gpu7"]) == ""
+    assert quarantine(tmp_path, "7", KILLED_RESTART, current=lambda job: []) == ""  # no requeue: nothing
+    keep_away(tmp_path, "7", NODE_LOST, now=0.0, seconds=1)  # long expired
+    assert quarantine(tmp_path, "7", PREEMPTED, current=lambda job: ["n2", "n3"]) == "none"
+    assert Action.REQUEUE is PREEMPTED.action
+
+
+def test_when_slurm_requeues_the_job_itself_sinfo_names_the_failed_node(tmp_path: Path) -> None:
+    """SLURM declared n2 down and requeued the job: the batch shell got SIGTERM (a cancel to it),
+    and the probe's srun can no longer run; sinfo says which node failed."""
+    cancelled = Evidence(143, cancelled=True)
+    no_probe = lambda nodes: pytest.fail("no srun probe once the job is requeued")
+    verdict = judge(cancelled, ["n1", "n2"], 1, probe=no_probe, failed=lambda nodes: ["n2"])
+    assert (verdict.ending, verdict.action, verdict.node) == (Ending.NODE_LOST, Action.NONE, "n2")
+    assert quarantine(tmp_path, "7", verdict, current=lambda job: []) == "n2"
+    plain = judge(cancelled, ["n1", "n2"], 1, probe=no_probe, failed=lambda nodes: [])  # an scancel
+    assert plain.ending is Ending.CANCELLED and quarantine(tmp_path, "8", plain, current=lambda job: []) == ""
+
+
+def test_the_batch_host_answers_and_a_probe_that_reached_nobody_asks_sinfo() -> None:
+    """srun cannot start the probe's step while a node of the allocation is dead: it reaches no
+    node. The batch host runs the verdict itself, so it is never the lost node."""
+    nobody = lambda nodes: []
+    assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: ["n2"], here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: [], here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2", "n3"], lambda nodes: ["n1", "n3"], failed=nobody, here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2"], lambda nodes: ["n1", "n2"], failed=nobody, here="n1") == ()
+
+
+def test_a_node_is_not_kept_away_when_too_few_others_could_run_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 2-node job on a partition of 2: excluding the failed node would leave it pending forever."""
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    assert quarantine(tmp_path, "7", KILLED_USED_UP, current=lambda job: [], in_service=lambda: ["n1", "n2"]) == ""
+    assert "n2 not kept away: the job needs 2 nodes and only 1 other can run it" in capsys.readouterr().err
+    assert kept_away(tmp_path, "7") == []
+    spare = lambda: ["n1", "n2", "n3"]
+    assert quarantine(tmp_path, "7", KILLED_USED_UP, current=lambda job: [], in_service=spare) == "n2"
