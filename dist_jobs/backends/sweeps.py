@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dist_jobs.backends import BACKENDS, get_backend
+from dist_jobs.backends import backend_class, get_backend
 from dist_jobs.backends.base import Prepared
-from dist_jobs.errors import Problem, UsageError
+from dist_jobs.errors import Problem
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.spec.paths import expand_home
 
@@ -90,8 +90,7 @@ class Sweeps(Protocol):
 
 def sweeps_of(backend: str) -> Sweeps:
     """The sweep side of backend `backend` (its package imported now)."""
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}", "use --backend slurm, k8s or local")
+    backend_class(backend)  # a UsageError for a name that is no backend
     found: Sweeps = importlib.import_module(f"dist_jobs.backends.{backend}.sweep").SWEEPS
     return found
 

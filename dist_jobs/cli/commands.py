@@ -128,9 +128,9 @@ def cmd_submit(args: argparse.Namespace, command: list[str] | None) -> int:
         backend = _backend(args)
         prepared = backend.prepare(spec)
         sys.stdout.write(prepared.payload)
-        check = getattr(backend, "server_dry_run", None)
-        if args.backend == "k8s" and check is not None:
-            print(f"# server-side dry run: {check(prepared)}", file=sys.stderr)
+        said = backend.check(prepared)
+        if said is not None:
+            print(f"# server-side dry run: {said}", file=sys.stderr)
         return 0
     job = api.submit(spec, args.backend, **_options(args, args.backend))
     record = {"handle": job.handle, "backend": args.backend, "id": job.id, "name": spec.run_id}

@@ -52,7 +52,7 @@ class K8sSweeps:
 
     def submit(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path, **options: Any) -> list[str]:
         k8s = K8sBackend(**options)
-        return [str(k8s.submit(trial)) for trial in plan.trials()]
+        return [str(k8s.schedule(trial)) for trial in plan.trials()]
 
     def attach_options(self, saved: Mapping[str, str]) -> dict[str, Any]:
         return {k: saved[k] for k in ("context", "kubeconfig") if saved.get(k)}

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root, each_status
+from dist_jobs.backends.base import Backend, JobStatus, Prepared, checkpoint_root
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.errors import BackendError, DistJobsError, UsageError
+from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
@@ -49,10 +49,14 @@ def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
     return checkpoint_root(spec, workdir).resolve() / spec.run_id
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """The local backend's queue verbs; prepare and the foreground run are Launcher's."""
 
     name = "local"
+    summary = "detached processes"
+    handle_id = "/RUN/DIR"  # local:///RUN/DIR: the id is the run directory's absolute path
+    renders = False  # its payload is a plan of processes, not a file to submit
+    runs_here = True
 
     def __init__(
         self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages | None = None
@@ -75,7 +79,7 @@ class LocalBackend:
             return Launcher(self.out, self.workdir).run(spec)
         return Launcher(self.out, self.workdir, self.missing).run(spec)
 
-    def submit(self, prepared: Prepared) -> Handle:
+    def schedule(self, prepared: Prepared) -> Handle:
         # submit's alone: status, logs and cancel load no spec classes (msgspec)
         from dist_jobs.backends.preflight import check_trainer_packages, missing_packages
 
@@ -122,14 +126,22 @@ class LocalBackend:
         """A local job's id is its run directory: the handle names it absolutely."""
         return Handle("local", str(Path(job_id).resolve()))
 
+    @classmethod
+    def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
+        """The run directory, an absolute path."""
+        if not job_id.startswith("/"):
+            raise ValueError(f"{job_id!r} is no absolute path")
+        return super().parse_handle(str(Path(job_id)), fields)
+
+    def log_ranks(self, spec: JobSpec) -> list[int] | None:
+        """output.log holds every rank's lines."""
+        return None
+
     def run_dir(self, job_id: str) -> Path:
         return Path(job_id)
 
     def owner(self, job_id: str) -> str | None:
         return None  # the run directory is the job: whoever wrote its progress is it
-
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
-        return each_status(self, job_ids)
 
     def status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
@@ -161,10 +173,13 @@ class LocalBackend:
         found = [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
         return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 
-    def cancel(self, job_id: str) -> None:
+    def exists(self, job_id: str) -> bool:
+        """Whether its launcher still runs."""
+        return _alive(_folder(job_id))
+
+    def stop(self, job_id: str) -> None:
+        """SIGTERM to the launcher, which stops its ranks as Ctrl-C does."""
         folder = _folder(job_id)
-        if not _alive(folder):
-            raise BackendError(f"local job {job_id} is not running: nothing to cancel", f"see {folder / LOG}")
         _write(folder / CANCELLED, time.strftime("%Y-%m-%dT%H:%M:%S"))
         pid = _read_int(folder / PID)
         assert pid is not None  # _alive read it

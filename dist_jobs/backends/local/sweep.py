@@ -64,7 +64,7 @@ class LocalSweeps:
             start_driver(root / MANIFEST, options)
             return [t["handle"] for t in manifest["trials"]]
         local = LocalBackend(**options)
-        return [str(local.submit(trial)) for trial in plan.trials()]
+        return [str(local.schedule(trial)) for trial in plan.trials()]
 
     def attach_options(self, saved: Mapping[str, str]) -> dict[str, Any]:
         return {}
@@ -103,7 +103,7 @@ def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
         while pending and len(running) < manifest["max_parallel"]:
             spec = pending.pop(0)
             try:
-                running.append(jobs.submit(jobs.prepare(spec)).job_id)
+                running.append(jobs.submit(spec).job_id)
             except DistJobsError as exc:  # one trial that cannot start must not stop the others
                 print(f"dist-jobs sweep: trial {spec.run_id} not started: {exc}", flush=True)
         time.sleep(poll)

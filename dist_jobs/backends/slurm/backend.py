@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta
@@ -115,8 +115,13 @@ def _check_controller(stderr: str) -> None:
         raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
 
 
-class SlurmBackend:
+class SlurmBackend(Backend):
     name = "slurm"
+    summary = "sbatch script"
+    options = (
+        Option("--jobs-dir", "jobs_dir", "SLURM: where job directories go (default: ./dist-jobs-runs)", kind=Path),
+    )
+    handle_fields = ("cluster",)
 
     def __init__(
         self,
@@ -143,7 +148,7 @@ class SlurmBackend:
 
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
 
-    def submit(self, prepared: Prepared) -> Handle:
+    def schedule(self, prepared: Prepared) -> Handle:
         # submit's own modules: yaml and msgspec, which the query verbs load none of (test_imports)
         from dist_jobs.backends.preflight import missing_packages
         from dist_jobs.backends.slurm.submit import job_python_export, snapshot_spec, submit
@@ -156,6 +161,19 @@ class SlurmBackend:
 
     def handle(self, job_id: str) -> Handle:
         return Handle("slurm", job_id, cluster=self.cluster_name())
+
+    @classmethod
+    def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
+        """A job id is digits, an array task's `<array>_<task>`."""
+        if not job_id.replace("_", "").isdigit():
+            raise ValueError(f"{job_id!r} is no SLURM job id")
+        return super().parse_handle(job_id, fields)
+
+    def log_ranks(self, spec: JobSpec) -> list[int] | None:
+        """srun: one file per rank; torchrun: one per node, holding its ranks (the node's first names it)."""
+        if spec.launcher == "torchrun":
+            return [node * spec.procs for node in range(spec.nodes)]
+        return list(range(spec.world_size))
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
@@ -348,7 +366,8 @@ class SlurmBackend:
             for j in parse_squeue(proc.stdout)
         ]
 
-    def cancel(self, job_id: str) -> None:
+    def stop(self, job_id: str) -> None:
+        """scancel, which itself says when there is no such job (exists() is not asked first)."""
         # Without --verbose, 22.05's scancel says nothing and exits 0 for an unknown or ended job.
         proc = self.run(["scancel", "--verbose", job_id])
         said = proc.stderr.strip()

@@ -51,7 +51,7 @@ class SlurmSweeps:
         assert plan.head is not None
         slurm = SlurmBackend(**options)
         filename, payload = plan.payloads[0]
-        array = slurm.submit(Prepared("slurm", plan.head, payload, filename))
+        array = slurm.schedule(Prepared("slurm", plan.head, payload, filename))
         record_trials(slurm.jobs_dir, array.job_id, [s.run_id for s in plan.specs])
         return [str(slurm.handle(f"{array.job_id}_{i}")) for i in range(len(plan.specs))]
 
