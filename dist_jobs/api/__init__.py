@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
 from dist_jobs.api.verbs import attach, backend, submit
-from dist_jobs.backends import Prepared, backend_class, backend_names, handle_forms
+from dist_jobs.backends import Prepared, backend_class, backend_classes, backend_names, handle_forms, or_list
 from dist_jobs.backends import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.backends.handle import is_handle
 from dist_jobs.backends.state import JobState
@@ -48,7 +48,10 @@ __all__ = [
     "attach",
     "backend",
     "backend_class",
+    "backend_classes",
     "backend_names",
+    "handle_forms",
+    "or_list",
     "call_local",
     "cancel",
     "job",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
-from dist_jobs.errors import BackendError, DistJobsError
+from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.spec.paths import expand_home
 
@@ -166,6 +166,13 @@ class Backend(abc.ABC):
                 f"see how it ended: dist-jobs status {self.handle(job_id)}",
             )
         self.stop(job_id)
+
+    def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
+        """Run the job here, to its end; its exit code (`record`: the folder of a detached run,
+        where the code goes). Only a backend that `runs_here` can."""
+        raise UsageError(
+            f"the {self.name} backend runs no job here", f"submit it: dist-jobs submit --backend {self.name}"
+        )
 
     def log_ranks(self, spec: JobSpec) -> builtins.list[int] | None:
         """The ranks whose logs together hold every line (None: one log holds them all)."""

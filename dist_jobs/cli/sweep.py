@@ -59,7 +59,7 @@ def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_opti
     p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 4)")
     p.add_argument("--drive", metavar="MANIFEST", help=argparse.SUPPRESS)  # the detached local driver
     output_option(p)
-    backend_options(p, namespace=False)
+    backend_options(p, lookup=False)
     add_spec_flags(p)
 
 

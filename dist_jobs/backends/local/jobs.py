@@ -72,9 +72,12 @@ class LocalBackend(Backend):
 
         return Launcher(self.out, self.workdir).prepare(spec)
 
-    def run(self, spec: JobSpec) -> int:
+    def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
+        """In the foreground; `record`: the detached run `submit` started, its exit code to that folder."""
         from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
+        if record is not None:
+            return run_recorded(spec, record)
         if self.missing is None:
             return Launcher(self.out, self.workdir).run(spec)
         return Launcher(self.out, self.workdir, self.missing).run(spec)
