@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
-from dist_jobs.errors import BackendError, DistJobsError, UsageError
+from dist_jobs.errors import BackendError, DistJobsError, Problem, UsageError
 from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.spec.paths import expand_home
 
@@ -38,6 +38,26 @@ class Prepared:
     spec: JobSpec
     payload: str  # the exact script or manifest submitted
     filename: str  # what to call it in a job directory
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """The dry run: every trial's spec and the exact bytes that would be submitted."""
+
+    name: str
+    backend: str
+    params: list[dict[str, Any]]
+    specs: list[JobSpec]
+    payloads: list[tuple[str, str]]  # (file name, exact script or manifest)
+    head: JobSpec | None  # SLURM: the array's own spec
+    max_parallel: int | None
+    text: str  # what `--dry-run` prints
+
+    def trials(self) -> list[Prepared]:
+        """Each trial as schedule() takes it, for backends that submit a job per trial: the bytes
+        the dry run showed, not a second rendering of each trial."""
+        pairs = zip(self.specs, self.payloads, strict=True)
+        return [Prepared(self.backend, spec, payload, filename) for spec, (filename, payload) in pairs]
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,7 @@ class Backend(abc.ABC):
     handle_id: ClassVar[str] = "ID"  # the id's placeholder in the handle's form (slurm://CLUSTER/ID)
     renders: ClassVar[bool] = True  # `render` prints its payload for the user to submit by hand
     runs_here: ClassVar[bool] = False  # `run` starts the job in the foreground, in this process
+    sweep_summary: ClassVar[str] = "a job per trial"  # how it runs a sweep, for `sweep --backend`'s help
 
     @abc.abstractmethod
     def prepare(self, spec: JobSpec) -> Prepared:
@@ -190,3 +211,50 @@ class Backend(abc.ABC):
         if not job_id or not all(fields.values()):
             raise ValueError("a part of it is empty")
         return Handle(cls.name, job_id, **fields)
+
+    # A sweep (dist_jobs.api.sweep_submit): by default one job per trial, all submitted at once.
+
+    def snapshot(self, spec: JobSpec) -> JobSpec | None:
+        """`spec` running from one copy of the code taken now, for every trial; None: each as it is."""
+        return None
+
+    def sweep_problems(self, max_parallel: int | None) -> builtins.list[Problem]:
+        """What it cannot do with a sweep's `max_parallel` (by default: nothing)."""
+        return []
+
+    def trial_overrides(self, sweep: str, index: int) -> dict[str, str]:
+        """Spec fields trial `index` of sweep `sweep` gets beyond its parameters."""
+        return {}
+
+    def prepare_sweep(
+        self, name: str, params: builtins.list[dict[str, Any]], specs: builtins.list[JobSpec], max_parallel: int | None
+    ) -> PreparedSweep:
+        """The dry run of a sweep: each trial's own payload."""
+        payloads = [(p.filename, p.payload) for p in map(self.prepare, specs)]
+        text = "".join(f"# trial {i}: {s.run_id}\n{p}" for i, (s, (_, p)) in enumerate(zip(specs, payloads)))
+        return PreparedSweep(name, self.name, params, specs, payloads, None, max_parallel, text)
+
+    def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
+        """(the folder of sweep `name`'s manifest, the trials' checkpoint root as the jobs see it)."""
+        from dist_jobs.backends.sweep_manifest import absolute  # a sweep's alone
+
+        root = absolute(first.checkpoint_dir, here, first.workdir)
+        return root, str(root)
+
+    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+        """Submit every trial, each as its own job; each trial's handle, in order."""
+        return [str(self.schedule(trial)) for trial in plan.trials()]
+
+    def cancel_sweep(self, folder: Path, handles: builtins.list[str]) -> builtins.list[str] | None:
+        """Stop what starts trials and cancel them at once where it can (the handles it
+        cancelled); None: cancel the trials one by one."""
+        return None
+
+    def trial_not_started(self, run_dir: str) -> bool:
+        """Whether a trial whose status cannot be read has simply not been started yet."""
+        return False
+
+    @classmethod
+    def attach_options(cls, saved: Mapping[str, str]) -> dict[str, Any]:
+        """The options a sweep's manifest saved, as the constructor takes them."""
+        return {o.name: o.kind(saved[o.name]) for o in cls.options if saved.get(o.name)}

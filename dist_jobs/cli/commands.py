@@ -238,13 +238,12 @@ def cmd_schema(args: argparse.Namespace, _: Any) -> int:
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
     from dist_jobs.cli.sweep import cmd_sweep as sweep  # a sweep's modules are for `sweep` alone (test_imports)
 
-    if not getattr(args, "drive", None):
-        profile = apply_profile(args)
-        if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
-            from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
-            from dist_jobs.spec.profiles import merge
+    profile = apply_profile(args)
+    if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
+        from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
+        from dist_jobs.spec.profiles import merge
 
-            args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
+        args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
     return sweep(args, command, _options(args, args.backend or ""))
 
 

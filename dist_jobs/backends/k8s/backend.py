@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared
+from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
 from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
-from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
-from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.backends.k8s.ranks import completion_index, job_status, waiting_reason, with_ranks
+from dist_jobs.errors import BackendError, Problem, UsageError
 
 # The CLI reads every backend's class for its flags: what only submit, render and a snapshot
 # use (yaml, the renderer, the spec classes) is imported where used (tests/unit/test_imports.py).
@@ -69,6 +69,7 @@ class K8sBackend(Backend):
     )
     handle_fields = ("namespace", "kind")
     handle_id = "NAME"
+    sweep_summary = "a PyTorchJob per trial"
 
     def __init__(
         self,
@@ -357,6 +358,28 @@ class K8sBackend(Backend):
             f"dist-jobs status {handle(self.kind, self._ns(), job)}",
         )
 
+    # A sweep: one labelled job per trial, all created at once (backends.k8s.sweep).
+
+    def sweep_problems(self, max_parallel: int | None) -> builtins.list[Problem]:
+        from dist_jobs.backends.k8s.sweep import problems  # a sweep's alone (tests/unit/test_imports.py)
+
+        return problems(max_parallel)
+
+    def trial_overrides(self, sweep: str, index: int) -> dict[str, str]:
+        return {"k8s.labels.dist-jobs/sweep": sweep, "k8s.labels.dist-jobs/trial": str(index)}
+
+    def prepare_sweep(
+        self, name: str, params: builtins.list[dict[str, Any]], specs: builtins.list[JobSpec], max_parallel: int | None
+    ) -> PreparedSweep:
+        """Every trial's manifest, one YAML stream."""
+        plan = super().prepare_sweep(name, params, specs, max_parallel)
+        return dataclasses.replace(plan, text="---\n".join(payload for _, payload in plan.payloads))
+
+    def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
+        from dist_jobs.backends.k8s.sweep import roots  # a sweep's alone (as above)
+
+        return roots(name, first, here)
+
 
 def stamped(body: dict[str, Any], submission: str) -> dict[str, Any]:
     """The manifest with this submission's id on every pod template (the downward API hands it to
@@ -406,22 +429,3 @@ def _has_master(job: dict[str, Any]) -> bool:
 def _container(pod: dict[str, Any], preferred: str) -> str:
     names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     return preferred if preferred in names or not names else str(names[0])
-
-
-def job_status(obj: dict[str, Any]) -> JobStatus:
-    """Latest true condition as the state; per-replica (or per-Job) pod counts as extras."""
-    meta, status = obj["metadata"], obj.get("status") or {}
-    conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
-    latest = conditions[-1] if conditions else {}
-    state, detail = latest.get("type", "Pending"), latest.get("message", "")
-    if meta.get("deletionTimestamp"):
-        state, detail = "Terminating", f"deleted at {meta['deletionTimestamp']}; its pods are being removed"
-    counts = dict(status.get("replicaStatuses") or {})  # PyTorchJob: {Master: {active: 1}, ...}
-    counts.update({j.get("name", "?"): j for j in status.get("jobsStatus") or []})  # TrainJob: [{name, active}]
-    extra = {name: _counts(c) for name, c in counts.items() if isinstance(c, dict)}
-    return JobStatus(meta["name"], meta["name"], state, detail, extra)
-
-
-def _counts(counts: dict[str, Any]) -> str:
-    # replicaStatuses also carries label selectors: keep the pod counts only
-    return " ".join(f"{k}={v}" for k, v in sorted(counts.items()) if isinstance(v, int) and not isinstance(v, bool))

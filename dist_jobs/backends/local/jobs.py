@@ -9,6 +9,7 @@ its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import json
@@ -20,9 +21,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from dist_jobs.backends.base import Backend, JobStatus, Prepared, checkpoint_root
+from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, checkpoint_root
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
@@ -57,6 +58,7 @@ class LocalBackend(Backend):
     handle_id = "/RUN/DIR"  # local:///RUN/DIR: the id is the run directory's absolute path
     renders = False  # its payload is a plan of processes, not a file to submit
     runs_here = True
+    sweep_summary = "K trials at a time under a detached driver"
 
     def __init__(
         self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages | None = None
@@ -209,6 +211,36 @@ class LocalBackend(Backend):
             if not running:
                 return
             time.sleep(0.5)
+
+    # A sweep: every trial from one snapshot of the code; K at a time under a detached driver
+    # (backends.local.sweep) when --max-parallel holds some back.
+
+    def snapshot(self, spec: JobSpec) -> JobSpec:
+        """One copy for every trial, beside their run directories (a driver starts some later)."""
+        return spec_in_copy(spec, self.workdir, checkpoint_root(spec, self.workdir).resolve() / spec.name)
+
+    def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
+        from dist_jobs.backends.sweep_manifest import absolute  # a sweep's alone (tests/unit/test_imports.py)
+
+        root = absolute(first.checkpoint_dir, here)
+        return root, str(root)
+
+    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+        if not plan.max_parallel or plan.max_parallel >= len(plan.specs):
+            return super().submit_sweep(plan, manifest, root)
+        from dist_jobs.backends.local.sweep import submit_driven  # a sweep's alone (as above)
+
+        return submit_driven(plan, manifest, root, self, self.workdir)
+
+    def cancel_sweep(self, folder: Path, handles: builtins.list[str]) -> builtins.list[str] | None:
+        """No trial starts any more; those running are cancelled one by one."""
+        from dist_jobs.backends.local.sweep import stop_driver  # a sweep's alone (as above)
+
+        stop_driver(folder)
+        return None
+
+    def trial_not_started(self, run_dir: str) -> bool:
+        return not (Path(run_dir) / FOLDER / PID).exists()
 
 
 def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:

@@ -3,8 +3,8 @@ runs from one snapshot of the code taken at submit (a driver starts trials later
 take a copy of its own), unless the spec says `snapshot: false`.
 
 `dist-jobs sweep --backend local --max-parallel K` writes the manifest (with every trial's
-spec) and starts `python -m dist_jobs sweep --drive MANIFEST` in a session of its own, so it
-outlives the shell, as `submit --backend local` does for one job. The driver submits a trial
+spec) and starts `python -m dist_jobs.backends.local.sweep --drive MANIFEST` in a session of its
+own, so it outlives the shell, as `submit --backend local` does for one job. The driver submits a trial
 whenever fewer than K run, until all have been started and have ended; its output goes to
 `driver.log` beside the manifest, its pid to `driver.pid`.
 """
@@ -17,72 +17,35 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from dist_jobs.backends.base import checkpoint_root
-from dist_jobs.backends.local.jobs import LocalBackend
-from dist_jobs.backends.snapshot import spec_in_copy
-from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, absolute, prepare_each, write_manifest
-from dist_jobs.errors import DistJobsError, Problem
-from dist_jobs.spec import JobSpec
+from dist_jobs.backends import Backend, get_backend
+from dist_jobs.backends.base import PreparedSweep
+from dist_jobs.backends.sweep_manifest import MANIFEST, write_manifest
+from dist_jobs.errors import DistJobsError
 from dist_jobs.spec.load import load_spec
 
 
-class LocalSweeps:
-    snapshots = True
-
-    def problems(self, max_parallel: int | None) -> list[Problem]:
-        return []
-
-    def trial_overrides(self, name: str, index: int) -> dict[str, str]:
-        return {}
-
-    def snapshot(self, base: JobSpec, options: Mapping[str, Any]) -> JobSpec:
-        code = Path(options.get("workdir") or Path.cwd())  # the folder the trials would start in
-        return spec_in_copy(base, code, checkpoint_root(base, code).resolve() / base.name)
-
-    def prepare(
-        self, name: str, params: list[dict[str, Any]], specs: list[JobSpec], max_parallel: int | None, **options: Any
-    ) -> PreparedSweep:
-        payloads = prepare_each("local", specs, **options)
-        text = "".join(f"# trial {i}: {s.run_id}\n{p}" for i, (s, (_, p)) in enumerate(zip(specs, payloads)))
-        return PreparedSweep(name, "local", params, specs, payloads, None, max_parallel, text)
-
-    def roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
-        root = absolute(first.checkpoint_dir, here)
-        return root, str(root)
-
-    def submit(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path, **options: Any) -> list[str]:
-        if plan.max_parallel and plan.max_parallel < len(plan.specs):
-            manifest["specs"] = [msgspec.to_builtins(s) for s in plan.specs]
-            manifest["trials"] = [{**t, "handle": f"local://{t['run_dir']}"} for t in manifest["trials"]]
-            write_manifest(root, manifest)
-            start_driver(root / MANIFEST, options)
-            return [t["handle"] for t in manifest["trials"]]
-        local = LocalBackend(**options)
-        return [str(local.schedule(trial)) for trial in plan.trials()]
-
-    def attach_options(self, saved: Mapping[str, str]) -> dict[str, Any]:
-        return {}
-
-    def cancel(self, folder: Path, handles: list[str], options: Mapping[str, Any]) -> list[str] | None:
-        stop_driver(folder)  # no trial starts any more; those running are cancelled one by one
-        return None
-
-    def not_started(self, run_dir: str) -> bool:
-        return not (Path(run_dir) / "local" / "pid").exists()
+def submit_driven(
+    plan: PreparedSweep, manifest: dict[str, Any], root: Path, local: Backend, workdir: Path
+) -> list[str]:
+    """The manifest with every trial's spec and handle, and its driver started: the trials' handles."""
+    manifest["specs"] = [msgspec.to_builtins(s) for s in plan.specs]
+    manifest["trials"] = [{**t, "handle": str(local.handle(t["run_dir"]))} for t in manifest["trials"]]
+    write_manifest(root, manifest)
+    start_driver(root / MANIFEST, workdir)
+    return [t["handle"] for t in manifest["trials"]]
 
 
-def start_driver(manifest: Path, options: Mapping[str, Any]) -> None:
-    argv = [sys.executable, "-m", "dist_jobs", "sweep", "--drive", str(manifest)]
+def start_driver(manifest: Path, workdir: Path) -> None:
+    argv = [sys.executable, "-m", "dist_jobs.backends.local.sweep", "--drive", str(manifest)]
     with (manifest.parent / "driver.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
-            cwd=options.get("workdir") or Path.cwd(),
+            cwd=workdir,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -95,7 +58,7 @@ def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
     """The detached driver of a local sweep: keeps `max_parallel` trials running until all have run."""
     manifest = json.loads(manifest_path.read_text())
     workdir = Path(manifest["options"].get("workdir") or Path.cwd())
-    jobs = LocalBackend(workdir=workdir)
+    jobs = get_backend(manifest["backend"], workdir=workdir)
     pending = [load_spec(data=raw) for raw in manifest["specs"]]
     running: list[str] = []
     while pending or running:
@@ -122,11 +85,12 @@ def stop_driver(folder: Path) -> bool:
     return True
 
 
-def _finished(jobs: LocalBackend, job_id: str) -> bool:
+def _finished(jobs: Backend, job_id: str) -> bool:
     try:
         return bool(jobs.status(job_id).finished)
     except DistJobsError:
         return True
 
 
-SWEEPS = LocalSweeps()
+if __name__ == "__main__":  # the detached driver start_driver runs; the package never imports it as __main__
+    sys.exit(drive_local(Path(sys.argv[sys.argv.index("--drive") + 1])))
