@@ -35,12 +35,18 @@ __all__ = [
     "handle_forms",
     "parse_handle",
     "register_backend",
+    "unregister_backend",
 ]
 
 
 def register_backend(name: str, target: str) -> None:
     """Add backend `name`, its class at `target` ("package.module:Class"), imported when first used."""
     _REGISTRY[name] = target
+
+
+def unregister_backend(name: str) -> None:
+    """Forget backend `name` (one a test or a plugin added)."""
+    _REGISTRY.pop(name, None)
 
 
 def backend_names() -> list[str]:
