@@ -54,8 +54,10 @@ def apply_profile(args: argparse.Namespace) -> Any:
     # the spec verbs' and sweep's (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
     from dist_jobs.spec.profiles import load_profile
 
-    profile = load_profile(getattr(args, "profile", None))
-    given = {"backend": "backend", **{o.name: option_dest(o) for cls in api.backend_classes() for o in cls.options}}
+    classes = api.backend_classes()
+    schedulers = {cls.name: [o.name for o in cls.options if not o.lookup_only] for cls in classes}
+    profile = load_profile(getattr(args, "profile", None), schedulers=schedulers)
+    given = {"backend": "backend", **{o.name: option_dest(o) for cls in classes for o in cls.options}}
     for option, dest in given.items():
         if getattr(args, dest, None) is None and option in profile.options and hasattr(args, dest):
             setattr(args, dest, profile.options[option])
