@@ -2,11 +2,11 @@
 runs from one snapshot of the code taken at submit (a driver starts trials later: each must not
 take a copy of its own), unless the spec says `snapshot: false`.
 
-`dist-jobs sweep --backend local --max-parallel K` writes the manifest (with every trial's
-spec) and starts `python -m dist_jobs.backends.local.sweep --drive MANIFEST` in a session of its
-own, so it outlives the shell, as `submit --backend local` does for one job. The driver submits a trial
-whenever fewer than K run, until all have been started and have ended; its output goes to
-`driver.log` beside the manifest, its pid to `driver.pid`.
+`dist-jobs sweep --backend local --max-parallel K` writes every trial's spec to `driver.json`
+beside the manifest and starts `python -m dist_jobs.backends.local.sweep --drive driver.json` in a
+session of its own, so it outlives the shell, as `submit --backend local` does for one job. The
+driver submits a trial whenever fewer than K run, until all have been started and have ended;
+its output goes to `driver.log` beside the manifest, its pid to `driver.pid`.
 """
 
 from __future__ import annotations
@@ -24,25 +24,28 @@ import msgspec
 
 from dist_jobs.backends import Backend, get_backend
 from dist_jobs.backends.base import PreparedSweep
-from dist_jobs.backends.sweep_manifest import MANIFEST, write_manifest
 from dist_jobs.errors import DistJobsError
+from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.spec.load import load_spec
+
+DRIVER = "driver.json"  # what the driver runs: the backend, its folder, K and every trial's spec
 
 
 def submit_driven(
     plan: PreparedSweep, manifest: dict[str, Any], root: Path, local: Backend, workdir: Path
 ) -> list[str]:
-    """The manifest with every trial's spec and handle, and its driver started: the trials' handles."""
-    manifest["specs"] = [msgspec.to_builtins(s) for s in plan.specs]
-    manifest["trials"] = [{**t, "handle": str(local.handle(t["run_dir"]))} for t in manifest["trials"]]
-    write_manifest(root, manifest)
-    start_driver(root / MANIFEST, workdir)
-    return [t["handle"] for t in manifest["trials"]]
+    """The driver started on every trial's spec (its own file, driver.json): the trials' handles,
+    their run directories' (the manifest is the API's to write)."""
+    specs = [msgspec.to_builtins(s) for s in plan.specs]
+    order = {"backend": local.name, "workdir": str(workdir), "max_parallel": plan.max_parallel, "specs": specs}
+    write_atomic(root / DRIVER, json.dumps(order) + "\n", mkdir=True)
+    start_driver(root / DRIVER, workdir)
+    return [str(local.handle(t["run_dir"])) for t in manifest["trials"]]
 
 
-def start_driver(manifest: Path, workdir: Path) -> None:
-    argv = [sys.executable, "-m", "dist_jobs.backends.local.sweep", "--drive", str(manifest)]
-    with (manifest.parent / "driver.log").open("ab") as log:
+def start_driver(order: Path, workdir: Path) -> None:
+    argv = [sys.executable, "-m", "dist_jobs.backends.local.sweep", "--drive", str(order)]
+    with (order.parent / "driver.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
             cwd=workdir,
@@ -51,19 +54,18 @@ def start_driver(manifest: Path, workdir: Path) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    (manifest.parent / "driver.pid").write_text(f"{proc.pid}\n")
+    (order.parent / "driver.pid").write_text(f"{proc.pid}\n")
 
 
-def drive_local(manifest_path: Path, poll: float = 1.0) -> int:
+def drive_local(order_path: Path, poll: float = 1.0) -> int:
     """The detached driver of a local sweep: keeps `max_parallel` trials running until all have run."""
-    manifest = json.loads(manifest_path.read_text())
-    workdir = Path(manifest["options"].get("workdir") or Path.cwd())
-    jobs = get_backend(manifest["backend"], workdir=workdir)
-    pending = [load_spec(data=raw) for raw in manifest["specs"]]
+    order = json.loads(order_path.read_text())
+    jobs = get_backend(order["backend"], workdir=Path(order["workdir"]))
+    pending = [load_spec(data=raw) for raw in order["specs"]]
     running: list[str] = []
     while pending or running:
         running = [r for r in running if not _finished(jobs, r)]
-        while pending and len(running) < manifest["max_parallel"]:
+        while pending and len(running) < order["max_parallel"]:
             spec = pending.pop(0)
             try:
                 running.append(jobs.submit(spec).job_id)
