@@ -4,6 +4,7 @@ handles, logs and sweeps: nothing outside the registry lists backends."""
 from __future__ import annotations
 
 import json
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,14 @@ def test_a_sweep_runs_one_job_per_trial_by_default(capsys: pytest.CaptureFixture
     code, out, _ = run(capsys, "sweep", "cancel", "fk")
     assert code == 0 and out.splitlines() == ["cancelled fake://s/1", "cancelled fake://s/2"]
     assert [r.state for r in Sweep.load("fk").status()] == ["cancelled", "cancelled"]
+
+
+def test_a_package_declares_it_in_the_entry_point_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dist_jobs.backends as registry
+
+    registry.unregister_backend("fake")
+    assert "fake" not in registry.backend_names()
+    point = metadata.EntryPoint("fake", f"{FakeBackend.__module__}:FakeBackend", registry.ENTRY_POINTS)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS else [])
+    monkeypatch.setattr(registry, "_plugins_read", False)  # as in a fresh process, where they are read once
+    assert registry.backend_names()[-1] == "fake" and registry.backend_class("fake") is FakeBackend
