@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
 from dist_jobs.api.verbs import attach, backend, submit
-from dist_jobs.backends import Prepared, backend_class, backend_classes, backend_names, handle_forms, or_list
+from dist_jobs.backends import Prepared, handle_forms
+
+# the registry, which the CLI reads for its flags, choices and hints (not the notebook API's __all__)
+from dist_jobs.backends import backend_class as backend_class
+from dist_jobs.backends import backend_classes as backend_classes
+from dist_jobs.backends import backend_names as backend_names
+from dist_jobs.backends import or_list as or_list
 from dist_jobs.backends import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.backends.handle import is_handle
 from dist_jobs.backends.state import JobState
@@ -47,11 +53,6 @@ __all__ = [
     "WaitTimeout",
     "attach",
     "backend",
-    "backend_class",
-    "backend_classes",
-    "backend_names",
-    "handle_forms",
-    "or_list",
     "call_local",
     "cancel",
     "job",
