@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
 from dist_jobs.api.verbs import attach, backend, submit
+from dist_jobs.backends import Names as Names
 from dist_jobs.backends import Prepared, handle_forms
 
 # the registry, which the CLI reads for its flags, choices and hints (not the notebook API's __all__)

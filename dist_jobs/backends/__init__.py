@@ -3,13 +3,14 @@
 The registry is the one list of backends: a name and where its Backend class is. Each backend
 is a package (`slurm/`, `k8s/`, `local/`) imported when first asked for, so `render` pays for
 no backend's client. A package outside dist_jobs adds one with `register_backend(name,
-"module:Class")`, or by declaring it in the `dist_jobs.backends` entry-point group.
+"module:Class")`, or by declaring it in the `dist_jobs.backends` entry-point group; that group
+is read when a name is not registered (reading it costs the query verbs ~20 ms of start-up).
 """
 
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
+from collections.abc import Iterator
 
 from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared
 from dist_jobs.backends.handle import Handle, is_handle, split_handle
@@ -26,6 +27,7 @@ _plugins_read = False
 __all__ = [
     "Backend",
     "JobStatus",
+    "Names",
     "Option",
     "Prepared",
     "backend_class",
@@ -50,9 +52,29 @@ def unregister_backend(name: str) -> None:
 
 
 def backend_names() -> list[str]:
-    """Every backend's name, the built-in ones first."""
-    _read_entry_points()
+    """Every registered backend's name, the built-in ones first."""
     return list(_REGISTRY)
+
+
+class Names:
+    """The backends' names as argparse takes its choices: a name not registered is looked for in
+    the entry-point group. Listed (argparse lists them as it adds the flag): those registered."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names or (isinstance(name, str) and _known(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+
+def _known(name: str) -> bool:
+    """Whether `name` is registered, the entry-point group read first where it is not."""
+    if name not in _REGISTRY:
+        _read_entry_points()
+    return name in _REGISTRY
 
 
 def _read_entry_points() -> None:
@@ -61,6 +83,8 @@ def _read_entry_points() -> None:
     if _plugins_read:
         return
     _plugins_read = True
+    from importlib import metadata  # ~15 ms, and the scan as much: only when a name is not registered
+
     for point in metadata.entry_points(group=ENTRY_POINTS):
         _REGISTRY.setdefault(point.name, point.value)
 
@@ -72,9 +96,8 @@ def get_backend(name: str, **options: object) -> Backend:
 
 def backend_class(name: str) -> type[Backend]:
     """The Backend class of `name`, its module imported now."""
-    names = backend_names()
-    if name not in names:
-        raise UsageError(f"unknown backend {name!r}", f"use --backend {or_list(names)}")
+    if not _known(name):
+        raise UsageError(f"unknown backend {name!r}", f"use --backend {or_list(backend_names())}")
     module, _, attr = _REGISTRY[name].partition(":")
     found: type[Backend] = getattr(importlib.import_module(module), attr)
     return found
@@ -99,7 +122,7 @@ def parse_handle(text: str) -> Handle:
     """The Handle in `text`, split by the fields its backend declares and checked by it; a
     UsageError naming the expected forms if it is not one."""
     scheme = text.partition("://")[0] if is_handle(text) else ""
-    if scheme not in backend_names():
+    if not _known(scheme):
         raise UsageError(f"{text!r} is not a job handle", f"a handle looks like {handle_forms()}")
     cls = backend_class(scheme)
     parts = split_handle(text, cls.handle_fields)

@@ -66,7 +66,7 @@ def backend_choice(p: argparse.ArgumentParser, help: str, which: Callable[[Any],
     `help` is each one's name and summary, as `slurm: sbatch script; k8s: manifest`."""
     chosen = [cls for cls in api.backend_classes() if which(cls)]
     summaries = "; ".join(f"{cls.name}: {cls.summary}" for cls in chosen)
-    choices = [cls.name for cls in chosen]
+    choices = api.Names([cls.name for cls in chosen])  # another package's backend, by its name too
     p.add_argument("--backend", choices=choices, help=help.format(summaries=summaries), **kwargs)
 
 

@@ -35,7 +35,7 @@ USAGE_STATUS = (
 
 def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_option: Any) -> None:
     p = sub.add_parser("sweep", help=help_text, epilog=f"Then: {USAGE_STATUS}")
-    names = [cls.name for cls in api.backend_classes()]
+    names = api.Names([cls.name for cls in api.backend_classes()])
     ways = "; ".join(f"{cls.name}: {cls.sweep_summary}" for cls in api.backend_classes())
     p.add_argument("--backend", choices=names, help=ways)
     p.add_argument(

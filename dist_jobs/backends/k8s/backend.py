@@ -13,7 +13,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,7 +157,9 @@ class K8sBackend(Backend):
         return render(spec, "k8s")
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
-        import yaml  # submit's alone (as above)
+        import uuid  # with yaml, submit's alone (as above)
+
+        import yaml
 
         from dist_jobs.backends.k8s.code import annotated
 

@@ -138,4 +138,18 @@ def test_a_package_declares_it_in_the_entry_point_group(monkeypatch: pytest.Monk
     point = metadata.EntryPoint("fake", f"{FakeBackend.__module__}:FakeBackend", registry.ENTRY_POINTS)
     monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS else [])
     monkeypatch.setattr(registry, "_plugins_read", False)  # as in a fresh process, where they are read once
-    assert registry.backend_names()[-1] == "fake" and registry.backend_class("fake") is FakeBackend
+    assert registry.backend_class("fake") is FakeBackend  # a name not registered: the group is read
+    assert registry.backend_names()[-1] == "fake" and str(parse_handle("fake://p/1")) == "fake://p/1"
+
+
+def test_the_cli_takes_a_backend_of_the_entry_point_group_by_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], spec_file: Path
+) -> None:
+    import dist_jobs.backends as registry
+
+    registry.unregister_backend("fake")
+    point = metadata.EntryPoint("fake", f"{FakeBackend.__module__}:FakeBackend", registry.ENTRY_POINTS)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS else [])
+    monkeypatch.setattr(registry, "_plugins_read", False)
+    code, out, _ = run(capsys, "submit", "--backend", "fake", str(spec_file))
+    assert code == 0 and out.strip() == "fake://main/1"
