@@ -1,8 +1,10 @@
-"""The one backend interface.
+"""The one backend interface: `Backend`, an abstract base class in the manner of torchx's Scheduler.
 
 `prepare()` is pure and IS the dry run: it returns the exact bytes `submit()` hands to the
-scheduler (torchx's `submit = schedule(dryrun(...))`). The I/O verbs go through an object given
-to the backend's constructor (a command runner, an API client), so tests inject fakes.
+scheduler (`submit = schedule(prepare(spec))`). The I/O verbs go through an object given to the
+backend's constructor (a command runner, an API client), so tests inject fakes. A backend also
+declares what the CLI and the API need to know of it (its options, its handles' fields, how its
+sweeps run), so neither names a backend.
 """
 
 from __future__ import annotations
@@ -206,8 +208,8 @@ class Backend(abc.ABC):
 
     @classmethod
     def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
-        """The handle with these parts (the text after the scheme, split at its fields); a
-        UsageError's message and hint (ValueError) where they are no handle of this backend."""
+        """The handle with these parts (the text after the scheme, split at its fields); ValueError
+        where they name no job of this backend (the registry's parse_handle says which forms do)."""
         if not job_id or not all(fields.values()):
             raise ValueError("a part of it is empty")
         return Handle(cls.name, job_id, **fields)
