@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep
+from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
@@ -143,12 +143,14 @@ class K8sBackend(Backend):
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.backends.k8s.code import with_code  # submit's and render's alone (as above)
         from dist_jobs.render import render
+        from dist_jobs.render.k8s import pod_workdir
 
         suffix = "trainjob" if spec.k8s.api == "trainjob" else "pytorchjob"
         payload = render(spec, "k8s")
         if spec.snapshot:  # the code of this folder, as a ConfigMap after the job (backends.k8s.code)
             payload = with_code(spec, payload, Path.cwd())
-        return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml")
+        run_dir = run_dir_of(spec, Path(pod_workdir(spec)))  # as the pods see it
+        return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml", run_dir)
 
     def render(self, spec: JobSpec) -> str:
         """The manifest alone: a snapshot's ConfigMap is made by submit."""

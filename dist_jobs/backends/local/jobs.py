@@ -23,12 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, checkpoint_root
+from dist_jobs.backends import records
+from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
@@ -44,10 +45,7 @@ PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled",
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
-
-
-def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
-    return checkpoint_root(spec, workdir).resolve() / spec.run_id
+REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
 class LocalBackend(Backend):
@@ -90,7 +88,7 @@ class LocalBackend(Backend):
 
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
-        folder = run_dir_of(spec, self.workdir) / FOLDER
+        folder = (prepared.run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):
             if _alive(folder):
@@ -98,7 +96,9 @@ class LocalBackend(Backend):
                     f"run {spec.run_id} is already running here (local://{folder.parent})",
                     "wait for it, cancel it, or pick another --name",
                 )
-            return self._start(spec, folder)
+            handle = self._start(spec, folder)
+        records.record(records.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
+        return handle
 
     def _start(self, spec: JobSpec, folder: Path) -> Handle:
         """The detached launcher of a run whose record this process has claimed."""
@@ -106,7 +106,7 @@ class LocalBackend(Backend):
         import yaml
 
         spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
-        for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
+        for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
             _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
@@ -174,8 +174,9 @@ class LocalBackend(Backend):
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
-        root = (self.workdir / "checkpoints").resolve()
-        found = [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
+        """Every job submitted from this machine (backends.records) whose run directory still holds it."""
+        runs = dict.fromkeys(job.job_id for job in records.every("local"))
+        found = [self.status(run) for run in runs if (Path(run) / FOLDER / SPEC).is_file()]
         return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 
     def exists(self, job_id: str) -> bool:
@@ -217,12 +218,10 @@ class LocalBackend(Backend):
 
     def snapshot(self, spec: JobSpec) -> JobSpec:
         """One copy for every trial, beside their run directories (a driver starts some later)."""
-        return spec_in_copy(spec, self.workdir, checkpoint_root(spec, self.workdir).resolve() / spec.name)
+        return spec_in_copy(spec, self.workdir, run_dir_of(spec, self.workdir).root.resolve() / spec.name)
 
     def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
-        from dist_jobs.backends.sweep_manifest import absolute  # a sweep's alone (tests/unit/test_imports.py)
-
-        root = absolute(first.checkpoint_dir, here)
+        root = run_dir_of(first, here).root  # the trials' run directories are below it
         return root, str(root)
 
     def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
@@ -319,6 +318,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)
+    except DistJobsError as exc:  # refused before any rank started (the run directory's lock): say why
+        code = exc.exit_code
+        _write(folder / REFUSED, exc.message)  # before EXIT: a status that sees the code sees this too
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         if backend.first_failure:  # before EXIT: a status that sees the code sees this too
@@ -328,7 +331,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
 
 
 def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
-    """FAILED, naming the process that failed first (the launcher stopped the others)."""
+    """FAILED, naming why the launcher refused the run, or the process that failed first (the
+    launcher stopped the others)."""
+    with contextlib.suppress(OSError):
+        return JobStatus(job_id, name, "FAILED", f"{(folder / REFUSED).read_text().strip()} ({describe_exit(code)})")
     try:
         label, first = (folder / FIRST).read_text().strip().split("\t")
     except (OSError, ValueError):  # none recorded (a launcher killed outright, or an older run)

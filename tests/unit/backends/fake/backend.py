@@ -14,7 +14,7 @@ from typing import ClassVar
 import msgspec
 
 from dist_jobs.backends import Backend, JobStatus, Option, Prepared
-from dist_jobs.backends.base import checkpoint_root
+from dist_jobs.backends.base import run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.errors import BackendError
 from dist_jobs.spec import JobSpec
@@ -85,8 +85,7 @@ class FakeBackend(Backend):
         yield from (f"[rank {r}] {line}" for r, each in sorted(lines.items()) for line in each)
 
     def run_dir(self, job_id: str) -> Path:
-        spec = self._job(job_id).spec
-        return checkpoint_root(spec, self.cwd) / spec.run_id
+        return run_dir_of(self._job(job_id).spec, self.cwd).path
 
     def owner(self, job_id: str) -> str | None:
         return None
