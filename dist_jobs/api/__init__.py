@@ -13,9 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.job import Job, JobFailed, JobInfo, WaitTimeout, info_of, wait_all
 from dist_jobs.api.verbs import attach, backend, submit
-from dist_jobs.backends import Prepared
-from dist_jobs.backends.handle import FORMS, is_handle
-from dist_jobs.backends.handle import parse_handle as parse_handle  # the CLI reads handles through the API
+from dist_jobs.backends import Names as Names
+from dist_jobs.backends import Prepared, handle_forms
+
+# the registry, which the CLI reads for its flags, choices and hints (not the notebook API's __all__)
+from dist_jobs.backends import backend_class as backend_class
+from dist_jobs.backends import backend_classes as backend_classes
+from dist_jobs.backends import backend_names as backend_names
+from dist_jobs.backends import or_list as or_list
+from dist_jobs.backends import parse_handle as parse_handle  # the CLI reads handles through the API
+from dist_jobs.backends.handle import is_handle
 from dist_jobs.backends.state import JobState
 from dist_jobs.errors import DistJobsError, Preempted, UsageError
 
@@ -94,10 +101,9 @@ def load_spec(
 
 
 def render(spec: JobSpec, backend_name: str) -> str:
-    """The sbatch script (`slurm`) or manifest (`k8s`) for `spec`, exactly as submitted."""
-    from dist_jobs.render import render as render_spec  # jinja2: not for the query verbs
-
-    return render_spec(spec, backend_name)  # type: ignore[arg-type]
+    """What the backend would submit for `spec`, to submit by hand: the sbatch script (`slurm`),
+    the manifest (`k8s`)."""
+    return backend(backend_name).render(spec)
 
 
 _backend = backend  # `list_jobs(backend=...)` shadows the function inside the verbs
@@ -126,7 +132,7 @@ def job(job_id: str, backend_name: str | None = None, **options: Any) -> Job:
         return attach(job_id, **options)
     if backend_name is None:
         raise UsageError(
-            f"{job_id!r} is a bare job id: which backend runs it?", f"pass --backend, or a handle: {FORMS}"
+            f"{job_id!r} is a bare job id: which backend runs it?", f"pass --backend, or a handle: {handle_forms()}"
         )
     chosen = _backend(backend_name, **options)
     return Job(chosen.handle(job_id), chosen)

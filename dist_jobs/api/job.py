@@ -188,6 +188,10 @@ class Job:
         """Rank `rank`'s lines (local: every rank's when None); follow=True until the job ends."""
         return self._backend.logs(self.id, rank=rank, follow=follow)
 
+    def log_ranks(self, spec: Any) -> list[int] | None:
+        """The ranks whose logs together hold every line of `spec`'s job (None: one log has all)."""
+        return self._backend.log_ranks(spec)
+
     def follow(self, ranks: Sequence[int] | None = None) -> Iterator[str]:
         """Every rank's lines as they are written, `[rank N] ...`, until the job ends.
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.verbs import attach_all
-from dist_jobs.backends.sweeps import MANIFEST, SWEEPS_DIR, sweeps_of
+from dist_jobs.backends import Backend, backend_class, get_backend
+from dist_jobs.backends.sweep_manifest import MANIFEST, SWEEPS_DIR
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.result import read_result
@@ -105,12 +106,15 @@ class Sweep:
         return attach_all([t["handle"] for t in self.trials], **options)  # one query per scheduler and poll
 
     def _options(self) -> dict[str, Any]:
-        return sweeps_of(self.backend).attach_options(self.manifest.get("options", {}))
+        return backend_class(self.backend).attach_options(self.manifest.get("options", {}))
+
+    def _backend(self) -> Backend:
+        return get_backend(self.backend, **self._options())
 
     def cancel(self) -> list[str]:
         """Stop the sweep: no trial starts any more, and every trial that has not ended is
         cancelled (SLURM: the whole array, one scancel). The handles it cancelled."""
-        done = sweeps_of(self.backend).cancel(self.path.parent, self.handles, self._options())
+        done = self._backend().cancel_sweep(self.path.parent, self.handles)
         if done is not None:
             return done
         cancelled = []
@@ -161,7 +165,7 @@ class Sweep:
         row = TrialRow(trial["index"], trial["name"], dict(trial["params"]), trial.get("handle"), "unknown")
         row.run_dir = trial.get("run_dir", "")
         if isinstance(info, DistJobsError):
-            not_started = sweeps_of(self.backend).not_started(row.run_dir)
+            not_started = self._backend().trial_not_started(row.run_dir)
             row.state, row.detail = ("pending", "not started yet") if not_started else ("unknown", info.message)
         else:
             row.state, row.detail = info.state.value, info.detail

@@ -5,8 +5,8 @@
     sw.jobs          # one Job per trial (SLURM: the array's tasks, slurm://CLUSTER/ID_i)
     sw.status()      # one row per trial: params, state, step of total, latest and best metric
 
-Each backend runs a sweep its own way (dist_jobs.backends.sweeps: SLURM one job array, Kubernetes
-one labelled job per trial, local K trials at a time under a detached driver). The manifest
+Each backend runs a sweep its own way (its Backend's sweep hooks: by default one job per trial;
+SLURM one job array, local K trials at a time under a detached driver). The manifest
 `<checkpoint_dir>/NAME/sweep.json` records the trials, their parameters and handles.
 """
 
@@ -21,7 +21,9 @@ from typing import Any
 import msgspec
 
 from dist_jobs.api.sweep_status import Sweep
-from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, sweeps_of, write_manifest
+from dist_jobs.backends import Backend, get_backend
+from dist_jobs.backends.base import PreparedSweep
+from dist_jobs.backends.sweep_manifest import MANIFEST, write_manifest
 from dist_jobs.errors import Problem, SpecError
 from dist_jobs.rundir.place import RunDir
 from dist_jobs.spec import JobSpec, load_spec
@@ -74,17 +76,17 @@ def plan_sweep(
     raw, source = _raw(spec_or_path)
     params = sweep_spec.trials(_axes(grid), random, seed)
     base = _base(raw, overrides, source)
-    sweeps = sweeps_of(backend)
+    chosen = get_backend(backend, **options)
     problems = sweep_spec.name_problems(base.name, params) + (
-        _parallel_problems(max_parallel) or sweeps.problems(max_parallel)
+        _parallel_problems(max_parallel) or chosen.sweep_problems(max_parallel)
     )
-    specs = _trial_specs(raw, base, dict(overrides or {}), params, backend, problems)
+    specs = _trial_specs(raw, base, dict(overrides or {}), params, chosen, problems)
     if specs:
         problems += sweep_spec.base_problems(specs[0], backend)
         problems += sweep_spec.command_problems(params) if specs[0].command else []
     if problems:
         raise SpecError(sweep_spec.dedupe(problems), f"sweep {base.name} ({source})")
-    return sweeps.prepare(base.name, params, specs, max_parallel, **options)
+    return chosen.prepare_sweep(base.name, params, specs, max_parallel)
 
 
 def _parallel_problems(max_parallel: int | None) -> list[Problem]:
@@ -105,15 +107,15 @@ def _trial_specs(
     base: Any,
     overrides: dict[str, Any],
     params: Sequence[Mapping[str, Any]],
-    backend: str,
+    backend: Backend,
     problems: list[Problem],
 ) -> list[JobSpec]:
-    root, specs, sweeps = sweep_root(base.checkpoint_dir, base.name), [], sweeps_of(backend)
+    root, specs = sweep_root(base.checkpoint_dir, base.name), []
     for index, values in enumerate(params):
         dotted = overrides | overrides_for(base.name, root, index, len(params), values)
-        dotted |= sweeps.trial_overrides(base.name, index)
+        dotted |= backend.trial_overrides(base.name, index)
         try:
-            specs.append(load_spec(data=raw, overrides=dotted, backend=backend))
+            specs.append(load_spec(data=raw, overrides=dotted, backend=backend.name))
         except SpecError as exc:
             problems += [p if p.field not in values else Problem(f"--grid {p.field}", *_rest(p)) for p in exc.problems]
     return specs
@@ -135,11 +137,11 @@ def sweep(
 ) -> Sweep:
     """Submit a sweep; a Sweep with `.jobs` (one Job per trial) and `.status()`. On SLURM and
     locally every trial runs from one snapshot of the code (unless the spec says `snapshot: false`)."""
-    if sweeps_of(backend).snapshots:
-        overrides = _snapshot_overrides(spec_or_path, dict(overrides or {}), options, backend)
+    chosen = get_backend(backend, **options)
+    overrides = _snapshot_overrides(spec_or_path, dict(overrides or {}), chosen)
     plan = plan_sweep(spec_or_path, grid or {}, random, seed, max_parallel, backend, overrides, **options)
     here = Path(options.get("cwd") or options.get("workdir") or Path.cwd())
-    root, runs = sweeps_of(backend).roots(plan.name, plan.head or plan.specs[0], here)
+    root, runs = chosen.sweep_roots(plan.name, plan.head or plan.specs[0], here)
     manifest: dict[str, Any] = {
         "name": plan.name,
         "backend": backend,
@@ -153,24 +155,21 @@ def sweep(
             for i, (s, p) in enumerate(zip(plan.specs, plan.params))
         ],
     }
-    handles = sweeps_of(backend).submit(plan, manifest, root, **options)
+    handles = chosen.submit_sweep(plan, manifest, root)
     for trial, handle in zip(manifest["trials"], handles):
         trial["handle"] = handle
     write_manifest(root, manifest)
     return Sweep(manifest, root / MANIFEST)
 
 
-def _snapshot_overrides(
-    spec_or_path: Any, overrides: dict[str, Any], options: Mapping[str, Any], backend: str
-) -> dict[str, Any]:
+def _snapshot_overrides(spec_or_path: Any, overrides: dict[str, Any], backend: Backend) -> dict[str, Any]:
     """`overrides` plus those that run every trial from one snapshot of the code, taken now, where
-    the backend takes one (dist_jobs.backends.snapshot); unchanged when the spec or a flag turns
-    snapshots off."""
+    the backend takes one (Backend.snapshot); unchanged when the spec or a flag turns snapshots off."""
     raw, _ = _raw(spec_or_path)
     base = load_spec(data=raw, overrides=overrides)
-    if base.snapshot is False:
+    snapped = None if base.snapshot is False else backend.snapshot(base)
+    if snapped is None:
         return overrides
-    snapped = sweeps_of(backend).snapshot(base, options)
     fields = {k: getattr(snapped, k) for k in ("workdir", "log_dir", "checkpoint_dir")}
     paths = {"env.PYTHONPATH": snapped.env["PYTHONPATH"]} if "PYTHONPATH" in snapped.env else {}
     return {**overrides, **fields, **paths, "snapshot": True}

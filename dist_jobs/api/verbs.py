@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dist_jobs.api.job import Job
-from dist_jobs.backends import Backend, get_backend
-from dist_jobs.backends.handle import parse_handle
+from dist_jobs.backends import Backend, get_backend, parse_handle
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec)
     from dist_jobs.spec import JobSpec
@@ -37,7 +36,7 @@ def submit(spec: JobSpec, backend: str = "local", **options: Any) -> Job:
             python without the trainer's packages) or the scheduler failed (a BackendError).
     """
     chosen = get_backend(backend, **options)
-    return attach(str(chosen.submit(chosen.prepare(spec))), **options)
+    return attach(str(chosen.submit(spec)), **options)
 
 
 def attach(handle: str, **options: Any) -> Job:

@@ -1,23 +1,27 @@
-"""The one backend interface.
+"""The one backend interface: `Backend`, an abstract base class in the manner of torchx's Scheduler.
 
 `prepare()` is pure and IS the dry run: it returns the exact bytes `submit()` hands to the
-scheduler (torchx's `submit = schedule(dryrun(...))`). The I/O verbs go through an object given
-to the backend's constructor (a command runner, an API client), so tests inject fakes.
+scheduler (`submit = schedule(prepare(spec))`). The I/O verbs go through an object given to the
+backend's constructor (a command runner, an API client), so tests inject fakes. A backend also
+declares what the CLI and the API need to know of it (its options, its handles' fields, how its
+sweeps run), so neither names a backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import abc
+import builtins
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
-from dist_jobs.errors import DistJobsError
+from dist_jobs.errors import BackendError, DistJobsError, Problem, UsageError
 from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.rundir.place import RunDir
-from dist_jobs.spec.paths import checkpoint_root
+from dist_jobs.spec.paths import checkpoint_root, expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
@@ -39,6 +43,26 @@ class Prepared:
     # where the run lives as the submitting host sees it (run_dir_of); None in a sweep's trial
     # made from its dry run, whose backend builds it at submit
     run_dir: RunDir | None = None
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """The dry run: every trial's spec and the exact bytes that would be submitted."""
+
+    name: str
+    backend: str
+    params: list[dict[str, Any]]
+    specs: list[JobSpec]
+    payloads: list[tuple[str, str]]  # (file name, exact script or manifest)
+    head: JobSpec | None  # SLURM: the array's own spec
+    max_parallel: int | None
+    text: str  # what `--dry-run` prints
+
+    def trials(self) -> list[Prepared]:
+        """Each trial as schedule() takes it, for backends that submit a job per trial: the bytes
+        the dry run showed, not a second rendering of each trial."""
+        pairs = zip(self.specs, self.payloads, strict=True)
+        return [Prepared(self.backend, spec, payload, filename) for spec, (filename, payload) in pairs]
 
 
 @dataclass(frozen=True)
@@ -66,46 +90,175 @@ class JobStatus:
         return self.job_state.finished
 
 
-class Backend(Protocol):
-    """What every backend provides. A job is named by its handle (`handle()`, what `submit()`
-    returns); the other verbs take the job's id within the backend (Handle.job_id)."""
+@dataclass(frozen=True)
+class Option:
+    """One constructor option of a backend as the command line gives it: `flag VALUE` becomes
+    the keyword `name` (converted by `kind`)."""
 
-    name: str
+    flag: str  # --jobs-dir
+    name: str  # the constructor's keyword: jobs_dir
+    help: str
+    choices: tuple[str, ...] = ()
+    kind: Callable[[str], object] = str
+    # only where a job is looked up (status, list, ...): submit takes it from the spec instead
+    lookup_only: bool = False
 
-    def prepare(self, spec: JobSpec) -> Prepared: ...
 
-    def submit(self, prepared: Prepared) -> Handle: ...
+class Backend(abc.ABC):
+    """A scheduler, in the manner of torchx's Scheduler: the glue is here, each backend fills in
+    the small hooks below. A job is named by its handle (`handle()`, what `submit()` returns);
+    the other verbs take the job's id within the backend (Handle.job_id).
 
-    def handle(self, job_id: str) -> Handle: ...
+    What a backend declares about itself (its options, its handle's fields, what its sweeps do)
+    is read from the class, so the CLI and the API name no backend."""
 
-    def status(self, job_id: str) -> JobStatus: ...
+    name: ClassVar[str]  # its registry name, and its handles' scheme
+    summary: ClassVar[str] = ""  # a few words for --backend's help: "sbatch script", "detached processes"
+    options: ClassVar[tuple[Option, ...]] = ()  # its constructor's options, as command-line flags
+    handle_fields: ClassVar[tuple[str, ...]] = ()  # what a handle carries before the id: constructor keywords
+    handle_id: ClassVar[str] = "ID"  # the id's placeholder in the handle's form (slurm://CLUSTER/ID)
+    renders: ClassVar[bool] = True  # `render` prints its payload for the user to submit by hand
+    runs_here: ClassVar[bool] = False  # `run` starts the job in the foreground, in this process
+    sweep_summary: ClassVar[str] = "a job per trial"  # how it runs a sweep, for `sweep --backend`'s help
 
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
-        """Each job's status, asking the scheduler as few times as it can (SLURM: once); a job
-        it cannot read gets its error. An error for all of them (no scheduler) is raised."""
-        ...
+    @abc.abstractmethod
+    def prepare(self, spec: JobSpec) -> Prepared:
+        """The exact bytes `submit()` hands to the scheduler, nothing run: the dry run."""
 
-    def list(self) -> list[JobStatus]: ...
+    @abc.abstractmethod
+    def schedule(self, prepared: Prepared) -> Handle:
+        """Hand `prepared` to the scheduler as it is; the new job's handle."""
 
-    def cancel(self, job_id: str) -> None: ...
+    @abc.abstractmethod
+    def handle(self, job_id: str) -> Handle:
+        """The handle of job `job_id` (what it carries found out here: the cluster, the namespace)."""
 
-    def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]: ...
+    @abc.abstractmethod
+    def status(self, job_id: str) -> JobStatus:
+        """The job's state now, in the scheduler's word; BackendError where it knows no such job."""
 
+    @abc.abstractmethod
+    def list(self) -> builtins.list[JobStatus]:
+        """The jobs dist-jobs submitted that the scheduler still knows, each with its handle."""
+
+    @abc.abstractmethod
+    def stop(self, job_id: str) -> None:
+        """Stop job `job_id`, which `exists()` said there is."""
+
+    @abc.abstractmethod
+    def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
+        """Rank `rank`'s lines as it wrote them, or every rank's as `[rank N] ...`; follow: until it ends."""
+
+    @abc.abstractmethod
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` as this host sees it; BackendError where it cannot say."""
-        ...
 
+    @abc.abstractmethod
     def owner(self, job_id: str) -> str | None:
         """The job as its trainer names itself in progress.json (None: whoever wrote it)."""
-        ...
 
+    def submit(self, spec: JobSpec) -> Handle:
+        """Submit `spec`: the bytes of its dry run, handed over (torchx's schedule(dryrun(...)))."""
+        return self.schedule(self.prepare(spec))
 
-def each_status(backend: Backend, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
-    """`statuses()` of a backend without a batch query: each job asked on its own."""
-    found: dict[str, JobStatus | DistJobsError] = {}
-    for job_id in job_ids:
-        try:
-            found[job_id] = backend.status(job_id)
-        except DistJobsError as exc:  # one job it cannot read (a trial not started yet)
-            found[job_id] = exc
-    return found
+    def render(self, spec: JobSpec) -> str:
+        """What `dist-jobs render` prints: the payload, to submit by hand."""
+        return self.prepare(spec).payload
+
+    def check(self, prepared: Prepared) -> str | None:
+        """What the scheduler says of `prepared` without running it; None: it has no such check."""
+        return None
+
+    def statuses(self, job_ids: builtins.list[str]) -> dict[str, JobStatus | DistJobsError]:
+        """Each job's status, asking the scheduler as few times as it can (here: once per job); a
+        job it cannot read gets its error. An error for all of them (no scheduler) is raised."""
+        found: dict[str, JobStatus | DistJobsError] = {}
+        for job_id in job_ids:
+            try:
+                found[job_id] = self.status(job_id)
+            except DistJobsError as exc:  # one job it cannot read (a trial not started yet)
+                found[job_id] = exc
+        return found
+
+    def exists(self, job_id: str) -> bool:
+        """Whether there is a job `job_id` to stop; by default the scheduler says so when asked to stop it."""
+        return True
+
+    def cancel(self, job_id: str) -> None:
+        """Stop the job; a BackendError when there is none to stop."""
+        if not self.exists(job_id):
+            raise BackendError(
+                f"{self.name} job {job_id} is not running: nothing to cancel",
+                f"see how it ended: dist-jobs status {self.handle(job_id)}",
+            )
+        self.stop(job_id)
+
+    def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
+        """Run the job here, to its end; its exit code (`record`: the folder of a detached run,
+        where the code goes). Only a backend that `runs_here` can."""
+        raise UsageError(
+            f"the {self.name} backend runs no job here", f"submit it: dist-jobs submit --backend {self.name}"
+        )
+
+    def log_ranks(self, spec: JobSpec) -> builtins.list[int] | None:
+        """The ranks whose logs together hold every line (None: one log holds them all)."""
+        return builtins.list(range(spec.world_size))
+
+    @classmethod
+    def handle_form(cls) -> str:
+        """How its handles look: slurm://CLUSTER/ID."""
+        return f"{cls.name}://" + "/".join([*(f.upper() for f in cls.handle_fields), cls.handle_id])
+
+    @classmethod
+    def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
+        """The handle with these parts (the text after the scheme, split at its fields); ValueError
+        where they name no job of this backend (the registry's parse_handle says which forms do)."""
+        if not job_id or not all(fields.values()):
+            raise ValueError("a part of it is empty")
+        return Handle(cls.name, job_id, **fields)
+
+    # A sweep (dist_jobs.api.sweep_submit): by default one job per trial, all submitted at once.
+
+    def snapshot(self, spec: JobSpec) -> JobSpec | None:
+        """`spec` running from one copy of the code taken now, for every trial; None: each as it is."""
+        return None
+
+    def sweep_problems(self, max_parallel: int | None) -> builtins.list[Problem]:
+        """What it cannot do with a sweep's `max_parallel` (by default: nothing)."""
+        return []
+
+    def trial_overrides(self, sweep: str, index: int) -> dict[str, str]:
+        """Spec fields trial `index` of sweep `sweep` gets beyond its parameters."""
+        return {}
+
+    def prepare_sweep(
+        self, name: str, params: builtins.list[dict[str, Any]], specs: builtins.list[JobSpec], max_parallel: int | None
+    ) -> PreparedSweep:
+        """The dry run of a sweep: each trial's own payload."""
+        payloads = [(p.filename, p.payload) for p in map(self.prepare, specs)]
+        text = "".join(f"# trial {i}: {s.run_id}\n{p}" for i, (s, (_, p)) in enumerate(zip(specs, payloads)))
+        return PreparedSweep(name, self.name, params, specs, payloads, None, max_parallel, text)
+
+    def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
+        """(the folder of sweep `name`'s manifest, the trials' checkpoint root as the jobs see it)."""
+        workdir = here / expand_home(first.workdir) if first.workdir else here  # where the trials run
+        root = run_dir_of(first, workdir).root  # the trials' run directories are below it
+        return root, str(root)
+
+    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+        """Submit every trial, each as its own job; each trial's handle, in order."""
+        return [str(self.schedule(trial)) for trial in plan.trials()]
+
+    def cancel_sweep(self, folder: Path, handles: builtins.list[str]) -> builtins.list[str] | None:
+        """Stop what starts trials and cancel them at once where it can (the handles it
+        cancelled); None: cancel the trials one by one."""
+        return None
+
+    def trial_not_started(self, run_dir: str) -> bool:
+        """Whether a trial whose status cannot be read has simply not been started yet."""
+        return False
+
+    @classmethod
+    def attach_options(cls, saved: Mapping[str, str]) -> dict[str, Any]:
+        """The options a sweep's manifest saved, as the constructor takes them."""
+        return {o.name: o.kind(saved[o.name]) for o in cls.options if saved.get(o.name)}

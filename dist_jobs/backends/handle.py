@@ -1,5 +1,10 @@
-"""Job handles: one printable string that names a job on any backend (each backend makes its
-jobs' handles: `Backend.handle(job_id)`; this module is their one grammar).
+"""Job handles: one printable string that names a job on any backend, in one grammar:
+
+    <backend>://<field>/.../<job id>
+
+Each backend declares its handles' fields (`Backend.handle_fields`) and checks their values
+(`Backend.parse_handle`); dist_jobs.backends.parse_handle splits a handle by the fields its
+scheme's backend declares. The ones built in:
 
     slurm://<cluster>/<job id>
     k8s://<namespace>/<kind>/<name>        (kind: PyTorchJob or TrainJob)
@@ -12,54 +17,37 @@ everything it needs to find the job from the handle alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-from dist_jobs.errors import UsageError
-
-K8S_KINDS = ("PyTorchJob", "TrainJob")
-FORMS = "slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME or local:///RUN/DIR"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Handle:
-    backend: str  # slurm | k8s | local
-    job_id: str  # SLURM job id, Kubernetes object name, local run directory
-    cluster: str = ""  # SLURM
-    namespace: str = ""  # Kubernetes
-    kind: str = ""  # Kubernetes
+    backend: str  # its backend's registry name: the scheme
+    job_id: str  # the job's id within its backend (SLURM job id, Kubernetes name, local run directory)
+    fields: tuple[tuple[str, str], ...]  # what else the backend needs to find it, in the handle's order
+
+    def __init__(self, backend: str, job_id: str, **fields: str) -> None:
+        object.__setattr__(self, "backend", backend)
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "fields", tuple(fields.items()))
 
     def __str__(self) -> str:
-        if self.backend == "slurm":
-            return f"slurm://{self.cluster or 'default'}/{self.job_id}"
-        if self.backend == "k8s":
-            return f"k8s://{self.namespace or 'default'}/{self.kind or 'PyTorchJob'}/{self.job_id}"
-        return f"local://{self.job_id}"
+        return f"{self.backend}://" + "/".join([*(value for _, value in self.fields), self.job_id])
 
     def options(self) -> dict[str, str]:
         """What the handle tells its backend's constructor beyond the id (Kubernetes: where the
         job lives and what kind it is; SLURM: its cluster, so printing the handle asks nothing)."""
-        if self.backend == "k8s":
-            return {"namespace": self.namespace, "kind": self.kind}
-        if self.backend == "slurm":
-            return {"cluster": self.cluster}
-        return {}
+        return dict(self.fields)
 
 
 def is_handle(text: str) -> bool:
     return "://" in text
 
 
-def parse_handle(text: str) -> Handle:
-    """The Handle in `text`; a UsageError naming the expected forms if it is not one."""
-    scheme, sep, rest = text.partition("://")
-    parts = rest.split("/") if sep else []
-    if scheme == "slurm" and len(parts) == 2 and all(parts) and parts[1].replace("_", "").isdigit():
-        return Handle("slurm", parts[1], cluster=parts[0])
-    if scheme == "k8s" and len(parts) == 3 and all(parts):
-        kind = {k.lower(): k for k in K8S_KINDS}.get(parts[1].lower())
-        if kind is None:
-            raise UsageError(f"job handle {text!r}: unknown kind {parts[1]!r}", f"use one of {', '.join(K8S_KINDS)}")
-        return Handle("k8s", parts[2], namespace=parts[0], kind=kind)
-    if scheme == "local" and rest.startswith("/"):
-        return Handle("local", str(Path(rest)))
-    raise UsageError(f"{text!r} is not a job handle", f"a handle looks like {FORMS}")
+def split_handle(text: str, fields: tuple[str, ...]) -> tuple[str, dict[str, str]] | None:
+    """(job id, {field: value}) of `text` after its scheme, its first parts being `fields`; None
+    when it has too few parts. The id is the rest (a local run directory's slashes included)."""
+    _, _, rest = text.partition("://")
+    parts = rest.split("/", len(fields)) if fields else [rest]
+    if len(parts) != len(fields) + 1:
+        return None
+    return parts[-1], dict(zip(fields, parts[:-1]))

@@ -17,6 +17,7 @@ from typing import Any
 
 from dist_jobs import api
 from dist_jobs.cli.output import columns, emit, info_table
+from dist_jobs.cli.parser import option_dest
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import DistJobsError, Problem, SpecError, UsageError
 
@@ -53,30 +54,28 @@ def apply_profile(args: argparse.Namespace) -> Any:
     # the spec verbs' and sweep's (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
     from dist_jobs.spec.profiles import load_profile
 
-    profile = load_profile(getattr(args, "profile", None))
-    given = {"backend": "backend", "context": "k8s_context", "kubeconfig": "k8s_kubeconfig"}
+    classes = api.backend_classes()
+    schedulers = {cls.name: [o.name for o in cls.options if not o.lookup_only] for cls in classes}
+    profile = load_profile(getattr(args, "profile", None), schedulers=schedulers)
+    given = {"backend": "backend", **{o.name: option_dest(o) for cls in classes for o in cls.options}}
     for option, dest in given.items():
         if getattr(args, dest, None) is None and option in profile.options and hasattr(args, dest):
             setattr(args, dest, profile.options[option])
     if getattr(args, "backend", "") is None and args.verb not in ("sweep", "config"):
         raise UsageError(
             "which scheduler? no --backend, and no profile gives a backend",  # cli.main prefixes the verb
-            "pass --backend slurm, k8s or local, or choose a profile with `backend:` (--profile NAME)",
+            f"pass --backend {api.or_list(api.backend_names())}, or choose a profile with `backend:` (--profile NAME)",
         )
     return profile
 
 
 def _options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
-    if backend == "k8s":
-        return {
-            "namespace": getattr(args, "k8s_namespace", None),
-            "context": args.k8s_context,
-            "kubeconfig": args.k8s_kubeconfig,
-            **({"kind": args.k8s_kind} if getattr(args, "k8s_kind", None) else {}),
-        }
-    if backend == "slurm" and getattr(args, "jobs_dir", None):
-        return {"jobs_dir": Path(args.jobs_dir)}
-    return {}
+    """The flags of `backend`'s own options given, as its constructor takes them."""
+    if not backend:
+        return {}
+    options = api.backend_class(backend).options
+    given = {o: getattr(args, option_dest(o), None) for o in options}
+    return {o.name: o.kind(value) for o, value in given.items() if value is not None}
 
 
 def _backend(args: argparse.Namespace) -> Any:
@@ -128,9 +127,9 @@ def cmd_submit(args: argparse.Namespace, command: list[str] | None) -> int:
         backend = _backend(args)
         prepared = backend.prepare(spec)
         sys.stdout.write(prepared.payload)
-        check = getattr(backend, "server_dry_run", None)
-        if args.backend == "k8s" and check is not None:
-            print(f"# server-side dry run: {check(prepared)}", file=sys.stderr)
+        said = backend.check(prepared)
+        if said is not None:
+            print(f"# server-side dry run: {said}", file=sys.stderr)
         return 0
     job = api.submit(spec, args.backend, **_options(args, args.backend))
     record = {"handle": job.handle, "backend": args.backend, "id": job.id, "name": spec.run_id}
@@ -138,19 +137,10 @@ def cmd_submit(args: argparse.Namespace, command: list[str] | None) -> int:
     if not (args.wait or args.follow):
         return 0
     if args.follow:
-        for line in job.follow(_follow_ranks(spec, args.backend)):
+        for line in job.follow(job.log_ranks(spec)):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     return _ended(job.wait(args.timeout), args.output, stream=sys.stderr)
-
-
-def _follow_ranks(spec: Any, backend: str) -> list[int] | None:
-    """The ranks whose logs hold every line: the local log has all; one file per torchrun node."""
-    if backend == "local":
-        return None
-    if backend == "k8s" or spec.launcher == "torchrun":
-        return [node * spec.procs for node in range(spec.nodes)] if backend == "slurm" else list(range(spec.nodes))
-    return list(range(spec.world_size))
 
 
 def _ended(info: Any, fmt: str, stream: Any = None) -> int:
@@ -159,12 +149,8 @@ def _ended(info: Any, fmt: str, stream: Any = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
-    if args.record:  # the detached run of `submit --backend local`
-        # a backend's package is imported on demand (dist_jobs.backends): this is the local one's
-        from dist_jobs.backends.local.jobs import run_recorded
-
-        return run_recorded(_load(args, command), Path(args.record))
-    return api.run_local(_load(args, command))
+    record = Path(args.record) if args.record else None  # the detached run a submit started
+    return api.backend(args.backend).foreground(_load(args, command), record)
 
 
 def cmd_status(args: argparse.Namespace, _: Any) -> int:
@@ -254,13 +240,12 @@ def cmd_schema(args: argparse.Namespace, _: Any) -> int:
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None) -> int:
     from dist_jobs.cli.sweep import cmd_sweep as sweep  # a sweep's modules are for `sweep` alone (test_imports)
 
-    if not getattr(args, "drive", None):
-        profile = apply_profile(args)
-        if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
-            from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
-            from dist_jobs.spec.profiles import merge
+    profile = apply_profile(args)
+    if profile.spec:  # the profile's fields under job.yaml's (the sweep reads data as a spec file)
+        from dist_jobs.spec.load import read_yaml  # msgspec, yaml: not for the query verbs (test_imports)
+        from dist_jobs.spec.profiles import merge
 
-            args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
+        args.spec = merge(merge({}, profile.spec), read_yaml(Path(args.spec)) if args.spec else {})
     return sweep(args, command, _options(args, args.backend or ""))
 
 
@@ -297,13 +282,19 @@ def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:
     sources.update(dict.fromkeys(overrides, "flag"))
     merged = msgspec.to_builtins(spec)
     rows = [{"field": "backend", "value": args.backend, "from": _source(sources, "backend", args.backend)}]
-    for option, dest in (("context", "k8s_context"), ("kubeconfig", "k8s_kubeconfig")):
-        if getattr(args, dest, None):
-            rows.append({"field": option, "value": getattr(args, dest), "from": _source(sources, option, "flag")})
+    for option, value in _given_options(args).items():
+        rows.append({"field": option, "value": value, "from": _source(sources, option, "flag")})
     rows += [{"field": f, "value": _at(merged, f), "from": _source(sources, f, None)} for f in leaves(merged)]
     table = columns(["FIELD", "VALUE", "FROM"], [[r["field"], _shown(r["value"]), r["from"]] for r in rows])
     print(emit(rows, args.output, table))
     return 0
+
+
+def _given_options(args: argparse.Namespace) -> dict[str, str]:
+    """Each backend option given (by a flag or the profile), whichever backend reads it."""
+    options = [o for cls in api.backend_classes() for o in cls.options]
+    given = {o.name: getattr(args, option_dest(o), None) for o in options}
+    return {name: value for name, value in given.items() if value}
 
 
 def _source(sources: dict[str, str], field: str, value: Any) -> str:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
+from dist_jobs import api
 from dist_jobs.cli.argv import Parser
 from dist_jobs.constants import VERSION
 
 OUTPUT = ("table", "json", "yaml")
-JOB_HELP = "job handle (slurm://CLUSTER/ID, k8s://NAMESPACE/KIND/NAME, local:///RUN/DIR) or a bare id with --backend"
 HELP = {  # each verb's line in `dist-jobs --help`, in this order
     "render": "print the sbatch script or Kubernetes manifest",
     "submit": "submit the job (--dry-run prints what would be submitted)",
@@ -60,18 +61,23 @@ def build(verb: str | None = None) -> Parser:
     return parser
 
 
+def backend_choice(p: argparse.ArgumentParser, help: str, which: Callable[[Any], bool] = bool, **kwargs: Any) -> None:
+    """--backend, its choices the registry's backends (`which` of their classes); `{summaries}` in
+    `help` is each one's name and summary, as `slurm: sbatch script; k8s: manifest`."""
+    chosen = [cls for cls in api.backend_classes() if which(cls)]
+    summaries = "; ".join(f"{cls.name}: {cls.summary}" for cls in chosen)
+    choices = api.Names([cls.name for cls in chosen])  # another package's backend, by its name too
+    p.add_argument("--backend", choices=choices, help=help.format(summaries=summaries), **kwargs)
+
+
 def _render(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["slurm", "k8s"], help="slurm: sbatch script; k8s: manifest (or the profile's)")
+    backend_choice(p, "{summaries} (or the profile's)", lambda cls: cls.renders)
     p.add_argument("-o", "--output", help="write to FILE instead of stdout")
     _spec_flags(p)
 
 
 def _submit(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--backend",
-        choices=["slurm", "k8s", "local"],
-        help="the scheduler (local: detached processes; or the profile's)",
-    )
+    backend_choice(p, "the scheduler ({summaries}; or the profile's)")
     p.add_argument("--dry-run", action="store_true", help="print the exact payload; submit nothing")
     p.add_argument(
         "--wait", action="store_true", help="wait for the job to end; exit 0 if it succeeded, 1 if it failed"
@@ -81,20 +87,21 @@ def _submit(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 4)")
     output_option(p)
-    backend_options(p, namespace=False)
+    backend_options(p, lookup=False)
     _spec_flags(p)
 
 
 def _run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["local"], default="local", help="local processes (the only choice)")
-    p.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # submit --backend local's detached run
+    here = [cls.name for cls in api.backend_classes() if cls.runs_here]
+    backend_choice(p, "where the job runs in the foreground ({summaries})", lambda cls: cls.runs_here, default=here[0])
+    p.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # the detached run a submit started
     _spec_flags(p)
 
 
 def _job(p: argparse.ArgumentParser) -> None:
     """What status, cancel, logs and wait share: the job and how to reach its scheduler."""
-    p.add_argument("job", metavar="HANDLE", help=JOB_HELP)
-    p.add_argument("--backend", choices=["slurm", "k8s", "local"], help="the scheduler of a bare job id")
+    p.add_argument("job", metavar="HANDLE", help=f"job handle ({api.handle_forms()}) or a bare id with --backend")
+    backend_choice(p, "the scheduler of a bare job id")
     backend_options(p)
 
 
@@ -128,7 +135,7 @@ def _wait(p: argparse.ArgumentParser) -> None:
 
 
 def _list(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["slurm", "k8s", "local"], required=True, help="the scheduler to ask")
+    backend_choice(p, "the scheduler to ask", required=True)
     output_option(p)
     backend_options(p)
 
@@ -146,9 +153,9 @@ def _export(p: argparse.ArgumentParser) -> None:
 
 def _config(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["show"], help="show: the merged spec and where each value came from")
-    p.add_argument("--backend", choices=["slurm", "k8s", "local"], help="the scheduler (or the profile's)")
+    backend_choice(p, "the scheduler (or the profile's)")
     output_option(p)
-    backend_options(p, namespace=False)
+    backend_options(p, lookup=False)
     _spec_flags(p)
 
 
@@ -184,17 +191,18 @@ def output_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", choices=OUTPUT, default="table", help="table (default), json or yaml")
 
 
-def backend_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
-    if namespace:  # submit takes the namespace and the kind from the spec (its --namespace is a spec flag)
-        p.add_argument("--namespace", dest="k8s_namespace", help="Kubernetes namespace (default: 'default')")
-        p.add_argument(
-            "--kind",
-            dest="k8s_kind",
-            choices=["PyTorchJob", "TrainJob"],
-            help="Kubernetes: the kind of a bare job name (default PyTorchJob; a handle carries its kind; list: both)",
-        )
-    p.add_argument("--context", dest="k8s_context", help="kubeconfig context")
-    p.add_argument(
-        "--kubeconfig", dest="k8s_kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
-    )
-    p.add_argument("--jobs-dir", dest="jobs_dir", help="SLURM: where job directories go (default: ./dist-jobs-runs)")
+def option_dest(option: Any) -> str:
+    """Where argparse puts a backend option's flag: one place per flag, whichever backend reads it."""
+    return "backend_" + option.flag.lstrip("-").replace("-", "_")
+
+
+def backend_options(p: argparse.ArgumentParser, lookup: bool = True) -> None:
+    """Every backend's own options (dist_jobs.backends.base.Option), each flag once; without
+    `lookup`, not those that only find a job (submit takes --namespace and --kind from the spec)."""
+    added: set[str] = set()
+    for cls in api.backend_classes():
+        for option in cls.options:
+            if option.flag in added or (option.lookup_only and not lookup):
+                continue
+            added.add(option.flag)
+            p.add_argument(option.flag, dest=option_dest(option), choices=option.choices or None, help=option.help)

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dist_jobs import api
 from dist_jobs.api import sweep_submit as api_sweep
 from dist_jobs.api.sweep_status import Sweep
-from dist_jobs.backends.local.sweep import drive_local
-from dist_jobs.backends.sweeps import SWEEPS_DIR
+from dist_jobs.backends.sweep_manifest import SWEEPS_DIR
 from dist_jobs.cli.argv import Parser
 from dist_jobs.cli.flags import _scalar, add_spec_flags, overrides_from
 from dist_jobs.cli.output import columns, emit
@@ -35,9 +35,9 @@ USAGE_STATUS = (
 
 def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_option: Any) -> None:
     p = sub.add_parser("sweep", help=help_text, epilog=f"Then: {USAGE_STATUS}")
-    p.add_argument(
-        "--backend", choices=["slurm", "k8s", "local"], help="slurm: one job array; k8s: a PyTorchJob per trial"
-    )
+    names = api.Names([cls.name for cls in api.backend_classes()])
+    ways = "; ".join(f"{cls.name}: {cls.sweep_summary}" for cls in api.backend_classes())
+    p.add_argument("--backend", choices=names, help=ways)
     p.add_argument(
         "--grid",
         action="append",
@@ -57,9 +57,8 @@ def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_opti
         "exit 0 if all succeeded, 1 if one failed, 3 if one was cancelled",
     )
     p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 4)")
-    p.add_argument("--drive", metavar="MANIFEST", help=argparse.SUPPRESS)  # the detached local driver
     output_option(p)
-    backend_options(p, namespace=False)
+    backend_options(p, lookup=False)
     add_spec_flags(p)
 
 
@@ -84,10 +83,8 @@ def sub_parser(verb: str) -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict[str, Any]) -> int:
-    if args.drive:
-        return drive_local(Path(args.drive))
     if not args.backend:
-        raise UsageError("which backend runs the sweep?", "pass --backend slurm, k8s or local")
+        raise UsageError("which backend runs the sweep?", f"pass --backend {api.or_list(api.backend_names())}")
     grid = parse_grid(args.grid, _scalar)
     overrides = overrides_from(args, command)
     call = (grid, args.random, args.seed, args.max_parallel, args.backend, overrides)

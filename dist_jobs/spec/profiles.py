@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from typing import Any
 from dist_jobs.errors import MISSING, Problem, SpecError
 
 PROFILE_VAR = "DIST_JOBS_PROFILE"
-OPTIONS = ("backend", "context", "kubeconfig")  # not spec fields: how to reach the scheduler
-BACKENDS = ("slurm", "k8s", "local")
+# Not spec fields: how to reach the scheduler. Which backends there are and the options each
+# takes are the backend registry's (dist_jobs.backends), which the caller hands in.
+Schedulers = Mapping[str, Sequence[str]]  # each backend's name: the options a profile may give it
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
@@ -54,9 +55,14 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(root) / "dist-jobs" / "config.yaml"
 
 
-def load_profile(name: str | None = None, environ: Mapping[str, str] | None = None) -> Profile:
+def load_profile(
+    name: str | None = None, environ: Mapping[str, str] | None = None, schedulers: Schedulers | None = None
+) -> Profile:
     """The profile `name` (else $DIST_JOBS_PROFILE, else the file's `default:`) merged over the
-    file's `defaults`; an empty Profile without a config file. Bad names and fields: SpecError."""
+    file's `defaults`; an empty Profile without a config file. Bad names and fields: SpecError.
+    `schedulers`: the backends a profile may name and their options (none: it may name none)."""
+    backends = schedulers or {}
+    options = ("backend", *dict.fromkeys(o for names in backends.values() for o in names))
     env = os.environ if environ is None else environ
     path = config_path(env)
     wanted = name or env.get(PROFILE_VAR) or None
@@ -66,7 +72,7 @@ def load_profile(name: str | None = None, environ: Mapping[str, str] | None = No
                 [Problem("--profile", wanted, f"names a profile, but there is no config file {path}", _HOW)], str(path)
             )
         return Profile()
-    data = _read(path)
+    data = _read(path, backends, options)
     wanted = wanted or data.get("default") or None
     profiles = data.get("profiles") or {}
     if wanted is not None and wanted not in profiles:
@@ -75,24 +81,24 @@ def load_profile(name: str | None = None, environ: Mapping[str, str] | None = No
         fix = f"use one of the profiles in {path}: {known}"
         raise SpecError([Problem(field, wanted, "is no profile of the config file", fix)], str(path))
     spec: dict[str, Any] = {}
-    options: dict[str, str] = {}
+    given: dict[str, str] = {}
     sources: dict[str, str] = {}
     layers = [("defaults", data.get("defaults") or {})]
     if wanted is not None:
         layers.append((f"profile {wanted}", profiles[wanted]))
     for label, layer in layers:
-        options.update({k: str(layer[k]) for k in OPTIONS if k in layer})
-        fields = {k: v for k, v in layer.items() if k not in OPTIONS}
+        given.update({k: str(layer[k]) for k in options if k in layer})
+        fields = {k: v for k, v in layer.items() if k not in options}
         merge(spec, fields)
         sources.update(dict.fromkeys(leaves(fields), f"{label} ({path})"))
-        sources.update({k: f"{label} ({path})" for k in OPTIONS if k in layer})
-    return Profile(wanted or "", str(path), spec, options, sources)
+        sources.update({k: f"{label} ({path})" for k in options if k in layer})
+    return Profile(wanted or "", str(path), spec, given, sources)
 
 
 _HOW = "create it (see README: Profiles), or drop --profile / $DIST_JOBS_PROFILE"
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path, known: Schedulers, options: tuple[str, ...]) -> dict[str, Any]:
     from dist_jobs.spec.yaml_input import load_yaml  # yaml: the query verbs load none (test_imports)
 
     loaded = load_yaml(path.read_text(), str(path)) or {}
@@ -108,13 +114,13 @@ def _read(path: Path) -> dict[str, Any]:
         profiles = {}
     layers = {"defaults": loaded.get("defaults") or {}, **{f"profiles.{k}": v or {} for k, v in profiles.items()}}
     for where, layer in layers.items():
-        problems += _layer_problems(where, layer)
+        problems += _layer_problems(where, layer, known, options)
     if problems:
         raise SpecError(problems, str(path))
     return {**loaded, "profiles": {k: v or {} for k, v in profiles.items()}}
 
 
-def _layer_problems(where: str, layer: Any) -> list[Problem]:
+def _layer_problems(where: str, layer: Any, known: Schedulers, options: tuple[str, ...]) -> list[Problem]:
     """A profile's (or the defaults') problems: its name, its options, and its spec fields, each
     as job.yaml would have them (every field is optional here: the job fills in the rest)."""
     if where.startswith("profiles.") and not _NAME.fullmatch(where[len("profiles.") :]):
@@ -123,9 +129,9 @@ def _layer_problems(where: str, layer: Any) -> list[Problem]:
         return [Problem(where, layer, "must be a mapping of spec fields", "e.g. slurm: {partition: gpu}")]
     problems = []
     backend = layer.get("backend")
-    if backend is not None and backend not in BACKENDS:
-        problems.append(Problem(f"{where}.backend", backend, "is no backend", f"use one of {', '.join(BACKENDS)}"))
-    fields = {k: v for k, v in layer.items() if k not in OPTIONS}
+    if backend is not None and backend not in known:
+        problems.append(Problem(f"{where}.backend", backend, "is no backend", f"use one of {', '.join(known)}"))
+    fields = {k: v for k, v in layer.items() if k not in options}
     if fields:
         # the spec classes (msgspec): the query verbs, which read profiles, load none (test_imports)
         from dist_jobs.spec.model import JobSpec

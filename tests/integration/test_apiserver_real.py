@@ -140,7 +140,7 @@ def test_invalid_submission_lists_causes(kubeconfig: Path, tmp_path: Path) -> No
     }
     backend = K8sBackend(namespace="default", kubeconfig=str(kubeconfig))
     with pytest.raises(BackendError) as err:
-        backend.submit(Prepared("k8s", spec, yaml.safe_dump(doc), "x.yaml"))
+        backend.schedule(Prepared("k8s", spec, yaml.safe_dump(doc), "x.yaml"))
     text = str(err.value)
     assert "422" in text and "replicas" in text and "memory" in text
 

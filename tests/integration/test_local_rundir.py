@@ -24,7 +24,7 @@ def _submitted(workdir: Path, **spec: object) -> tuple[LocalBackend, str]:
     workdir.mkdir(parents=True, exist_ok=True)
     backend = LocalBackend(workdir=workdir)
     job_spec = load_spec(data={"nodes": 1, "procs_per_node": 1, "command": QUICK, **spec})
-    job_id = backend.submit(backend.prepare(job_spec)).job_id
+    job_id = backend.schedule(backend.prepare(job_spec)).job_id
     eventually(lambda: backend.status(job_id).finished, timeout=60, what=f"job {job_id} to end")
     return backend, job_id
 

@@ -227,7 +227,7 @@ def submit_api(root: Path, data: dict[str, Any], cleanup: list[str], slow_first:
     if slow_first is not None:
         data["setup"].append(SLOW_FIRST_ATTEMPT % slow_first)
     slurm = backend(root)
-    job_id = slurm.submit(slurm.prepare(load_spec(data=data))).job_id
+    job_id = slurm.schedule(slurm.prepare(load_spec(data=data))).job_id
     cleanup.append(job_id)
     return job_id
 

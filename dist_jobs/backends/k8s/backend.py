@@ -13,25 +13,22 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from dist_jobs.backends.base import JobStatus, Prepared, each_status, run_dir_of
+from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
-from dist_jobs.backends.k8s.code import annotated, code_line, owned, split, with_code
 from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
 from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
-from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
-from dist_jobs.errors import BackendError, DistJobsError, UsageError
-from dist_jobs.render import render
-from dist_jobs.render.k8s import pod_workdir
-from dist_jobs.spec import JobSpec
-from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
+from dist_jobs.backends.k8s.ranks import completion_index, job_status, waiting_reason, with_ranks
+from dist_jobs.errors import BackendError, Problem, UsageError
+
+# The CLI reads every backend's class for its flags: what only submit, render and a snapshot
+# use (yaml, the renderer, the spec classes) is imported where used (tests/unit/test_imports.py).
+if TYPE_CHECKING:
+    from dist_jobs.spec import JobSpec
 
 MANAGED = "app.kubernetes.io/managed-by=dist-jobs"
 PYTORCHJOB_LABEL = "training.kubeflow.org/"
@@ -54,8 +51,24 @@ def load_client(kubeconfig: str | None = None, context: str | None = None) -> Ku
     return client
 
 
-class K8sBackend:
+class K8sBackend(Backend):
     name = "k8s"
+    summary = "manifest"
+    options = (
+        Option("--namespace", "namespace", "Kubernetes namespace (default: 'default')", lookup_only=True),
+        Option(
+            "--kind",
+            "kind",
+            "Kubernetes: the kind of a bare job name (default PyTorchJob; a handle carries its kind; list: both)",
+            choices=tuple(APIS),
+            lookup_only=True,
+        ),
+        Option("--context", "context", "kubeconfig context"),
+        Option("--kubeconfig", "kubeconfig", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"),
+    )
+    handle_fields = ("namespace", "kind")
+    handle_id = "NAME"
+    sweep_summary = "a PyTorchJob per trial"
 
     def __init__(
         self,
@@ -88,6 +101,21 @@ class K8sBackend:
     def handle(self, job_id: str) -> Handle:
         return Handle("k8s", job_id, namespace=self._ns(), kind=self.kind)
 
+    @classmethod
+    def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
+        """A kind the apiserver serves (any case), a name without a slash."""
+        if "/" in job_id:
+            raise ValueError(f"{job_id!r} is no Kubernetes name")
+        kind = {k.lower(): k for k in APIS}.get(fields["kind"].lower())
+        if kind is None and fields["kind"] and job_id:
+            text = f"k8s://{fields['namespace']}/{fields['kind']}/{job_id}"
+            raise UsageError(f"job handle {text!r}: unknown kind {fields['kind']!r}", f"use one of {', '.join(APIS)}")
+        return super().parse_handle(job_id, {**fields, "kind": kind or ""})
+
+    def log_ranks(self, spec: JobSpec) -> builtins.list[int] | None:
+        """One log per pod: a pod's first rank names it."""
+        return builtins.list(range(spec.nodes))
+
     @contextlib.contextmanager
     def _translated(self, what: str, job: tuple[str, str, str] | None = None) -> Iterator[None]:
         """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind, namespace, name)."""
@@ -113,6 +141,10 @@ class K8sBackend:
         return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
     def prepare(self, spec: JobSpec) -> Prepared:
+        from dist_jobs.backends.k8s.code import with_code  # submit's and render's alone (as above)
+        from dist_jobs.render import render
+        from dist_jobs.render.k8s import pod_workdir
+
         suffix = "trainjob" if spec.k8s.api == "trainjob" else "pytorchjob"
         payload = render(spec, "k8s")
         if spec.snapshot:  # the code of this folder, as a ConfigMap after the job (backends.k8s.code)
@@ -120,7 +152,19 @@ class K8sBackend:
         run_dir = run_dir_of(spec, Path(pod_workdir(spec)))  # as the pods see it
         return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml", run_dir)
 
+    def render(self, spec: JobSpec) -> str:
+        """The manifest alone: a snapshot's ConfigMap is made by submit."""
+        from dist_jobs.render import render  # render's alone (as above)
+
+        return render(spec, "k8s")
+
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
+        import uuid  # with yaml, submit's alone (as above)
+
+        import yaml
+
+        from dist_jobs.backends.k8s.code import annotated
+
         body = stamped(next(d for d in yaml.safe_load_all(prepared.payload) if d), uuid.uuid4().hex[:12])
         if prepared.spec.snapshot:  # the commit it runs, for status
             body = annotated(body, prepared.payload)
@@ -131,7 +175,7 @@ class K8sBackend:
         what = f"create {kind} {namespace}/{job[2]}"
         return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
 
-    def submit(self, prepared: Prepared) -> Handle:
+    def schedule(self, prepared: Prepared) -> Handle:
         created = self._create(prepared, dry_run=False)
         if prepared.spec.snapshot:
             self._create_code(prepared, created, dry_run=False)
@@ -142,6 +186,8 @@ class K8sBackend:
     def _create_code(self, prepared: Prepared, job: dict[str, Any], dry_run: bool) -> None:
         """The snapshot's ConfigMap, owned by the `job` just created; if it cannot be made, the
         job goes too (its pods would wait for the volume forever)."""
+        from dist_jobs.backends.k8s.code import owned, split  # submit's alone (as above)
+
         code = split(prepared.payload)[1]
         if code is None:
             return
@@ -161,7 +207,8 @@ class K8sBackend:
                     )
             raise
 
-    def server_dry_run(self, prepared: Prepared) -> str:
+    def check(self, prepared: Prepared) -> str:
+        """The apiserver's dry run (dryRun=All, fieldValidation=Strict); skipped without a cluster."""
         if self._client is None and not (self._kubeconfig or self._context):
             try:
                 _ = self.client  # builds the client: raises when no cluster is configured
@@ -201,11 +248,10 @@ class K8sBackend:
         label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
         status = with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
 
+        from dist_jobs.backends.k8s.code import code_line  # a status's alone (as above)
+
         code = code_line(obj)  # submitted with a snapshot: the commit it runs, as on SLURM
         return dataclasses.replace(status, extra={**status.extra, "code": code}) if code else status
-
-    def statuses(self, job_ids: builtins.list[str]) -> dict[str, JobStatus | DistJobsError]:
-        return each_status(self, job_ids)  # the apiserver has no batch read
 
     def list(self) -> builtins.list[JobStatus]:
         out = []
@@ -224,7 +270,8 @@ class K8sBackend:
                 out.append(dataclasses.replace(status, handle=str(handle)))
         return out
 
-    def cancel(self, job_id: str) -> None:
+    def stop(self, job_id: str) -> None:
+        """Delete the job; the apiserver says when there is none (exists() is not asked first)."""
         # Foreground: the job stays (Terminating) until its pods are gone, so a resubmit under the
         # same name cannot meet the old run's pods.
         path = self._objects(self.kind, self._ns(), job_id)
@@ -314,10 +361,34 @@ class K8sBackend:
             f"dist-jobs status {handle(self.kind, self._ns(), job)}",
         )
 
+    # A sweep: one labelled job per trial, all created at once (backends.k8s.sweep).
+
+    def sweep_problems(self, max_parallel: int | None) -> builtins.list[Problem]:
+        from dist_jobs.backends.k8s.sweep import problems  # a sweep's alone (tests/unit/test_imports.py)
+
+        return problems(max_parallel)
+
+    def trial_overrides(self, sweep: str, index: int) -> dict[str, str]:
+        return {"k8s.labels.dist-jobs/sweep": sweep, "k8s.labels.dist-jobs/trial": str(index)}
+
+    def prepare_sweep(
+        self, name: str, params: builtins.list[dict[str, Any]], specs: builtins.list[JobSpec], max_parallel: int | None
+    ) -> PreparedSweep:
+        """Every trial's manifest, one YAML stream."""
+        plan = super().prepare_sweep(name, params, specs, max_parallel)
+        return dataclasses.replace(plan, text="---\n".join(payload for _, payload in plan.payloads))
+
+    def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
+        from dist_jobs.backends.k8s.sweep import roots  # a sweep's alone (as above)
+
+        return roots(name, first, here)
+
 
 def stamped(body: dict[str, Any], submission: str) -> dict[str, Any]:
     """The manifest with this submission's id on every pod template (the downward API hands it to
     the pods as DIST_JOBS_SUBMISSION)."""
+    from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION  # submit's alone (as above)
+
     spec = body.get("spec") or {}
     templates = [r.get("template") or {} for r in (spec.get("pytorchReplicaSpecs") or {}).values()]
     for patch in spec.get("runtimePatches") or []:
@@ -361,22 +432,3 @@ def _has_master(job: dict[str, Any]) -> bool:
 def _container(pod: dict[str, Any], preferred: str) -> str:
     names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     return preferred if preferred in names or not names else str(names[0])
-
-
-def job_status(obj: dict[str, Any]) -> JobStatus:
-    """Latest true condition as the state; per-replica (or per-Job) pod counts as extras."""
-    meta, status = obj["metadata"], obj.get("status") or {}
-    conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
-    latest = conditions[-1] if conditions else {}
-    state, detail = latest.get("type", "Pending"), latest.get("message", "")
-    if meta.get("deletionTimestamp"):
-        state, detail = "Terminating", f"deleted at {meta['deletionTimestamp']}; its pods are being removed"
-    counts = dict(status.get("replicaStatuses") or {})  # PyTorchJob: {Master: {active: 1}, ...}
-    counts.update({j.get("name", "?"): j for j in status.get("jobsStatus") or []})  # TrainJob: [{name, active}]
-    extra = {name: _counts(c) for name, c in counts.items() if isinstance(c, dict)}
-    return JobStatus(meta["name"], meta["name"], state, detail, extra)
-
-
-def _counts(counts: dict[str, Any]) -> str:
-    # replicaStatuses also carries label selectors: keep the pod counts only
-    return " ".join(f"{k}={v}" for k, v in sorted(counts.items()) if isinstance(v, int) and not isinstance(v, bool))

@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import yaml
-
 from dist_jobs.errors import BackendError
 
 CONNECT_S = 5.0
@@ -139,6 +137,8 @@ def load(kubeconfig: str | None, context: str | None) -> KubeClient | None:
         return None
     where = os.pathsep.join(found)
     kubernetes = _kubernetes()
+    import yaml  # with kubernetes, which reads the file with it: the CLI's flags import this module
+
     kube_config = kubernetes.config.kube_config
     cfg = kubernetes.client.Configuration()
     try:

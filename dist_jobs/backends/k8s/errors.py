@@ -10,7 +10,6 @@ create that timed out may still have created the job), or no connection.
 from __future__ import annotations
 
 import json
-import ssl
 from typing import Any
 
 from dist_jobs.backends.handle import Handle
@@ -167,6 +166,8 @@ def _bad_request_hint(message: str, job: str) -> str:
 
 def unreachable(host: str, exc: BaseException, what: str = "", job: str = "") -> BackendError:
     """The apiserver did not answer at all: an untrusted certificate, a timeout, or no connection."""
+    import ssl  # a failed connection's alone: the CLI reads this package for its flags
+
     cause: BaseException = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError wraps the real one
     chain = [cause, cause.__context__, *getattr(cause, "args", ())]
     if any(isinstance(c, ssl.SSLCertVerificationError) for c in chain) or "CERTIFICATE_VERIFY_FAILED" in str(cause):

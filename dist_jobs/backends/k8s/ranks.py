@@ -95,3 +95,22 @@ def waiting_reason(pod: dict[str, Any], container: str) -> str | None:
         reason = unscheduled[0].get("reason") if unscheduled and unscheduled[0].get("status") == "False" else None
         return f"Pending{f' ({reason})' if reason else ''}"
     return None
+
+
+def job_status(obj: dict[str, Any]) -> JobStatus:
+    """Latest true condition as the state; per-replica (or per-Job) pod counts as extras."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
+    latest = conditions[-1] if conditions else {}
+    state, detail = latest.get("type", "Pending"), latest.get("message", "")
+    if meta.get("deletionTimestamp"):
+        state, detail = "Terminating", f"deleted at {meta['deletionTimestamp']}; its pods are being removed"
+    counts = dict(status.get("replicaStatuses") or {})  # PyTorchJob: {Master: {active: 1}, ...}
+    counts.update({j.get("name", "?"): j for j in status.get("jobsStatus") or []})  # TrainJob: [{name, active}]
+    extra = {name: _counts(c) for name, c in counts.items() if isinstance(c, dict)}
+    return JobStatus(meta["name"], meta["name"], state, detail, extra)
+
+
+def _counts(counts: dict[str, Any]) -> str:
+    # replicaStatuses also carries label selectors: keep the pod counts only
+    return " ".join(f"{k}={v}" for k, v in sorted(counts.items()) if isinstance(v, int) and not isinstance(v, bool))

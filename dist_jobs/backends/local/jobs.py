@@ -9,6 +9,7 @@ its ranks the way Ctrl-C does (they checkpoint at the next step boundary).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import json
@@ -20,10 +21,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dist_jobs.backends import records
-from dist_jobs.backends.base import JobStatus, Prepared, each_status, run_dir_of
+from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
@@ -47,10 +48,15 @@ FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("ran
 REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """The local backend's queue verbs; prepare and the foreground run are Launcher's."""
 
     name = "local"
+    summary = "detached processes"
+    handle_id = "/RUN/DIR"  # local:///RUN/DIR: the id is the run directory's absolute path
+    renders = False  # its payload is a plan of processes, not a file to submit
+    runs_here = True
+    sweep_summary = "K trials at a time under a detached driver"
 
     def __init__(
         self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages | None = None
@@ -66,14 +72,17 @@ class LocalBackend:
 
         return Launcher(self.out, self.workdir).prepare(spec)
 
-    def run(self, spec: JobSpec) -> int:
+    def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
+        """In the foreground; `record`: the detached run `submit` started, its exit code to that folder."""
         from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
+        if record is not None:
+            return run_recorded(spec, record)
         if self.missing is None:
             return Launcher(self.out, self.workdir).run(spec)
         return Launcher(self.out, self.workdir, self.missing).run(spec)
 
-    def submit(self, prepared: Prepared) -> Handle:
+    def schedule(self, prepared: Prepared) -> Handle:
         # submit's alone: status, logs and cancel load no spec classes (msgspec)
         from dist_jobs.backends.preflight import check_trainer_packages, missing_packages
 
@@ -122,14 +131,22 @@ class LocalBackend:
         """A local job's id is its run directory: the handle names it absolutely."""
         return Handle("local", str(Path(job_id).resolve()))
 
+    @classmethod
+    def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
+        """The run directory, an absolute path."""
+        if not job_id.startswith("/"):
+            raise ValueError(f"{job_id!r} is no absolute path")
+        return super().parse_handle(str(Path(job_id)), fields)
+
+    def log_ranks(self, spec: JobSpec) -> list[int] | None:
+        """output.log holds every rank's lines."""
+        return None
+
     def run_dir(self, job_id: str) -> Path:
         return Path(job_id)
 
     def owner(self, job_id: str) -> str | None:
         return None  # the run directory is the job: whoever wrote its progress is it
-
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | DistJobsError]:
-        return each_status(self, job_ids)
 
     def status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
@@ -162,10 +179,13 @@ class LocalBackend:
         found = [self.status(run) for run in runs if (Path(run) / FOLDER / SPEC).is_file()]
         return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 
-    def cancel(self, job_id: str) -> None:
+    def exists(self, job_id: str) -> bool:
+        """Whether its launcher still runs."""
+        return _alive(_folder(job_id))
+
+    def stop(self, job_id: str) -> None:
+        """SIGTERM to the launcher, which stops its ranks as Ctrl-C does."""
         folder = _folder(job_id)
-        if not _alive(folder):
-            raise BackendError(f"local job {job_id} is not running: nothing to cancel", f"see {folder / LOG}")
         _write(folder / CANCELLED, time.strftime("%Y-%m-%dT%H:%M:%S"))
         pid = _read_int(folder / PID)
         assert pid is not None  # _alive read it
@@ -192,6 +212,34 @@ class LocalBackend:
             if not running:
                 return
             time.sleep(0.5)
+
+    # A sweep: every trial from one snapshot of the code; K at a time under a detached driver
+    # (backends.local.sweep) when --max-parallel holds some back.
+
+    def snapshot(self, spec: JobSpec) -> JobSpec:
+        """One copy for every trial, beside their run directories (a driver starts some later)."""
+        return spec_in_copy(spec, self.workdir, run_dir_of(spec, self.workdir).root.resolve() / spec.name)
+
+    def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
+        root = run_dir_of(first, here).root  # the trials' run directories are below it
+        return root, str(root)
+
+    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+        if not plan.max_parallel or plan.max_parallel >= len(plan.specs):
+            return super().submit_sweep(plan, manifest, root)
+        from dist_jobs.backends.local.sweep import submit_driven  # a sweep's alone (as above)
+
+        return submit_driven(plan, manifest, root, self, self.workdir)
+
+    def cancel_sweep(self, folder: Path, handles: builtins.list[str]) -> builtins.list[str] | None:
+        """No trial starts any more; those running are cancelled one by one."""
+        from dist_jobs.backends.local.sweep import stop_driver  # a sweep's alone (as above)
+
+        stop_driver(folder)
+        return None
+
+    def trial_not_started(self, run_dir: str) -> bool:
+        return not (Path(run_dir) / FOLDER / PID).exists()
 
 
 def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:

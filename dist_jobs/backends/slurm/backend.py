@@ -7,20 +7,21 @@ pure functions of `output.py`, tested on real captured output.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import JobStatus, Prepared, run_dir_of
+from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
-from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta
+from dist_jobs.backends.slurm.logs import attempt_files, rank_lines, ranks_logged, stitch, stitch_all
+from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
 from dist_jobs.backends.slurm.output import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -34,7 +35,7 @@ from dist_jobs.backends.slurm.output import (
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm.sbatch import CONTROLLER_HINT, CONTROLLER_UNREACHABLE
+from dist_jobs.backends.slurm.sbatch import check_controller
 from dist_jobs.errors import BackendError, DistJobsError
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
@@ -87,36 +88,14 @@ def _with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobSt
     return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
-def _rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
-    """Rank `rank`'s lines of a torchrun node's log, found by their `[rank R] ` prefix and given
-    as the rank wrote them, and the attempt banners; without follow, a log where no line has
-    the prefix (an older job's) is given whole."""
-    mine = f"[rank {rank}] "
-    if not follow:
-        every = list(lines)
-        if not any(line.startswith(mine) for line in every):
-            yield from every
-            return
-        lines = iter(every)
-    yield from (line.removeprefix(mine) for line in lines if line.startswith((mine, "==> ")))
-
-
-def _in_snapshot(spec: JobSpec) -> bool:
-    # submit's alone (the query verbs' 150 ms budget, bench/bench_cli_verbs.py)
-    from dist_jobs.backends.snapshot import read
-
-    return spec.workdir is not None and read(Path(spec.workdir)) is not None
-
-
-def _check_controller(stderr: str) -> None:
-    """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
-    if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
-        said = stderr.strip()
-        raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)
-
-
-class SlurmBackend:
+class SlurmBackend(Backend):
     name = "slurm"
+    summary = "sbatch script"
+    options = (
+        Option("--jobs-dir", "jobs_dir", "SLURM: where job directories go (default: ./dist-jobs-runs)", kind=Path),
+    )
+    handle_fields = ("cluster",)
+    sweep_summary = "one job array"
 
     def __init__(
         self,
@@ -146,12 +125,12 @@ class SlurmBackend:
         run_dir = run_dir_of(spec, workdir_of(spec, self.cwd))
         return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch", run_dir)
 
-    def submit(self, prepared: Prepared) -> Handle:
+    def schedule(self, prepared: Prepared) -> Handle:
         # submit's own modules: yaml and msgspec, which the query verbs load none of (test_imports)
         from dist_jobs.backends.preflight import missing_packages
-        from dist_jobs.backends.slurm.submit import job_python_export, snapshot_spec, submit
+        from dist_jobs.backends.slurm.submit import in_snapshot, job_python_export, snapshot_spec, submit
 
-        if prepared.spec.snapshot and not _in_snapshot(prepared.spec):  # (a sweep's array has its copy)
+        if prepared.spec.snapshot and not in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
             prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
         export = job_python_export(prepared.spec, self.python, self.missing_packages or missing_packages)
@@ -159,6 +138,19 @@ class SlurmBackend:
 
     def handle(self, job_id: str) -> Handle:
         return Handle("slurm", job_id, cluster=self.cluster_name())
+
+    @classmethod
+    def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
+        """A job id is digits, an array task's `<array>_<task>`."""
+        if not job_id.replace("_", "").isdigit():
+            raise ValueError(f"{job_id!r} is no SLURM job id")
+        return super().parse_handle(job_id, fields)
+
+    def log_ranks(self, spec: JobSpec) -> list[int] | None:
+        """srun: one file per rank; torchrun: one per node, holding its ranks (the node's first names it)."""
+        if spec.launcher == "torchrun":
+            return [node * spec.procs for node in range(spec.nodes)]
+        return list(range(spec.world_size))
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint_dir>/<run>` of a job submitted from this machine (its job.json, found
@@ -270,7 +262,7 @@ class SlurmBackend:
         query = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
         proc = self.run(["squeue", "--noheader", "--jobs", query, "--Format", SQUEUE_FORMAT_LONG])
         if proc.returncode != 0:
-            _check_controller(proc.stderr)
+            check_controller(proc.stderr)
             return {}  # one id that squeue no longer knows: it says "Invalid job id"
         return {j.job_id: j for j in parse_squeue(proc.stdout, SQUEUE_FORMAT_LONG)}
 
@@ -336,7 +328,7 @@ class SlurmBackend:
         # --Format (long): only it has the restart count, which says a requeued job came back.
         proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])
         if proc.returncode != 0:
-            _check_controller(proc.stderr)
+            check_controller(proc.stderr)
             return None
         # An array job's id also names its tasks (123_4, 123_[5-9]): take the first one listed.
         jobs = [
@@ -361,7 +353,8 @@ class SlurmBackend:
             for j in parse_squeue(proc.stdout)
         ]
 
-    def cancel(self, job_id: str) -> None:
+    def stop(self, job_id: str) -> None:
+        """scancel, which itself says when there is no such job (exists() is not asked first)."""
         # Without --verbose, 22.05's scancel says nothing and exits 0 for an unknown or ended job.
         proc = self.run(["scancel", "--verbose", job_id])
         said = proc.stderr.strip()
@@ -404,7 +397,7 @@ class SlurmBackend:
             lambda: attempt_files(log_dir, run, job_id, task),
             (lambda: not self.status(job_id).finished) if follow else (lambda: False),
         )
-        yield from (lines if not procs else _rank_lines(lines, rank, follow))
+        yield from (lines if not procs else rank_lines(lines, rank, follow))
 
     def _all_logs(self, job_id: str, log_dir: Path, run: str, label: str, follow: bool) -> Iterator[str]:
         def files() -> dict[int, list[Path]]:
@@ -432,3 +425,35 @@ class SlurmBackend:
                 f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id",
             )
         return Path(out.group(1)).parent, name.group(1), None
+
+    # A sweep: one job array, its tasks running from one snapshot of the code.
+
+    def snapshot(self, spec: JobSpec) -> JobSpec:
+        from dist_jobs.backends.slurm.submit import snapshot_spec  # submit's alone (as above)
+
+        return snapshot_spec(spec, self.cwd, self.jobs_dir)
+
+    def prepare_sweep(
+        self, name: str, params: builtins.list[dict[str, Any]], specs: builtins.list[JobSpec], max_parallel: int | None
+    ) -> PreparedSweep:
+        from dist_jobs.backends.slurm.sweep import prepare_array  # a sweep's alone (test_imports)
+
+        return prepare_array(name, params, specs, max_parallel)
+
+    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+        assert plan.head is not None  # one sbatch of the array; trial i is its task i
+        array = self.schedule(Prepared("slurm", plan.head, plan.payloads[0][1], plan.payloads[0][0]))
+        record_trials(self.jobs_dir, array.job_id, [s.run_id for s in plan.specs])
+        return [str(self.handle(f"{array.job_id}_{i}")) for i in range(len(plan.specs))]
+
+    def cancel_sweep(self, folder: Path, handles: builtins.list[str]) -> builtins.list[str] | None:
+        """The whole array, one scancel."""
+        try:
+            self.cancel(handles[0].rsplit("/", 1)[1].split("_")[0])
+        except DistJobsError:
+            return []  # it has ended already
+        return handles
+
+    @classmethod
+    def attach_options(cls, saved: Mapping[str, str]) -> dict[str, Any]:
+        return {k: Path(saved[k]) for k in ("jobs_dir", "cwd") if saved.get(k)}

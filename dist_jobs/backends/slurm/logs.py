@@ -61,3 +61,17 @@ def _follow(
         if not running():
             return
         time.sleep(1.0)
+
+
+def rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
+    """Rank `rank`'s lines of a torchrun node's log, found by their `[rank R] ` prefix and given
+    as the rank wrote them, and the attempt banners; without follow, a log where no line has
+    the prefix (an older job's) is given whole."""
+    mine = f"[rank {rank}] "
+    if not follow:
+        every = list(lines)
+        if not any(line.startswith(mine) for line in every):
+            yield from every
+            return
+        lines = iter(every)
+    yield from (line.removeprefix(mine) for line in lines if line.startswith((mine, "==> ")))

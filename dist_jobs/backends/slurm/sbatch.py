@@ -149,3 +149,10 @@ def sbatch_error(stderr: str, returncode: int, *, cluster_nodes: int | None = No
 def _said(lines: list[str]) -> str:
     """sbatch's own words, without the repeated `sbatch: error:` prefixes."""
     return " / ".join(re.sub(r"^sbatch: (error: )?", "", line) for line in lines)
+
+
+def check_controller(stderr: str) -> None:
+    """A failed squeue that could not reach slurmctld raises; any other failure means "not listed"."""
+    if re.search(CONTROLLER_UNREACHABLE, stderr, re.IGNORECASE):
+        said = stderr.strip()
+        raise BackendError(f"squeue cannot reach the SLURM controller (slurmctld): {said}", CONTROLLER_HINT)

@@ -145,3 +145,8 @@ def _missing_dirs(path: Path) -> list[Path]:
 def snapshot_spec(spec: JobSpec, cwd: Path, jobs_dir: Path) -> JobSpec:
     """`spec` to run from a snapshot of its working directory's code (snapshot.spec_in_copy)."""
     return spec_in_copy(spec, workdir_of(spec, cwd), jobs_dir)
+
+
+def in_snapshot(spec: JobSpec) -> bool:
+    """Whether `spec` runs from a snapshot of the code already (a sweep's array has its copy)."""
+    return spec.workdir is not None and read(Path(spec.workdir)) is not None

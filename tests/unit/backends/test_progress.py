@@ -187,7 +187,7 @@ def test_slurm_status_reads_the_run_dir_recorded_at_submit(tmp_path: Path) -> No
 
     slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
     spec = load_spec(data={"name": "fx", "nodes": 2, "procs_per_node": 2, "checkpoint_dir": "ck"})
-    assert str(slurm.submit(slurm.prepare(spec))) == "slurm://c/38"
+    assert str(slurm.schedule(slurm.prepare(spec))) == "slurm://c/38"
     job = Job(Handle("slurm", "38", cluster="c"), slurm)
     assert job.progress() is None
     write_progress(tmp_path / "ck" / spec.run_id, RECORD)
@@ -211,7 +211,7 @@ def _two_slurm_jobs(tmp_path: Path) -> tuple[Job, Job, Path]:
 
     slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
     spec = load_spec(data={"name": "fx", "nodes": 2, "procs_per_node": 2, "checkpoint_dir": "ck"})
-    assert [slurm.submit(slurm.prepare(spec)).job_id for _ in range(2)] == ["38", "39"]
+    assert [slurm.schedule(slurm.prepare(spec)).job_id for _ in range(2)] == ["38", "39"]
     jobs = [Job(Handle("slurm", i, cluster="c"), slurm) for i in ("38", "39")]
     return jobs[0], jobs[1], tmp_path / "ck" / spec.run_id
 
@@ -273,7 +273,7 @@ def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None
     }
     with FakeKubeAPI([crd_path("PyTorchJob"), crd_path("TrainJob")]) as api:
         k8s = K8sBackend(api_client=k8s_client.for_host(api.url))
-        name = k8s.submit(k8s.prepare(load_spec(data={**data, "k8s": {"pvc": "ckpt"}}))).job_id
+        name = k8s.schedule(k8s.prepare(load_spec(data={**data, "k8s": {"pvc": "ckpt"}}))).job_id
         job = Job(Handle("k8s", name, namespace="default", kind="PyTorchJob"), k8s)
         assert k8s.run_dir(name) == tmp_path / "ck" / name
         assert job.status().progress is None  # nothing there yet (or a volume this host lacks)
@@ -287,7 +287,7 @@ def test_k8s_status_reads_the_run_dir_the_pods_are_given(tmp_path: Path) -> None
         assert job.progress() is None  # another job's, sharing the run directory
         trainer = K8sBackend(api_client=k8s_client.for_host(api.url), kind="TrainJob", namespace="ml")
         spec = load_spec(data={**data, "name": "tj", "k8s": {"api": "trainjob", "namespace": "ml", "pvc": "ckpt"}})
-        tj = trainer.submit(trainer.prepare(spec)).job_id
+        tj = trainer.schedule(trainer.prepare(spec)).job_id
         assert trainer.run_dir(tj) == tmp_path / "ck" / tj
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dist_jobs.backends.slurm import SlurmBackend
 from dist_jobs.backends.snapshot import RECORD, describe, take
 from dist_jobs.errors import UsageError
 from support.git_project import git, make_project
@@ -89,9 +90,9 @@ def test_a_slurm_sweep_runs_every_trial_from_one_snapshot_unless_the_spec_says_n
     (proj / "train.py").write_text("print(1)\n")
     spec = proj / "job.yaml"
     spec.write_text("name: sw\nprocs_per_node: 1\n")
-    options = {"cwd": proj, "jobs_dir": proj / "dist-jobs-runs"}
-    got = _snapshot_overrides(spec, {"nodes": 2}, options, "slurm")
+    slurm = SlurmBackend(cwd=proj, jobs_dir=proj / "dist-jobs-runs")
+    got = _snapshot_overrides(spec, {"nodes": 2}, slurm)
     copy = Path(got["workdir"])
     assert copy.parent == proj / "dist-jobs-runs" / "snapshots" and (copy / "train.py").is_file()
     assert got["snapshot"] is True and got["nodes"] == 2 and got["checkpoint_dir"] == str(proj / "checkpoints")
-    assert _snapshot_overrides(spec, {"snapshot": False}, options, "slurm") == {"snapshot": False}
+    assert _snapshot_overrides(spec, {"snapshot": False}, slurm) == {"snapshot": False}

@@ -265,7 +265,7 @@ def test_home_in_folders_is_the_submitters_for_the_job_its_record_and_status(tmp
 
     backend = SlurmBackend(runner=sbatch, cwd=cwd, cluster="c", missing_packages=lambda names: [])
     prepared = backend.prepare(spec)
-    assert str(backend.submit(prepared)) == "slurm://c/4242"
+    assert str(backend.schedule(prepared)) == "slurm://c/4242"
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     proc, calls = run_script(prepared.payload, cwd, stubs, {"HOME": str(node_home)})
     assert proc.returncode == 0, proc.stderr

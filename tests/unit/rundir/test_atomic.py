@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.sweeps import write_manifest
+from dist_jobs.backends.sweep_manifest import write_manifest
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir import atomic
 from dist_jobs.rundir.atomic import open_atomic, write_atomic, write_new

@@ -55,13 +55,21 @@ def test_precedence_is_file_defaults_then_profile_then_job_yaml_then_flags(home:
     assert "/shared/ckpt" in script
 
 
+# what the backend registry tells load_profile (the CLI hands it every backend's options)
+SCHEDULERS = {"slurm": ["jobs_dir"], "k8s": ["context", "kubeconfig"], "local": []}
+
+
 def test_a_profile_is_chosen_by_flag_then_environment_then_default(home: Path, monkeypatch) -> None:
-    assert load_profile().name == "gpu"
+    assert load_profile(schedulers=SCHEDULERS).name == "gpu"
     monkeypatch.setenv("DIST_JOBS_PROFILE", "kube")
-    chosen = load_profile()
+    chosen = load_profile(schedulers=SCHEDULERS)
     assert chosen.name == "kube" and chosen.options == {"backend": "k8s", "context": "prod"}
     assert chosen.spec["k8s"] == {"namespace": "training"} and chosen.spec["slurm"]["qos"] == "base"
-    assert load_profile("gpu").spec["slurm"] == {"account": "ml", "qos": "high", "partition": "gpu"}
+    assert load_profile("gpu", schedulers=SCHEDULERS).spec["slurm"] == {
+        "account": "ml",
+        "qos": "high",
+        "partition": "gpu",
+    }
 
 
 def test_config_show_tells_where_each_value_came_from(home: Path) -> None:

@@ -85,7 +85,7 @@ def test_submit_creates_with_strict_field_validation_and_stores_the_rendered_man
     api: FakeKubeAPI, backend: K8sBackend
 ) -> None:
     prepared = _prepared(backend)
-    assert backend.submit(prepared).job_id == JOB
+    assert backend.schedule(prepared).job_id == JOB
     (post,) = _posts(api)
     assert post.path == f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}"
     assert post.query == {"fieldValidation": ["Strict"]}
@@ -106,21 +106,21 @@ def test_submit_creates_with_strict_field_validation_and_stores_the_rendered_man
 
 def test_server_dry_run_is_checked_but_stores_nothing(api: FakeKubeAPI, backend: K8sBackend) -> None:
     prepared = _prepared(backend)
-    assert "dryRun=All" in backend.server_dry_run(prepared)
+    assert "dryRun=All" in backend.check(prepared)
     assert api.store == {}
     assert _posts(api)[-1].query == {"fieldValidation": ["Strict"], "dryRun": ["All"]}
-    assert backend.submit(prepared).job_id == JOB  # the dry run did not take the name
+    assert backend.schedule(prepared).job_id == JOB  # the dry run did not take the name
 
 
 def test_server_dry_run_reports_what_a_real_create_would(backend: K8sBackend) -> None:
     bad = _edited(_prepared(backend), lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2))
-    assert "403" in _error(backend.server_dry_run, bad).message
+    assert "403" in _error(backend.check, bad).message
 
 
 def test_second_submit_is_409_with_a_hint(backend: K8sBackend) -> None:
     prepared = _prepared(backend)
-    backend.submit(prepared)
-    err = _error(backend.submit, prepared)
+    backend.schedule(prepared)
+    err = _error(backend.schedule, prepared)
     assert "409 AlreadyExists" in err.message and f'"{JOB}" already exists' in err.message
     assert err.hint and f"dist-jobs cancel k8s://{NS}/PyTorchJob/{JOB}" in err.hint
 
@@ -129,8 +129,8 @@ def test_a_trainjobs_hints_carry_its_kind(api: FakeKubeAPI) -> None:
     """A bare name in a hint is looked up as a PyTorchJob: the user got a 404 following it."""
     backend = _backend(api.url, kind="TrainJob", namespace="ml")
     prepared = _prepared(backend, TRAINJOB)
-    backend.submit(prepared)
-    err = _error(backend.submit, prepared)
+    backend.schedule(prepared)
+    err = _error(backend.schedule, prepared)
     assert err.hint and "dist-jobs cancel k8s://ml/TrainJob/resnet-trainjob" in err.hint
     no_pod = _error(backend.logs, "resnet-trainjob", rank=5)
     assert no_pod.hint and "dist-jobs status k8s://ml/TrainJob/resnet-trainjob" in no_pod.hint
@@ -140,9 +140,9 @@ def test_a_trainjobs_hints_carry_its_kind(api: FakeKubeAPI) -> None:
 def test_resubmitting_while_the_old_job_is_terminating_says_to_wait(api: FakeKubeAPI, backend: K8sBackend) -> None:
     """Deleting a job that is being deleted does nothing: the hint said to."""
     prepared = _prepared(backend)
-    backend.submit(prepared)
+    backend.schedule(prepared)
     api.store[(PLURAL, NS, JOB)]["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
-    err = _error(backend.submit, prepared)
+    err = _error(backend.schedule, prepared)
     assert "object is being deleted" in err.message and "still being deleted" in err.message
     assert err.hint and f"kubectl wait --for=delete pytorchjobs.kubeflow.org/{JOB} -n {NS}" in err.hint
     assert "cancel" not in err.hint and "delete the old job" not in err.hint
@@ -154,7 +154,7 @@ def test_schema_violations_are_422_with_every_field_cause(api: FakeKubeAPI, back
         worker["replicas"] = "two"
         worker["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = "lots"
 
-    err = _error(backend.submit, _edited(_prepared(backend), break_it))
+    err = _error(backend.schedule, _edited(_prepared(backend), break_it))
     lines = err.message.splitlines()
     assert "422 Invalid" in lines[0]
     w = "spec.pytorchReplicaSpecs.Worker"
@@ -174,7 +174,7 @@ def test_unknown_field_is_refused_because_submit_asks_for_strict(api: FakeKubeAP
         container = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
         container["volumeMount"] = container.pop("volumeMounts")
 
-    err = _error(backend.submit, _edited(_prepared(backend), typo))
+    err = _error(backend.schedule, _edited(_prepared(backend), typo))
     assert "400 BadRequest" in err.message and "strict decoding error" in err.message
     assert 'unknown field "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].volumeMount"' in err.message
     assert err.hint and "misspelled" in err.hint
@@ -183,7 +183,7 @@ def test_unknown_field_is_refused_because_submit_asks_for_strict(api: FakeKubeAP
 
 def test_webhook_denial_is_403_with_the_webhooks_message(backend: K8sBackend) -> None:
     bad = _edited(_prepared(backend), lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2))
-    err = _error(backend.submit, bad)
+    err = _error(backend.schedule, bad)
     assert (
         'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied the request: '
         "spec.pytorchReplicaSpecs[Master].replicas: Forbidden: must be 1"
@@ -198,7 +198,7 @@ def test_webhook_denial_is_403_with_the_webhooks_message(backend: K8sBackend) ->
 def test_crd_not_installed_is_the_plain_text_404(data: dict[str, Any], kind: str, hint: str) -> None:
     with FakeKubeAPI([]) as bare:
         backend = _backend(bare.url, kind=kind)
-        err = _error(backend.submit, _prepared(backend, data))
+        err = _error(backend.schedule, _prepared(backend, data))
         assert "404 page not found" in err.message and f"the {kind} CRD is not installed" in err.message
         assert err.hint and hint in err.hint
         status_err = _error(backend.status, "anything")
@@ -209,7 +209,7 @@ def test_unreachable_server_is_a_clear_message_not_a_traceback() -> None:
     url = _closed_port_url()
     backend = _backend(url)
     start = time.monotonic()
-    err = _error(backend.submit, _prepared(backend))
+    err = _error(backend.schedule, _prepared(backend))
     assert time.monotonic() - start < 10
     assert err.message.startswith(f"cannot reach the Kubernetes apiserver at {url}: ")
     assert "Connection refused" in err.message
@@ -245,7 +245,7 @@ def test_a_hung_apiserver_gives_a_clear_error_within_15_seconds(silent_url: str)
 def test_a_timed_out_create_says_the_job_may_exist(silent_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s_client, "TIMEOUT", (0.5, 0.5))
     backend = _backend(f"http://{silent_url}")
-    err = _error(backend.submit, _prepared(backend))
+    err = _error(backend.schedule, _prepared(backend))
     assert err.message.startswith(f"create PyTorchJob {NS}/{JOB}: the Kubernetes apiserver at http://{silent_url}")
     assert (
         err.hint and "may have been created" in err.hint and f"dist-jobs status k8s://{NS}/PyTorchJob/{JOB}" in err.hint
@@ -298,7 +298,7 @@ def _conditions(*pairs: tuple[str, str]) -> list[dict[str, str]]:
 
 
 def test_status_follows_the_operators_conditions_and_replica_counts(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     first = backend.status(JOB)
     assert (first.job_id, first.state, first.extra, first.finished) == (JOB, "Pending", {}, False)
 
@@ -334,14 +334,14 @@ def test_status_follows_the_operators_conditions_and_replica_counts(api: FakeKub
 
 
 def test_status_of_a_job_being_deleted_is_terminating(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     api.store[(PLURAL, NS, JOB)]["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
     assert backend.status(JOB).state == "Terminating"
 
 
 def test_list_selects_the_jobs_dist_jobs_manages(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
-    backend.submit(_prepared(backend, {**SEED, "name": "second"}))
+    backend.schedule(_prepared(backend))
+    backend.schedule(_prepared(backend, {**SEED, "name": "second"}))
     api_client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url))
     kubernetes.client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         "kubeflow.org", "v1", NS, PLURAL, sample_pytorchjob("made-by-hand")
@@ -353,7 +353,7 @@ def test_list_selects_the_jobs_dist_jobs_manages(api: FakeKubeAPI, backend: K8sB
 
 
 def test_cancel_deletes_then_status_is_404(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     backend.cancel(JOB)
     delete = api.requests[-1]
     assert (delete.method, delete.path) == ("DELETE", f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}/{JOB}")
@@ -393,7 +393,7 @@ DIRECT = {**SEED, "name": "direct-ddp", "gpus_per_node": 1, "k8s": {"pvc": "ckpt
 def test_logs_tell_every_rank_and_find_one_by_its_global_rank(api: FakeKubeAPI, backend: K8sBackend) -> None:
     """torchrun pods hold 4 ranks each: every rank's lines come `[rank N] ...` (torchrun wrote the
     prefix), torchrun's and the entrypoint's own `[node P] ...`; --rank finds a rank in any pod."""
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     _operator_pod(api, JOB, "master", 0, "[rank 0] a\n[rank 1] b\nagent line\n")
     worker = _operator_pod(api, JOB, "worker", 0, "[rank 4] w\n[rank 5] x\n")
     _operator_pod(api, "other-job", "worker", 0, "[rank 5] not this one\n")  # same replica labels, other job
@@ -407,7 +407,7 @@ def test_logs_tell_every_rank_and_find_one_by_its_global_rank(api: FakeKubeAPI, 
 
 
 def test_logs_of_one_process_pods_are_the_pods_by_rank(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    job = backend.submit(_prepared(backend, DIRECT)).job_id
+    job = backend.schedule(_prepared(backend, DIRECT)).job_id
     _operator_pod(api, job, "master", 0, "master line 1\nmaster line 2\n")
     _operator_pod(api, job, "worker", 0, "worker line\n")
     assert list(backend.logs(job)) == ["[rank 0] master line 1", "[rank 0] master line 2", "[rank 1] worker line"]
@@ -417,7 +417,7 @@ def test_logs_of_one_process_pods_are_the_pods_by_rank(api: FakeKubeAPI, backend
 
 
 def test_logs_before_the_pods_exist_and_of_a_missing_job(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     err = _error(backend.logs, JOB)
     assert "no pod with rank 0 (its pods: none yet)" in err.message and err.hint and "status" in err.hint
     assert "not found" in _error(backend.logs, "no-such-job").message
@@ -427,7 +427,7 @@ def test_logs_before_the_pods_exist_and_of_a_missing_job(api: FakeKubeAPI, backe
 
 def test_logs_of_a_pod_that_has_not_started_is_an_error_not_silence(api: FakeKubeAPI, backend: K8sBackend) -> None:
     """The apiserver answers an unscheduled pod's log with nothing (204): `logs` must not print nothing, exit 0."""
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     master = _operator_pod(api, JOB, "master", 0, "")
     api.pods[(NS, master)]["status"] = {
         "phase": "Pending",
@@ -448,7 +448,7 @@ def test_logs_of_a_pod_that_has_not_started_is_an_error_not_silence(api: FakeKub
 def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, backend: K8sBackend) -> None:
     prepared = _prepared(backend, ELASTIC)
     assert "Master" not in yaml.safe_load(prepared.payload)["spec"]["pytorchReplicaSpecs"]
-    job = backend.submit(prepared).job_id
+    job = backend.schedule(prepared).job_id
     # The rendezvous, not the pod name, orders an elastic job's ranks.
     _operator_pod(api, job, "worker", 0, "[rank 4] w0\n")
     _operator_pod(api, job, "worker", 1, "[rank 0] w1\n")
@@ -464,7 +464,7 @@ def test_selector_maps_rank_to_replica_type_and_index() -> None:
 
 @pytest.mark.timeout(60)
 def test_follow_streams_lines_as_the_container_writes_them(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     master = _operator_pod(api, JOB, "master", 0, "")
     chunks: queue.Queue[str | None] = queue.Queue()
     api.pod_logs[(NS, master)] = chunks
@@ -492,7 +492,7 @@ def test_follow_streams_lines_as_the_container_writes_them(api: FakeKubeAPI, bac
 
 
 def test_follow_of_one_rank_reads_every_pod_for_it(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    backend.submit(_prepared(backend))
+    backend.schedule(_prepared(backend))
     _operator_pod(api, JOB, "master", 0, "[rank 0] m\n[rank 1] m1\n")
     _operator_pod(api, JOB, "worker", 0, "[rank 5] w5\nagent\n")
     api.set_status(PLURAL, NS, JOB, {"conditions": _conditions(("Created", "True"), ("Succeeded", "True"))})
@@ -509,7 +509,7 @@ def test_follow_errors_are_translated_too() -> None:
 
 def test_trainjob_submit_picks_the_kind_from_the_manifest(api: FakeKubeAPI, backend: K8sBackend) -> None:
     assert backend.kind == "PyTorchJob"
-    job = backend.submit(_prepared(backend, TRAINJOB)).job_id
+    job = backend.schedule(_prepared(backend, TRAINJOB)).job_id
     assert _posts(api)[-1].path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"
     assert ("trainjobs", "ml", job) in api.store
 
@@ -543,7 +543,7 @@ def test_trainjob_submit_picks_the_kind_from_the_manifest(api: FakeKubeAPI, back
 
 def test_trainjob_logs_pick_the_node_pod_by_completion_index(api: FakeKubeAPI) -> None:
     trainer = _backend(api.url, kind="TrainJob", namespace="ml")
-    job = trainer.submit(_prepared(trainer, TRAINJOB)).job_id
+    job = trainer.schedule(_prepared(trainer, TRAINJOB)).job_id
     for index, suffix in ((0, "x7k2p"), (1, "b9qzt")):
         name = f"{job}-node-0-{index}-{suffix}"
         api.pods[("ml", name)] = {

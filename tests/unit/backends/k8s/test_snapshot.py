@@ -161,7 +161,7 @@ def test_a_job_whose_configmap_cannot_be_made_is_deleted_again(project: Path, mo
         backend = K8sBackend(api_client=k8s_client.for_host(api.url))
         prepared = backend.prepare(load_spec(data=SPEC))
         with pytest.raises(BackendError) as caught:
-            backend.submit(prepared)
+            backend.schedule(prepared)
         assert "create ConfigMap default/snap-code" in caught.value.message
         calls = [(r.method, r.path.rsplit("/", 2)[-2:]) for r in api.requests]
         assert [(m, p[-1] if m == "POST" else p[0]) for m, p in calls] == [

@@ -33,7 +33,7 @@ def test_a_run_of_the_built_in_trainer_without_its_packages_is_refused_before_it
 def test_a_submit_is_refused_the_same_way_and_writes_no_record(tmp_path: Path) -> None:
     backend = LocalBackend(workdir=tmp_path, missing=lacking)
     with pytest.raises(UsageError, match="has no torchvision"):
-        backend.submit(backend.prepare(spec(tmp_path)))
+        backend.schedule(backend.prepare(spec(tmp_path)))
     assert not (tmp_path / "ckpt").exists()
 
 

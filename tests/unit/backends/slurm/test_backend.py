@@ -94,7 +94,7 @@ def backend(tmp_path: Path, runner: FakeRunner, lacks: tuple[str, ...] = ()) -> 
 
 def submit(tmp_path: Path, runner: FakeRunner, lacks: tuple[str, ...] = (), **spec: object) -> tuple[SlurmBackend, str]:
     slurm = backend(tmp_path, runner, lacks)
-    return slurm, slurm.submit(slurm.prepare(load_spec(data={**SPEC, **spec}))).job_id
+    return slurm, slurm.schedule(slurm.prepare(load_spec(data={**SPEC, **spec}))).job_id
 
 
 # --- submit -----------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_submit_writes_the_job_dir_and_parses_the_id(tmp_path: Path) -> None:
 
     slurm = backend(tmp_path, FakeRunner(sbatch=sbatch))
     prepared = slurm.prepare(load_spec(data=SPEC))
-    assert slurm.submit(prepared) == Handle("slurm", "26", cluster="c")
+    assert slurm.schedule(prepared) == Handle("slurm", "26", cluster="c")
     (call,) = slurm.run.calls  # type: ignore[attr-defined]
     assert call[:3] == ["sbatch", "--parsable", f"--chdir={tmp_path}"]
     assert seen["script"] == prepared.payload
@@ -128,7 +128,7 @@ def test_job_json_names_the_run_directory_the_trainer_uses(tmp_path: Path, monke
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the trainer expands `~` the same way
     slurm = backend(tmp_path, FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), "")))
     for given, want in (("~/ckpts", tmp_path / "home" / "ckpts"), ("ckpts", tmp_path / "ckpts")):
-        job_id = slurm.submit(slurm.prepare(load_spec(data={**SPEC, "checkpoint_dir": given}))).job_id
+        job_id = slurm.schedule(slurm.prepare(load_spec(data={**SPEC, "checkpoint_dir": given}))).job_id
         meta = json.loads((tmp_path / "runs" / f"{RUN}-{job_id}" / "job.json").read_text())
         assert meta["run_dir"] == str(want / RUN), given
         shutil.rmtree(tmp_path / "runs" / f"{RUN}-{job_id}")
@@ -241,7 +241,7 @@ def test_sbatch_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     slurm = SlurmBackend(jobs_dir=tmp_path / "runs", cwd=tmp_path, missing_packages=lambda names: [])
     with pytest.raises(BackendError, match=r"SLURM is not installed here: `sbatch` is not on PATH") as caught:
-        slurm.submit(slurm.prepare(load_spec(data=SPEC)))
+        slurm.schedule(slurm.prepare(load_spec(data=SPEC)))
     assert "bash slurm/cluster/up.sh" in (caught.value.hint or "")
     assert not (tmp_path / "runs").exists()
 

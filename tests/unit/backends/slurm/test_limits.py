@@ -53,4 +53,4 @@ def test_submit_rejected_by_sbatch_asks_sinfo_and_names_the_limit(tmp_path: Path
     slurm = SlurmBackend(runner=runner, jobs_dir=tmp_path / "runs", cwd=tmp_path, cluster="c")
     spec = load_spec(data={**BASE, "nodes": 3, "command": ["true"], "log_dir": str(tmp_path / "logs")})
     with pytest.raises(BackendError, match="nodes: 3 requested, the default partition has 2"):
-        slurm.submit(slurm.prepare(spec))
+        slurm.schedule(slurm.prepare(spec))

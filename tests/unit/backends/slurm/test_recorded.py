@@ -40,7 +40,7 @@ def test_status_of_a_job_that_lost_its_lock_reads_the_same_from_any_folder(tmp_p
     project.mkdir()
     slurm = SlurmBackend(runner=cluster, cwd=project, cluster="c", missing_packages=no_missing)
     spec = load_spec(data=SPEC)
-    job_id = slurm.submit(slurm.prepare(spec)).job_id
+    job_id = slurm.schedule(slurm.prepare(spec)).job_id
     (project / "logs" / "paused-29.out").write_text((FIXTURES / "batchlog_lock_lost.txt").read_text())
     here = slurm.status(job_id)
     assert (here.state, here.detail) == (
@@ -60,7 +60,7 @@ def test_submit_records_the_absolute_run_and_log_folders_once(tmp_path: Path) ->
     spec = load_spec(data=SPEC)
     prepared = slurm.prepare(spec)
     assert prepared.run_dir is not None and prepared.run_dir.path == tmp_path / "ck" / "paused"
-    slurm.submit(prepared)
+    slurm.schedule(prepared)
     found = records.recorded("slurm", "29")
     assert found is not None
     assert (found.run_dir, found.log_dir) == (str(tmp_path / "ck" / "paused"), str(tmp_path / "logs"))
