@@ -10,7 +10,6 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.slurm.logs import attempt_files, rank_lines, ranks_logged, stitch, stitch_all
+from dist_jobs.backends.slurm.logs import attempt_files, log_location, rank_lines, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
 from dist_jobs.backends.slurm.output import (
     SACCT_FIELDS,
@@ -381,7 +380,7 @@ class SlurmBackend(Backend):
         rank's output is told node by node (`[node N] ...`). There torchrun prefixes each line of
         its workers with `[rank R] ` (PET_LOG_LINE_PREFIX_TEMPLATE, dist_jobs.spec.env), so rank
         R's lines are found by that prefix (a node file without any, of an older job: all of it)."""
-        log_dir, run, procs = self._log_location(job_id)
+        log_dir, run, procs = log_location(self.jobs_dir, job_id, self.run)
         if rank is None:
             yield from self._all_logs(job_id, log_dir, run, "node" if procs else "rank", follow)
             return
@@ -409,22 +408,6 @@ class SlurmBackend(Backend):
                 "the job may not have started yet (`dist-jobs status`), or use --follow",
             )
         yield from stitch_all(files, (lambda: not self.status(job_id).finished) if follow else (lambda: False), label)
-
-    def _log_location(self, job_id: str) -> tuple[Path, str, int | None]:
-        """(log folder, run name, processes per torchrun task or None for srun mode)."""
-        data = job_meta(self.jobs_dir, job_id)
-        if data:
-            procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None
-            return Path(data["log_dir"]), data["run"], procs
-        proc = self.run(["scontrol", "show", "job", job_id])
-        out = re.search(r"StdOut=(\S+)", proc.stdout) if proc.returncode == 0 else None
-        name = re.search(r"JobName=(\S+)", proc.stdout) if proc.returncode == 0 else None
-        if not out or not name:
-            raise BackendError(
-                f"cannot find the log folder of job {job_id}",
-                f"submit with dist-jobs (it records it in {self.jobs_dir}) or pass a live job id",
-            )
-        return Path(out.group(1)).parent, name.group(1), None
 
     # A sweep: one job array, its tasks running from one snapshot of the code.
 

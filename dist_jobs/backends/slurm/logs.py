@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from dist_jobs.backends.slurm.meta import job_meta
+from dist_jobs.errors import BackendError
 
 
 def attempt_files(log_dir: Path, run: str, job_id: str, rank: int) -> list[Path]:
@@ -75,3 +79,23 @@ def rank_lines(lines: Iterator[str], rank: int, follow: bool) -> Iterator[str]:
             return
         lines = iter(every)
     yield from (line.removeprefix(mine) for line in lines if line.startswith((mine, "==> ")))
+
+
+def log_location(
+    jobs_dir: Path, job_id: str, run: Callable[[list[str]], subprocess.CompletedProcess[str]]
+) -> tuple[Path, str, int | None]:
+    """(log folder, run name, processes per torchrun task or None for srun mode) of `job_id`:
+    from what submit recorded, else from `scontrol show job` (`run` runs it) for a live job."""
+    data = job_meta(jobs_dir, job_id)
+    if data:
+        procs = data.get("procs_per_node") if data.get("launcher") == "torchrun" else None
+        return Path(data["log_dir"]), data["run"], procs
+    proc = run(["scontrol", "show", "job", job_id])
+    out = re.search(r"StdOut=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    name = re.search(r"JobName=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    if not out or not name:
+        raise BackendError(
+            f"cannot find the log folder of job {job_id}",
+            f"submit with dist-jobs (it records it in {jobs_dir}) or pass a live job id",
+        )
+    return Path(out.group(1)).parent, name.group(1), None
