@@ -3,7 +3,8 @@
 NFS gives no flock that holds across hosts, so the lock is a file. It is written whole under a
 unique name and hard-linked to LOCK, which is atomic on local filesystems and NFS alike: exactly
 one of two runs creates it, and nobody ever reads a half-written one. The holder touches it
-every heartbeat (DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s; the record says how often).
+every heartbeat (DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s; the record says how often), which
+must be at most a third of the stale limit below (else the run is refused, exit 2).
 
 A newcomer takes it over at once when
 - it is the same job (same owner: a requeued SLURM attempt, a replaced pod of the PyTorchJob),
@@ -39,7 +40,17 @@ from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_new
 from dist_jobs.rundir.holder import Holder, heartbeat_seconds
 
-__all__ = ["Fence", "Heartbeat", "Lock", "LockHeld", "LockLost", "acquire", "heartbeat_seconds", "held"]
+__all__ = [
+    "Fence",
+    "Heartbeat",
+    "Lock",
+    "LockHeld",
+    "LockLost",
+    "acquire",
+    "check_timings",
+    "heartbeat_seconds",
+    "held",
+]
 
 LOCK_NAME = "LOCK"
 STALE_SECONDS = 90.0
@@ -86,6 +97,20 @@ _BREAK_ABANDONED_S = 10.0  # a breaker holds its guard for a few file operations
 
 def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
     return env_seconds("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS, environ)
+
+
+def check_timings(every: float, stale_after: float) -> None:
+    """Refuse a heartbeat slower than a third of the stale limit: a holder that misses one beat
+    (a slow filesystem, a busy node) would be taken over while it runs."""
+    if every <= stale_after / 3:
+        return
+    raise UsageError(
+        f"DIST_JOBS_LOCK_HEARTBEAT_SECONDS={every:g} is more than a third of "
+        f"DIST_JOBS_LOCK_STALE_SECONDS={stale_after:g}: a live run that misses one heartbeat would be "
+        "taken over by another run",
+        hint=f"set DIST_JOBS_LOCK_HEARTBEAT_SECONDS to at most {stale_after / 3:g}, or "
+        f"DIST_JOBS_LOCK_STALE_SECONDS to at least {every * 3:g}",
+    )
 
 
 def new_token() -> str:
@@ -286,8 +311,10 @@ def acquire(
     """Take `run_dir`'s lock for `me`, or join it when it holds the `inherited` token (exported
     as DIST_JOBS_LOCK_TOKEN by the launcher that took it). A holder that may be alive is watched
     (`on_wait` hears why once); raises LockHeld when it is seen alive."""
+    stale = stale_seconds() if stale_after is None else stale_after
+    check_timings(me.every, stale)
     try:
-        return _acquire(run_dir, me, inherited, stale_seconds() if stale_after is None else stale_after, on_wait)
+        return _acquire(run_dir, me, inherited, stale, on_wait)
     except OSError as exc:
         raise BackendError(
             f"cannot lock the run directory {run_dir}: {exc.strerror or exc}",
@@ -358,7 +385,7 @@ def _poll_seconds(holder: Holder | None) -> float:
 
 
 class Heartbeat:
-    """Touches a lock every `every` seconds (default: heartbeat_seconds()) from a daemon thread;
+    """Touches a lock every `every` seconds (default: the period its holder record states) from a daemon thread;
     `on_lost` runs once if the lock stops being ours (another run took it over: we looked dead).
     A joined lock (not owned) is only watched: its launcher beats it."""
 
@@ -366,7 +393,7 @@ class Heartbeat:
         self, lock: Lock, every: float | None = None, on_lost: Callable[[Holder | None], None] | None = None
     ) -> None:
         self.lock = lock
-        self.every = heartbeat_seconds() if every is None else every
+        self.every = lock.holder.every if every is None else every
         self.on_lost = on_lost
         self.lost = threading.Event()
         self._stop = threading.Event()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.errors import UsageError
 from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
 from dist_jobs.rundir.lock import (
@@ -40,8 +41,8 @@ from support.waiting import eventually
 LOCKCTL = [PYTHON, "-m", "dist_jobs.rundir.lockctl"]
 
 
-def me(owner: str = "", backend: str = "local", job_id: str = "") -> Holder:
-    return Holder.this(new_token(), owner, backend, job_id)
+def me(owner: str = "", backend: str = "local", job_id: str = "", every: float | None = None) -> Holder:
+    return Holder.this(new_token(), owner, backend, job_id, every=every)
 
 
 def elsewhere(owner: str = "slurm:77", job_id: str = "77", every: float = 0.05) -> Holder:
@@ -114,7 +115,7 @@ def test_a_holder_whose_heartbeat_stopped_is_waited_for_then_taken_over(tmp_path
     plant(tmp_path / "run", elsewhere(every=0.1), age=0)
     said: list[str] = []
     started = time.monotonic()
-    lock = acquire(tmp_path / "run", me(), stale_after=1.5, on_wait=said.append)
+    lock = acquire(tmp_path / "run", me(every=0.1), stale_after=1.5, on_wait=said.append)
     assert time.monotonic() - started >= 1.0
     assert lock.owned and "last heartbeat was" in (lock.took_over or "")
     assert len(said) == 1
@@ -415,6 +416,25 @@ def test_of_many_runs_starting_at_once_exactly_one_holds_it(tmp_path: Path, stal
 
 
 # -- lockctl: the same lock from a shell -----------------------------------------------------------
+
+
+def test_a_heartbeat_slower_than_a_third_of_the_stale_limit_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as caught:
+        acquire(tmp_path / "run", me(every=11), stale_after=30)
+    text = f"{caught.value} {caught.value.hint}"
+    assert caught.value.exit_code == 2
+    assert "DIST_JOBS_LOCK_HEARTBEAT_SECONDS=11 is more than a third of DIST_JOBS_LOCK_STALE_SECONDS=30" in text
+    assert "at most 10, or DIST_JOBS_LOCK_STALE_SECONDS to at least 33" in text
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    assert acquire(tmp_path / "run", me(every=10), stale_after=30).owned  # a third exactly is fine
+
+
+def test_lockctl_refuses_knobs_that_do_not_fit_together(tmp_path: Path) -> None:
+    knobs = {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "40", "DIST_JOBS_LOCK_STALE_SECONDS": "90"}
+    refused = lockctl("acquire", str(tmp_path / "run"), env=knobs)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "HEARTBEAT_SECONDS=40 is more than a third of DIST_JOBS_LOCK_STALE_SECONDS=90" in refused.stderr
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
 
 
 def lockctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
