@@ -26,19 +26,23 @@ Stdlib only: the batch script, the pod entrypoint, the local launcher and the tr
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.envnum import env_seconds
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_new
 from dist_jobs.rundir.holder import Holder, heartbeat_seconds
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Fence",
@@ -50,6 +54,7 @@ __all__ = [
     "check_timings",
     "heartbeat_seconds",
     "held",
+    "retrying",
 ]
 
 LOCK_NAME = "LOCK"
@@ -57,6 +62,9 @@ STALE_SECONDS = 90.0
 _ATTEMPTS = 50  # lost races (the lock changed hands under us) before giving up
 _SETTLE_SECONDS = 1.0  # how long a heartbeat waits for a half-written record before calling the lock lost
 _ASK_SCHEDULER_EVERY = 10.0  # seconds between two squeue calls about the same holder while waiting
+# What a network filesystem answers for a moment (a server failover, a file handle the client
+# renews at its next lookup): retried within the lease, not taken as the lock's end.
+_TRANSIENT = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT})
 
 
 class LockHeld(UsageError):
@@ -115,6 +123,25 @@ def check_timings(every: float, stale_after: float) -> None:
 
 def new_token() -> str:
     return uuid.uuid4().hex
+
+
+def lease_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """How long after its last good beat a holder may go on without one: a beat short of the
+    stale limit, so it stops itself before a newcomer may take the lock over."""
+    return max(0.0, stale_seconds(environ) - heartbeat_seconds(environ))
+
+
+def retrying(op: Callable[[], _T], until: float) -> _T:
+    """`op()`, again after a transient I/O error until monotonic time `until`; then that error."""
+    pause = 0.05
+    while True:
+        try:
+            return op()
+        except OSError as exc:
+            if exc.errno not in _TRANSIENT or time.monotonic() + pause > until:
+                raise
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 def _read(path: Path) -> bytes | None:
@@ -254,6 +281,9 @@ class Lock:
     owned: bool  # False: joined a lock our launcher holds (it beats and releases, not us)
     took_over: str | None = None  # why an earlier holder's lock was taken over
     successor: Holder | None = None  # after a failed beat(): who holds it now (None: nobody readable)
+    lease: float = field(default_factory=lease_seconds)  # see lease_seconds()
+    failure: str = ""  # after a failed beat(): the I/O error that outlasted the lease, if that ended it
+    _good: float = field(default_factory=time.monotonic, init=False, repr=False)  # the last good beat
 
     @property
     def token(self) -> str:
@@ -261,7 +291,20 @@ class Lock:
 
     def beat(self, touch: bool = True) -> bool:
         """Touch the lock if it is still ours (with touch=False: only look); False once it is not
-        (released or taken over), with `successor` naming who holds it now."""
+        (released or taken over), with `successor` naming who holds it now. A transient I/O error
+        is retried until the lease ends; then the lock counts as lost (`failure` says why): past
+        that, a newcomer may take it over, and this run must not write beside it."""
+        try:
+            ours = retrying(lambda: self._beat(touch), self._good + self.lease)
+        except OSError as exc:
+            self.successor = None
+            self.failure = f"cannot reach the lock file for {time.monotonic() - self._good:.0f} s: {exc}"
+            return False
+        if ours:
+            self._good = time.monotonic()
+        return ours
+
+    def _beat(self, touch: bool) -> bool:
         self.successor = self.current(settle=_SETTLE_SECONDS)
         if self.successor != self.holder:
             return False
@@ -294,11 +337,16 @@ class Fence:
 
     def check(self, doing: str) -> None:
         """Raise LockLost unless the lock file still names our token; `doing` says what we were
-        about to do, for the message ("commit checkpoint step-40")."""
-        holder = current(self.path)
-        if holder is not None and holder.token == self.token:
-            return
-        raise LockLost(self.path.parent, holder or current(self.path, settle=_SETTLE_SECONDS), doing)
+        about to do, for the message ("commit checkpoint step-40"). A transient I/O error is
+        retried for as long as the holder's heartbeat would retry it; past that it counts as lost."""
+        try:
+            holder = retrying(lambda: current(self.path), time.monotonic() + lease_seconds())
+            if holder is not None and holder.token == self.token:
+                return
+            successor = holder or current(self.path, settle=_SETTLE_SECONDS)
+        except OSError as exc:
+            raise LockLost(self.path.parent, None, doing) from exc
+        raise LockLost(self.path.parent, successor, doing)
 
 
 def acquire(
@@ -332,7 +380,7 @@ def _acquire(
     races = 0
     while races < _ATTEMPTS:
         if write_new(path, me.to_bytes()):
-            return Lock(path, me, owned=True, took_over=took_over)
+            return Lock(path, me, owned=True, took_over=took_over, lease=max(0.0, stale_after - me.every))
         seen = _look(path)
         if seen is None:
             races += 1  # released between our two looks
@@ -400,12 +448,17 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="dist-jobs-lock-heartbeat", daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            if not self.lock.beat(touch=self.lock.owned):
-                self.lost.set()
-                if self.on_lost is not None:
-                    self.on_lost(self.lock.successor)
+        try:
+            while not self._stop.wait(self.every):
+                if not self.lock.beat(touch=self.lock.owned):
+                    break
+            else:
                 return
+        except Exception as exc:  # whatever ends the heartbeat ends the lease: nobody beats it any more
+            self.lock.successor, self.lock.failure = None, f"the heartbeat failed: {exc!r}"
+        self.lost.set()
+        if self.on_lost is not None:
+            self.on_lost(self.lock.successor)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()

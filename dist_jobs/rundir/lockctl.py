@@ -38,7 +38,18 @@ from pathlib import Path
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start, stat_fields
-from dist_jobs.rundir.lock import LOCK_NAME, Fence, Lock, LockLost, acquire, current, heartbeat_seconds, new_token
+from dist_jobs.rundir.lock import (
+    LOCK_NAME,
+    Fence,
+    Lock,
+    LockLost,
+    acquire,
+    current,
+    heartbeat_seconds,
+    lease_seconds,
+    new_token,
+    retrying,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,8 +74,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _mine(run_dir: Path, token: str) -> Lock | None:
-    """Our lock, or None once it names another holder (or none)."""
-    holder = current(run_dir / LOCK_NAME)
+    """Our lock, or None once it names another holder (or none); a transient I/O error is
+    retried for as long as a heartbeat would."""
+    holder = retrying(lambda: current(run_dir / LOCK_NAME), time.monotonic() + lease_seconds())
     return Lock(run_dir / LOCK_NAME, holder, owned=True) if holder is not None and holder.token == token else None
 
 
@@ -83,24 +95,38 @@ def _acquire(args: argparse.Namespace) -> int:
 def _heartbeat(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    lock = _mine(args.run_dir, args.token)
-    successor = None if lock is not None else current(args.run_dir / LOCK_NAME)  # lost before we began?
-    watched = process_start(args.pid)
-    every = heartbeat_seconds() if args.every is None else args.every
-    while lock is not None and lock.beat():
-        time.sleep(every)
-        if watched is None or process_start(args.pid) != watched:
-            return 0  # the job's shell is gone: the lock goes stale unless released
-    if lock is not None:
-        successor = lock.successor
-    if successor is None and not (args.run_dir / LOCK_NAME).exists():
-        return 0  # released (the job ended)
+    try:
+        lost, successor, failure = _beat_until_lost(args)
+    except Exception as exc:  # whatever ends the heartbeat ends the lease: the job must not outlive it
+        lost, successor, failure = True, None, f"the heartbeat failed: {exc!r}"
+    if not lost:
+        return 0
     if args.stop_steps:
         _stop_slurm_steps(args.stop_steps)
     if args.kill_tree:
         _kill_tree(args.kill_tree)
+    if failure:
+        print(f"dist-jobs: run directory lock in {args.run_dir}: {failure}", file=sys.stderr, flush=True)
     print(f"dist-jobs: {LockLost(args.run_dir, successor, 'let this job go on')}", file=sys.stderr, flush=True)
     return LOCK_LOST_EXIT_CODE
+
+
+def _beat_until_lost(args: argparse.Namespace) -> tuple[bool, Holder | None, str]:
+    """Beat until the job ends (False: nothing to stop) or the lock is lost (True, who holds it
+    now, and the I/O error that outlasted the lease if that ended it)."""
+    lock = _mine(args.run_dir, args.token)
+    if lock is None:  # lost before we began?
+        successor = current(args.run_dir / LOCK_NAME)
+        return successor is not None or (args.run_dir / LOCK_NAME).exists(), successor, ""
+    watched = process_start(args.pid)
+    every = heartbeat_seconds() if args.every is None else args.every
+    while lock.beat():
+        time.sleep(every)
+        if watched is None or process_start(args.pid) != watched:
+            return False, None, ""  # the job's shell is gone: the lock goes stale unless released
+    if lock.successor is None and not lock.failure and not (args.run_dir / LOCK_NAME).exists():
+        return False, None, ""  # released (the job ended)
+    return True, lock.successor, lock.failure
 
 
 def _stop_slurm_steps(job_id: str) -> None:

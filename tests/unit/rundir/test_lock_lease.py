@@ -1,0 +1,133 @@
+"""The lock's lease: what a holder does when the filesystem fails it for a moment or for good, and
+the knobs that size it. Filesystem errors are injected into the lock module's one reader."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.rundir import lock as lockmod
+from dist_jobs.rundir import lockctl
+from dist_jobs.rundir.holder import Holder
+from dist_jobs.rundir.lock import Heartbeat, Lock, LockLost, acquire, new_token
+
+Reader = Callable[[Path], "bytes | None"]
+
+
+def me(every: float = 0.05) -> Holder:
+    return Holder.this(new_token(), "slurm:77", "slurm", "77", every=every)
+
+
+def failing_reads(monkeypatch: pytest.MonkeyPatch, times: int, code: int = errno.EIO) -> list[int]:
+    """The next `times` reads of the lock file fail with `code` (-1: for ever); counts the failures."""
+    real: Reader = lockmod._read
+    failed: list[int] = []
+
+    def read(path: Path) -> bytes | None:
+        if times < 0 or len(failed) < times:
+            failed.append(code)
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path)
+
+    monkeypatch.setattr(lockmod, "_read", read)
+    return failed
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ESTALE])
+def test_a_transient_io_error_is_retried_and_the_lock_stays_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    lock = acquire(tmp_path / "run", me(), stale_after=30)
+    failed = failing_reads(monkeypatch, 3, code)
+    assert lock.beat() and lock.failure == ""
+    assert len(failed) == 3
+    failing_reads(monkeypatch, 2, code)
+    lock.fence().check("write progress.json")  # a progress write goes on too
+
+
+def test_an_io_error_that_outlasts_the_lease_loses_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = acquire(tmp_path / "run", me(), stale_after=0.6)
+    assert lock.lease == pytest.approx(0.55)
+    failing_reads(monkeypatch, -1)
+    assert not lock.beat()
+    assert lock.successor is None and "cannot reach the lock file" in lock.failure and "Input/output" in lock.failure
+
+
+def test_a_fence_that_cannot_read_the_lock_within_the_lease_says_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DIST_JOBS_LOCK_STALE_SECONDS", "0.6")
+    monkeypatch.setenv("DIST_JOBS_LOCK_HEARTBEAT_SECONDS", "0.1")
+    lock = acquire(tmp_path / "run", me(0.1))
+    failing_reads(monkeypatch, -1)
+    with pytest.raises(LockLost, match="not going to commit checkpoint step-5"):
+        lock.fence().check("commit checkpoint step-5")
+
+
+def test_a_heartbeat_thread_that_fails_reports_the_lease_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = acquire(tmp_path / "run", me(), stale_after=30)
+
+    def broken(path: Path) -> bytes | None:
+        raise RuntimeError("a bug in the heartbeat")
+
+    lost: list[Holder | None] = []
+    monkeypatch.setattr(lockmod, "_read", broken)
+    with Heartbeat(lock, on_lost=lost.append) as beat:
+        assert beat.lost.wait(10)
+    assert lost == [None] and "a bug in the heartbeat" in lock.failure
+
+
+def run_heartbeat(monkeypatch: pytest.MonkeyPatch, run_dir: Path, lock: Lock) -> tuple[int, list[str]]:
+    """`lockctl heartbeat` in this process (so the fault can be injected), its stop-steps stubbed."""
+    stopped: list[str] = []
+    monkeypatch.setattr(lockctl, "_stop_slurm_steps", stopped.append)
+    monkeypatch.setattr(lockctl.signal, "signal", lambda *_: signal.SIG_DFL)  # keep pytest's own handlers
+    argv = ["heartbeat", str(run_dir), lock.token, "--every", "0.05", "--pid", str(os.getpid()), "--stop-steps", "77"]
+    return lockctl.main(argv), stopped
+
+
+def test_lockctl_heartbeat_rides_out_a_transient_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIST_JOBS_LOCK_STALE_SECONDS", "30")
+    lock = acquire(tmp_path / "run", me(), stale_after=30)
+    failing_reads(monkeypatch, 4)
+    releaser = threading.Timer(1.0, lock.path.unlink)  # the job ends a while after the error
+    releaser.start()
+    try:
+        code, stopped = run_heartbeat(monkeypatch, tmp_path / "run", lock)
+    finally:
+        releaser.join()
+    assert code == 0 and stopped == []
+
+
+def test_lockctl_heartbeat_stops_the_job_once_the_error_outlasts_the_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DIST_JOBS_LOCK_STALE_SECONDS", "0.6")
+    monkeypatch.setenv("DIST_JOBS_LOCK_HEARTBEAT_SECONDS", "0.1")
+    lock = acquire(tmp_path / "run", me(0.1))
+    failing_reads(monkeypatch, -1)
+    code, stopped = run_heartbeat(monkeypatch, tmp_path / "run", lock)
+    assert code == LOCK_LOST_EXIT_CODE and stopped == ["77"]
+    err = capsys.readouterr().err
+    assert "lost the lock of run directory" in err and "Input/output error" in err
+
+
+def test_lockctl_heartbeat_that_fails_stops_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = acquire(tmp_path / "run", me(), stale_after=30)
+
+    def broken(path: Path) -> bytes | None:
+        raise RuntimeError("a bug in the heartbeat")
+
+    monkeypatch.setattr(lockmod, "_read", broken)
+    code, stopped = run_heartbeat(monkeypatch, tmp_path / "run", lock)
+    assert code == LOCK_LOST_EXIT_CODE and stopped == ["77"]
+    assert "a bug in the heartbeat" in capsys.readouterr().err
