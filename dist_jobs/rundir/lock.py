@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import threading
 import time
@@ -100,7 +101,7 @@ class LockLost(DistJobsError):
         self.successor = successor
 
 
-_BREAK_ABANDONED_S = 10.0  # a breaker holds its guard for a few file operations
+_BREAK_ABANDONED_S = 10.0  # a breaker holds its guard for a few file operations: seen longer, it died
 
 
 def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
@@ -161,14 +162,6 @@ def _now(folder: Path) -> float:
         probe.unlink(missing_ok=True)
 
 
-def age(path: Path) -> float | None:
-    """Seconds since `path` was last touched, by the clock of the filesystem that holds it."""
-    try:
-        return max(0.0, _now(path.parent) - path.stat().st_mtime)
-    except FileNotFoundError:
-        return None
-
-
 @dataclass(frozen=True)
 class _Seen:
     """One look at the lock file: its bytes, its holder (None: unreadable) and its mtime."""
@@ -189,41 +182,58 @@ def _look(path: Path) -> _Seen | None:
     return _Seen(raw, Holder.parse(raw), mtime, max(0.0, now - mtime))
 
 
-def _break(path: Path, judged: _Seen) -> bool:
-    """Remove the stale lock we judged, unless it changed meanwhile. One newcomer breaks at a
-    time (an exclusive `.LOCK.breaking` file), and only a lock that is still the one it judged:
-    without that, a newcomer that judged the stale lock late would move aside the lock another
-    had just taken, and a third could take it too while it is put back."""
-    guard = path.with_name(f".{path.name}.breaking")
-    if not write_new(guard, new_token()):
-        if (held_for := age(guard)) is not None and held_for > _BREAK_ABANDONED_S:
-            guard.unlink(missing_ok=True)  # its breaker died in those few lines
-        return False  # another newcomer is breaking it: look again
+def _break(path: Path, judged: _Seen, record: bytes, guards: dict[str, float]) -> bool | None:
+    """Put our `record` in place of the stale lock we judged: True once LOCK is ours, False when
+    LOCK changed meanwhile (look again), None while another newcomer is breaking it (wait).
+    LOCK is never missing on the way (a newcomer that saw no file would create its own beside
+    ours, and the fence of a holder would read "lost"): ours is renamed over it. One newcomer
+    breaks a given record at a time, under an exclusive guard file it alone removes."""
+    guard = _claim_guard(path, judged, guards)
+    if guard is None:
+        return None
     try:
-        now = _look(path)
-        if now is None or now.raw != judged.raw or now.mtime != judged.mtime:
-            return False  # broken and taken already, released, or it beat
-        return _move_aside(path, judged)
+        return _replace(path, judged, record)
     finally:
-        guard.unlink(missing_ok=True)
+        guard.unlink(missing_ok=True)  # ours: another's guard is never removed
 
 
-def _move_aside(path: Path, judged: _Seen) -> bool:
-    """Rename the lock aside and remove it, unless it changed in the instant since we looked."""
-    aside = path.with_name(f".{path.name}.broken.{new_token()}")
+def _claim_guard(path: Path, judged: _Seen, guards: dict[str, float]) -> Path | None:
+    """Our exclusive guard for breaking `judged`, or None while another newcomer holds one.
+    Guards are numbered per judged record: a breaker that died holding guard N (its record
+    unchanged for _BREAK_ABANDONED_S on our own clock, `guards` remembers since when) is
+    passed by taking guard N+1, and its file is left alone, as is any guard of another record."""
+    prefix = f".{path.name}.breaking.{hashlib.sha256(judged.raw).hexdigest()[:24]}."
+    taken = [int(p.name[len(prefix) :]) for p in path.parent.glob(f"{prefix}*") if p.name[len(prefix) :].isdigit()]
+    if taken:
+        last = f"{prefix}{max(taken)}"
+        if time.monotonic() - guards.setdefault(last, time.monotonic()) < _BREAK_ABANDONED_S:
+            return None  # another newcomer is breaking it: look again
+    guard = path.with_name(f"{prefix}{max(taken) + 1 if taken else 0}")
+    return guard if write_new(guard, new_token()) else None
+
+
+def _replace(path: Path, judged: _Seen, record: bytes) -> bool:
+    """Rename our record over LOCK if LOCK is still the file we judged. A hard link aside pins
+    that file while we compare it: the very inode that is LOCK right before the rename."""
+    mine = path.with_name(f".{path.name}.new.{new_token()}")
+    aside = path.with_name(f".{path.name}.judged.{new_token()}")
+    mine.write_bytes(record)
     try:
-        os.rename(path, aside)
+        try:
+            os.link(path, aside)
+        except FileNotFoundError:
+            return False  # released: the caller creates it afresh
+        now = aside.stat()
+        if aside.read_bytes() != judged.raw or now.st_mtime != judged.mtime:
+            return False  # it beat, or it is another holder's already
+        if os.stat(path).st_ino != now.st_ino:
+            return False  # replaced between our link and now
+        os.rename(mine, path)
+        return True
     except FileNotFoundError:
-        return False  # its holder released it
-    try:
-        if aside.read_bytes() == judged.raw and aside.stat().st_mtime == judged.mtime:
-            return True
-        # It beat after we looked: put it back. Its holder's heartbeat looks again for a second
-        # before calling a missing lock lost.
-        with contextlib.suppress(FileExistsError):
-            os.link(aside, path)
-        return False
+        return False  # released while we compared
     finally:
+        mine.unlink(missing_ok=True)
         aside.unlink(missing_ok=True)
 
 
@@ -259,6 +269,7 @@ class _Watch:
         self.first = seen
         self.asked: float | None = None  # when squeue was last asked about its job
         self.told = False  # the waiting message was given
+        self.guards: dict[str, float] = {}  # another breaker's guard file -> when we first saw it
 
     def same_holder(self, seen: _Seen) -> bool:
         return seen.raw == self.first.raw
@@ -375,12 +386,11 @@ def _acquire(
 ) -> Lock:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    took_over: str | None = None
     watch: _Watch | None = None
     races = 0
     while races < _ATTEMPTS:
         if write_new(path, me.to_bytes()):
-            return Lock(path, me, owned=True, took_over=took_over, lease=max(0.0, stale_after - me.every))
+            return Lock(path, me, owned=True, lease=max(0.0, stale_after - me.every))
         seen = _look(path)
         if seen is None:
             races += 1  # released between our two looks
@@ -390,11 +400,12 @@ def _acquire(
         if watch is None or not watch.same_holder(seen):
             watch = _Watch(seen)  # a new holder (or the first look): watch it afresh
         reason = _verdict(seen, watch, me, stale_after, on_wait, path)
-        if reason is None:
+        broke = None if reason is None else _break(path, seen, me.to_bytes(), watch.guards)
+        if broke:
+            return Lock(path, me, owned=True, took_over=reason, lease=max(0.0, stale_after - me.every))
+        if broke is None:
             time.sleep(_poll_seconds(seen.holder))
-            continue
-        took_over = reason
-        if not _break(path, seen):
+        else:
             races += 1
             time.sleep(0.05)
     raise BackendError(

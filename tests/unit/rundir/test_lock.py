@@ -204,14 +204,14 @@ def test_an_ambiguous_create_is_checked_not_taken_as_refusal(tmp_path: Path, mon
     assert Holder.parse((tmp_path / "run" / LOCK_NAME).read_bytes()) == lock.holder
 
 
-def test_a_stale_lock_that_beats_before_the_break_is_put_back(tmp_path: Path) -> None:
-    """Judged stale, then it beat: the breaker's rename finds a newer mtime and restores it."""
+def test_a_stale_lock_that_beats_before_the_break_is_left_alone(tmp_path: Path) -> None:
+    """Judged stale, then it beat: the breaker finds a newer mtime and leaves it in place."""
     holder = elsewhere()
     path = plant(tmp_path / "run", holder, age=stale_seconds() + 20)
     judged = lockmod._look(path)
     assert judged is not None
     os.utime(path)  # the holder wakes up between the judgement and the break
-    assert not lockmod._break(path, judged)
+    assert lockmod._break(path, judged, me().to_bytes(), {}) is False
     assert Holder.parse(path.read_bytes()) == holder and sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
 
 
@@ -494,7 +494,7 @@ def test_a_newcomer_that_judged_a_stale_lock_late_leaves_the_new_holders_lock_al
         lockmod.write_new(path, me("C").to_bytes())  # C's create lands while the path is free
 
     monkeypatch.setattr(lockmod.os, "rename", third_takes_the_free_path)
-    assert not lockmod._break(path, judged)  # B, late
+    assert lockmod._break(path, judged, me("B").to_bytes(), {}) is False  # B, late
     held = lockmod.current(path)
     assert held is not None and held.token == first.token, held
     first.release()

@@ -3,12 +3,15 @@ the knobs that size it. Filesystem errors are injected into the lock module's on
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +19,7 @@ from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir import lockctl
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import Heartbeat, Lock, LockLost, acquire, new_token
+from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, LockLost, acquire, new_token
 
 Reader = Callable[[Path], "bytes | None"]
 
@@ -131,3 +134,92 @@ def test_lockctl_heartbeat_that_fails_stops_the_job(
     code, stopped = run_heartbeat(monkeypatch, tmp_path / "run", lock)
     assert code == LOCK_LOST_EXIT_CODE and stopped == ["77"]
     assert "a bug in the heartbeat" in capsys.readouterr().err
+
+
+def stale_lock(run_dir: Path) -> Path:
+    """A lock whose holder on another host stopped beating a minute past the stale limit."""
+    run_dir.mkdir(parents=True)
+    path = run_dir / LOCK_NAME
+    path.write_bytes(dataclasses.replace(me(), host="n9", boot_id="other-boot").to_bytes())
+    then = time.time() - lockmod.stale_seconds() - 60
+    os.utime(path, (then, then))
+    return path
+
+
+def test_breaking_a_stale_lock_leaves_no_moment_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file operation of the break sees LOCK there, before and after: a newcomer arriving
+    in between can never create a second one, and no holder's fence reads "removed"."""
+    path = stale_lock(tmp_path / "run")
+    missing: list[str] = []
+
+    def watched(name: str) -> Callable[..., Any]:
+        real = getattr(os, name)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            if not os.path.exists(path):
+                missing.append(f"before {name}{args}")
+            try:
+                return real(*args, **kwargs)
+            finally:
+                if not os.path.exists(path):
+                    missing.append(f"after {name}{args}")
+
+        return op
+
+    for name in ("rename", "link", "unlink", "replace"):
+        monkeypatch.setattr(lockmod.os, name, watched(name))
+    lock = acquire(tmp_path / "run", me())
+    assert lock.took_over and Holder.parse(path.read_bytes()) == lock.holder
+    assert missing == []
+    assert sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
+
+
+def test_another_breakers_guard_is_waited_for_and_never_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = stale_lock(tmp_path / "run")
+    judged = lockmod._look(path)
+    assert judged is not None
+    guards: dict[str, float] = {}
+    assert lockmod._claim_guard(path, judged, guards) is not None  # another newcomer's, then it died
+    (theirs,) = path.parent.glob(".LOCK.breaking.*")
+    clock = [1000.0]
+    monkeypatch.setattr(lockmod.time, "monotonic", lambda: clock[0])
+    assert lockmod._break(path, judged, me().to_bytes(), guards) is None  # busy: wait
+    clock[0] += lockmod._BREAK_ABANDONED_S + 1  # unchanged that long on our own clock: its breaker died
+    mine = me()
+    assert lockmod._break(path, judged, mine.to_bytes(), guards) is True
+    assert Holder.parse(path.read_bytes()) == mine
+    assert theirs.exists()  # left to its owner: only our own guard is removed
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([LOCK_NAME, theirs.name])
+
+
+def test_a_late_breaker_never_makes_the_rightful_holders_fence_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B judged the stale lock; A took it over first. While B looks at the lock and gives up,
+    A's fence passes at every step of B's."""
+    path = stale_lock(tmp_path / "run")
+    judged = lockmod._look(path)
+    assert judged is not None
+    first = acquire(tmp_path / "run", me())
+    fence = first.fence()
+    failures: list[str] = []
+
+    def checked(name: str) -> Callable[..., Any]:
+        real = getattr(os, name)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            try:
+                fence.check("write a checkpoint")
+            except LockLost as exc:
+                failures.append(f"after {name}: {exc}")
+            return result
+
+        return op
+
+    for name in ("rename", "link", "unlink"):
+        monkeypatch.setattr(lockmod.os, name, checked(name))
+    assert lockmod._break(path, judged, me().to_bytes(), {}) is False
+    assert failures == [] and Holder.parse(path.read_bytes()) == first.holder
