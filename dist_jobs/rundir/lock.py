@@ -6,16 +6,25 @@ one of two runs creates it, and nobody ever reads a half-written one. The holder
 every heartbeat (DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s; the record says how often), which
 must be at most a third of the stale limit below (else the run is refused, exit 2).
 
-A newcomer takes it over at once when
-- it is the same job (same owner: a requeued SLURM attempt, a replaced pod of the PyTorchJob),
-- the holder is provably gone (its process, on this machine, is not running), or
-- the holder's SLURM job has ended or is waiting in the queue (asked of squeue, same cluster only).
-A holder on this machine whose process runs is refused at once (LockHeld, exit 2). Any other
-holder is watched: a heartbeat seen to beat means a live run (refused); a holder that stops
-beating is waited for until its heartbeat is older than the stale limit
-(DIST_JOBS_LOCK_STALE_SECONDS, default 90 s), measured against the file server's clock (the
-mtime of a file we just wrote), not ours, and then taken over. Breaking a stale lock renames it
-aside first: one rename of a file succeeds, so exactly one newcomer breaks it.
+A newcomer takes it over at once when the holder is provably gone (its process, on this machine,
+is not running). A holder on this machine whose process runs is refused at once (LockHeld,
+exit 2). Any other holder is watched: a heartbeat seen to beat means a live run (refused), even
+one of the same job or one squeue calls ended (an old attempt whose node dropped out of SLURM
+while its processes live on still writes). Two verdicts shorten the wait once no beat came for
+two of the holder's heartbeat periods: the same owner (a requeued SLURM attempt, a replaced pod of
+the PyTorchJob) and the holder's SLURM job ended or waiting in the queue (asked of squeue, same
+cluster only). Otherwise a holder that stops beating is waited for until its heartbeat is older
+than the stale limit (DIST_JOBS_LOCK_STALE_SECONDS, default 90 s), measured against the file
+server's clock (the mtime of a file we just wrote), not ours, and then taken over. Breaking a
+stale lock renames the newcomer's record over it, so LOCK is never missing; one newcomer at a
+time breaks a given record (an exclusive guard file that only its creator removes), and only
+while LOCK is still the very file it judged. The record names the attempt of its job: when a
+newer attempt took the lock, an older attempt's heartbeat leaves the job's steps alone (they
+are the newer attempt's) and its ranks stop at their next fence.
+
+A holder retries a transient I/O error on LOCK (EIO, ESTALE, ...) within its lease, a beat short
+of the stale limit, and then stops itself as if the lock were lost: past that a newcomer may
+take it. A heartbeat that fails in any way is a lost lease too.
 
 A holder that was only paused (SIGSTOP, a suspended SLURM job, an NFS failover) may wake up
 after losing its lock. `Fence.check()` is how it learns before every write into the run
@@ -252,9 +261,9 @@ def current(path: Path, settle: float = 0.0) -> Holder | None:
 
 
 def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_after: float) -> str | None:
-    """Why `me` may take the lock from `holder` now, or None when `holder` may be alive."""
-    if holder is not None and holder.owner and holder.owner == me.owner:
-        return f"an earlier attempt of the same job ({holder.owner}) held it"
+    """Why `me` may take the lock from `holder` now, or None when `holder` may be alive; a
+    verdict that spares the wait for staleness (same job, scheduler) is the caller's, once the
+    holder was seen not to beat."""
     if holder is not None and holder.gone():
         return f"its holder ({holder.describe()}) is not running any more"
     if held_for > stale_after:
@@ -263,10 +272,13 @@ def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_af
 
 
 class _Watch:
-    """What a newcomer has seen of one holder while deciding whether it is alive."""
+    """What a newcomer has seen of one holder while deciding whether it is alive, on its own clock."""
 
     def __init__(self, seen: _Seen) -> None:
         self.first = seen
+        self.last = seen
+        self.since = time.monotonic()  # when we last saw it beat (or first looked)
+        self.beats = 0  # beats seen
         self.asked: float | None = None  # when squeue was last asked about its job
         self.told = False  # the waiting message was given
         self.guards: dict[str, float] = {}  # another breaker's guard file -> when we first saw it
@@ -274,11 +286,24 @@ class _Watch:
     def same_holder(self, seen: _Seen) -> bool:
         return seen.raw == self.first.raw
 
-    def beat_seen(self, seen: _Seen) -> bool:
-        return seen.mtime > self.first.mtime
+    def saw(self, seen: _Seen, now: float) -> None:
+        if seen.mtime != self.last.mtime:
+            self.beats, self.since = self.beats + 1, now
+        self.last = seen
 
-    def scheduler_says_ended(self, holder: Holder | None, now: float) -> str | None:
-        if holder is None or (self.asked is not None and now - self.asked < _ASK_SCHEDULER_EVERY):
+    def quiet(self, now: float) -> float:
+        """Seconds since we last saw it beat (or first looked), by our own clock."""
+        return now - self.since
+
+    def verdict_without_beat(self, holder: Holder | None, me: Holder, now: float) -> str | None:
+        """The same job's or the scheduler's word that the holder is over; heard only once no beat
+        was seen for two of its heartbeat periods: an old attempt whose processes live on after
+        its node dropped out of SLURM still beats, and its run still writes."""
+        if holder is None or self.quiet(now) < 2 * holder.every:
+            return None
+        if holder.owner and holder.owner == me.owner:
+            return f"an earlier attempt of the same job ({holder.owner}) held it and stopped beating"
+        if self.asked is not None and now - self.asked < _ASK_SCHEDULER_EVERY:
             return None
         self.asked = now
         state = holder.job_ended()
@@ -418,15 +443,14 @@ def _verdict(
     seen: _Seen, watch: _Watch, me: Holder, stale_after: float, on_wait: Callable[[str], None] | None, path: Path
 ) -> str | None:
     """Why the lock may be taken now; None to keep watching; raises LockHeld for a live holder."""
-    holder = seen.holder
-    reason = takeover_reason(holder, me, seen.age, stale_after)
-    if reason is None:
-        reason = watch.scheduler_says_ended(holder, time.monotonic())
+    holder, now = seen.holder, time.monotonic()
+    watch.saw(seen, now)
+    reason = takeover_reason(holder, me, seen.age, stale_after) or watch.verdict_without_beat(holder, me, now)
     if reason is not None:
         return reason
-    if holder is None and seen.age < 5.0 and not watch.beat_seen(seen):
+    if holder is None and seen.age < 5.0 and not watch.beats:
         return None  # being written without link(): give it a moment
-    if watch.beat_seen(seen) or (holder is not None and holder.on_this_machine()):
+    if watch.beats or (holder is not None and holder.on_this_machine()):
         raise LockHeld(path, holder, seen.age, stale_after)  # it beats, or its process runs here
     if on_wait is not None and not watch.told:
         watch.told = True

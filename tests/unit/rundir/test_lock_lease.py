@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import signal
 import threading
@@ -19,7 +20,8 @@ from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir import lockctl
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, LockLost, acquire, new_token
+from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, LockHeld, LockLost, acquire, new_token
+from support.lock_support import beating
 
 Reader = Callable[[Path], "bytes | None"]
 
@@ -223,3 +225,68 @@ def test_a_late_breaker_never_makes_the_rightful_holders_fence_fail(
         monkeypatch.setattr(lockmod.os, name, checked(name))
     assert lockmod._break(path, judged, me().to_bytes(), {}) is False
     assert failures == [] and Holder.parse(path.read_bytes()) == first.holder
+
+
+def planted(run_dir: Path, holder: Holder) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / LOCK_NAME).write_bytes(holder.to_bytes())
+    return run_dir / LOCK_NAME
+
+
+def remote(owner: str = "slurm:77", every: float = 0.1) -> Holder:
+    """A holder on another host: only its heartbeat says whether it lives."""
+    holder = Holder.this(new_token(), owner, "slurm", owner.rpartition(":")[2], every=every)
+    return dataclasses.replace(holder, host="n9", pid=4321, boot_id="other-boot")
+
+
+@pytest.mark.parametrize("why", ["same job", "squeue says pending"])
+def test_a_verdict_never_takes_a_lock_that_beats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+    """An old attempt whose node dropped out of SLURM while its processes live on: SLURM calls the
+    job pending (requeued) and the new attempt is the same job, but the lock beats: a live run."""
+    monkeypatch.setattr(Holder, "job_ended", lambda self: "PENDING")
+    old = remote("slurm:77" if why == "same job" else "slurm:76")
+    path = planted(tmp_path / "run", old)
+    with beating(path, old), pytest.raises(LockHeld):
+        acquire(tmp_path / "run", me(), stale_after=30)
+    assert Holder.parse(path.read_bytes()) == old
+
+
+@pytest.mark.parametrize("why", ["same job", "squeue says pending"])
+def test_a_verdict_shortens_the_wait_once_no_beat_came_for_two_periods(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    monkeypatch.setattr(Holder, "job_ended", lambda self: "PENDING")
+    old = remote("slurm:77" if why == "same job" else "slurm:76", every=0.3)
+    planted(tmp_path / "run", old)
+    started = time.monotonic()
+    lock = acquire(tmp_path / "run", me(), stale_after=30)
+    assert 0.6 <= time.monotonic() - started < 20  # two periods, not the stale limit
+    expected = "an earlier attempt of the same job" if why == "same job" else "SLURM job 76 is pending"
+    assert expected in (lock.took_over or "")
+
+
+def test_the_holder_record_names_its_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    holder = Holder.this(new_token(), "slurm:77", "slurm", "77")
+    assert holder.attempt == "2" and "slurm job 77 (attempt 2)" in holder.describe()
+    assert Holder.parse(holder.to_bytes()) == holder
+    newer = {**json.loads(holder.to_bytes()), "a_later_field": 1}
+    assert Holder.parse(json.dumps(newer).encode()) == holder  # a later version's record still reads
+
+
+@pytest.mark.parametrize("successor", ["newer attempt", "another job"])
+def test_an_old_attempts_heartbeat_leaves_the_new_attempts_steps_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], successor: str
+) -> None:
+    lock = acquire(tmp_path / "run", me(), stale_after=30)
+    if successor == "newer attempt":
+        thief = dataclasses.replace(lock.holder, token=new_token(), attempt="1", host="n2")
+    else:
+        thief = remote("slurm:78")
+    threading.Timer(0.3, lambda: lock.path.write_bytes(thief.to_bytes())).start()
+    code, stopped = run_heartbeat(monkeypatch, tmp_path / "run", lock)
+    assert code == LOCK_LOST_EXIT_CODE
+    if successor == "newer attempt":
+        assert stopped == [] and "(attempt 1), pid" in capsys.readouterr().err
+    else:
+        assert stopped == ["77"]
