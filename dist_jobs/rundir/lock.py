@@ -13,9 +13,11 @@ one of the same job or one squeue calls ended (an old attempt whose node dropped
 while its processes live on still writes). Two verdicts shorten the wait once no beat came for
 two of the holder's heartbeat periods: the same owner (a requeued SLURM attempt, a replaced pod of
 the PyTorchJob) and the holder's SLURM job ended or waiting in the queue (asked of squeue, same
-cluster only). Otherwise a holder that stops beating is waited for until its heartbeat is older
-than the stale limit (DIST_JOBS_LOCK_STALE_SECONDS, default 90 s), measured against the file
-server's clock (the mtime of a file we just wrote), not ours, and then taken over. Breaking a
+cluster only). Otherwise a holder that stops beating is taken over once the newcomer has watched it
+for the stale limit (DIST_JOBS_LOCK_STALE_SECONDS, default 90 s, and at least three of the
+holder's heartbeat periods) without seeing a beat. That is judged on the newcomer's own
+monotonic clock, by watching the file's mtime change, never by comparing that mtime with a
+clock: on Lustre, CephFS or GPFS the holder's client clock writes it. Breaking a
 stale lock renames the newcomer's record over it, so LOCK is never missing; one newcomer at a
 time breaks a given record (an exclusive guard file that only its creator removes), and only
 while LOCK is still the very file it judged. The record names the attempt of its job: when a
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import threading
 import time
@@ -51,6 +52,7 @@ from dist_jobs.envnum import env_seconds
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_new
 from dist_jobs.rundir.holder import Holder, heartbeat_seconds
+from dist_jobs.rundir.takeover import Seen, Watch, break_stale, look, takeover_reason
 
 _T = TypeVar("_T")
 
@@ -71,7 +73,6 @@ LOCK_NAME = "LOCK"
 STALE_SECONDS = 90.0
 _ATTEMPTS = 50  # lost races (the lock changed hands under us) before giving up
 _SETTLE_SECONDS = 1.0  # how long a heartbeat waits for a half-written record before calling the lock lost
-_ASK_SCHEDULER_EVERY = 10.0  # seconds between two squeue calls about the same holder while waiting
 # What a network filesystem answers for a moment (a server failover, a file handle the client
 # renews at its next lookup): retried within the lease, not taken as the lock's end.
 _TRANSIENT = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT})
@@ -85,9 +86,9 @@ class LockHeld(UsageError):
         stop = holder.stop_hint() if holder else f"find the run that uses {path.parent}"
         super().__init__(
             f"run directory {path.parent} is in use by another run ({who}; "
-            f"last heartbeat {age:.0f} s ago): refusing to start a second run in it",
+            f"heartbeat seen {age:.0f} s ago): refusing to start a second run in it",
             hint=f"wait for that run to end or stop it ({stop}), or give this run another name or "
-            f"checkpoint_dir. A holder whose heartbeat stops is taken over after {stale_after:.0f} s; "
+            f"checkpoint_dir. A holder whose heartbeat stops is taken over {stale_after:.0f} s after its last beat; "
             f"delete {path} only if you are sure that run is gone",
         )
         self.holder = holder
@@ -108,9 +109,6 @@ class LockLost(DistJobsError):
             "folder over; that run owns it now. Give this run another name if both should run",
         )
         self.successor = successor
-
-
-_BREAK_ABANDONED_S = 10.0  # a breaker holds its guard for a few file operations: seen longer, it died
 
 
 def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
@@ -161,91 +159,6 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def _now(folder: Path) -> float:
-    """The clock of the filesystem that holds `folder`: the mtime of a file written there now."""
-    probe = folder / f".now.{new_token()}"
-    probe.touch()
-    try:
-        return probe.stat().st_mtime
-    finally:
-        probe.unlink(missing_ok=True)
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """One look at the lock file: its bytes, its holder (None: unreadable) and its mtime."""
-
-    raw: bytes
-    holder: Holder | None
-    mtime: float
-    age: float
-
-
-def _look(path: Path) -> _Seen | None:
-    try:
-        raw = path.read_bytes()
-        mtime = path.stat().st_mtime
-        now = _now(path.parent)
-    except FileNotFoundError:
-        return None
-    return _Seen(raw, Holder.parse(raw), mtime, max(0.0, now - mtime))
-
-
-def _break(path: Path, judged: _Seen, record: bytes, guards: dict[str, float]) -> bool | None:
-    """Put our `record` in place of the stale lock we judged: True once LOCK is ours, False when
-    LOCK changed meanwhile (look again), None while another newcomer is breaking it (wait).
-    LOCK is never missing on the way (a newcomer that saw no file would create its own beside
-    ours, and the fence of a holder would read "lost"): ours is renamed over it. One newcomer
-    breaks a given record at a time, under an exclusive guard file it alone removes."""
-    guard = _claim_guard(path, judged, guards)
-    if guard is None:
-        return None
-    try:
-        return _replace(path, judged, record)
-    finally:
-        guard.unlink(missing_ok=True)  # ours: another's guard is never removed
-
-
-def _claim_guard(path: Path, judged: _Seen, guards: dict[str, float]) -> Path | None:
-    """Our exclusive guard for breaking `judged`, or None while another newcomer holds one.
-    Guards are numbered per judged record: a breaker that died holding guard N (its record
-    unchanged for _BREAK_ABANDONED_S on our own clock, `guards` remembers since when) is
-    passed by taking guard N+1, and its file is left alone, as is any guard of another record."""
-    prefix = f".{path.name}.breaking.{hashlib.sha256(judged.raw).hexdigest()[:24]}."
-    taken = [int(p.name[len(prefix) :]) for p in path.parent.glob(f"{prefix}*") if p.name[len(prefix) :].isdigit()]
-    if taken:
-        last = f"{prefix}{max(taken)}"
-        if time.monotonic() - guards.setdefault(last, time.monotonic()) < _BREAK_ABANDONED_S:
-            return None  # another newcomer is breaking it: look again
-    guard = path.with_name(f"{prefix}{max(taken) + 1 if taken else 0}")
-    return guard if write_new(guard, new_token()) else None
-
-
-def _replace(path: Path, judged: _Seen, record: bytes) -> bool:
-    """Rename our record over LOCK if LOCK is still the file we judged. A hard link aside pins
-    that file while we compare it: the very inode that is LOCK right before the rename."""
-    mine = path.with_name(f".{path.name}.new.{new_token()}")
-    aside = path.with_name(f".{path.name}.judged.{new_token()}")
-    mine.write_bytes(record)
-    try:
-        try:
-            os.link(path, aside)
-        except FileNotFoundError:
-            return False  # released: the caller creates it afresh
-        now = aside.stat()
-        if aside.read_bytes() != judged.raw or now.st_mtime != judged.mtime:
-            return False  # it beat, or it is another holder's already
-        if os.stat(path).st_ino != now.st_ino:
-            return False  # replaced between our link and now
-        os.rename(mine, path)
-        return True
-    except FileNotFoundError:
-        return False  # released while we compared
-    finally:
-        mine.unlink(missing_ok=True)
-        aside.unlink(missing_ok=True)
-
-
 def current(path: Path, settle: float = 0.0) -> Holder | None:
     """The holder the lock file names; None for no file or a record that cannot be read.
     With `settle`, a missing or unreadable record is looked at again for that many seconds:
@@ -258,56 +171,6 @@ def current(path: Path, settle: float = 0.0) -> Holder | None:
         if holder is not None or time.monotonic() >= deadline:
             return holder
         time.sleep(0.05)
-
-
-def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_after: float) -> str | None:
-    """Why `me` may take the lock from `holder` now, or None when `holder` may be alive; a
-    verdict that spares the wait for staleness (same job, scheduler) is the caller's, once the
-    holder was seen not to beat."""
-    if holder is not None and holder.gone():
-        return f"its holder ({holder.describe()}) is not running any more"
-    if held_for > stale_after:
-        return f"its holder's last heartbeat was {held_for:.0f} s ago (stale after {stale_after:.0f} s)"
-    return None
-
-
-class _Watch:
-    """What a newcomer has seen of one holder while deciding whether it is alive, on its own clock."""
-
-    def __init__(self, seen: _Seen) -> None:
-        self.first = seen
-        self.last = seen
-        self.since = time.monotonic()  # when we last saw it beat (or first looked)
-        self.beats = 0  # beats seen
-        self.asked: float | None = None  # when squeue was last asked about its job
-        self.told = False  # the waiting message was given
-        self.guards: dict[str, float] = {}  # another breaker's guard file -> when we first saw it
-
-    def same_holder(self, seen: _Seen) -> bool:
-        return seen.raw == self.first.raw
-
-    def saw(self, seen: _Seen, now: float) -> None:
-        if seen.mtime != self.last.mtime:
-            self.beats, self.since = self.beats + 1, now
-        self.last = seen
-
-    def quiet(self, now: float) -> float:
-        """Seconds since we last saw it beat (or first looked), by our own clock."""
-        return now - self.since
-
-    def verdict_without_beat(self, holder: Holder | None, me: Holder, now: float) -> str | None:
-        """The same job's or the scheduler's word that the holder is over; heard only once no beat
-        was seen for two of its heartbeat periods: an old attempt whose processes live on after
-        its node dropped out of SLURM still beats, and its run still writes."""
-        if holder is None or self.quiet(now) < 2 * holder.every:
-            return None
-        if holder.owner and holder.owner == me.owner:
-            return f"an earlier attempt of the same job ({holder.owner}) held it and stopped beating"
-        if self.asked is not None and now - self.asked < _ASK_SCHEDULER_EVERY:
-            return None
-        self.asked = now
-        state = holder.job_ended()
-        return None if state is None else f"its holder's SLURM job {holder.job_id} is {state.lower()} (squeue)"
 
 
 @dataclass
@@ -411,21 +274,21 @@ def _acquire(
 ) -> Lock:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    watch: _Watch | None = None
+    watch: Watch | None = None
     races = 0
     while races < _ATTEMPTS:
         if write_new(path, me.to_bytes()):
             return Lock(path, me, owned=True, lease=max(0.0, stale_after - me.every))
-        seen = _look(path)
+        seen = look(path)
         if seen is None:
             races += 1  # released between our two looks
             continue
         if seen.holder is not None and inherited and seen.holder.token == inherited:
             return Lock(path, seen.holder, owned=False)
         if watch is None or not watch.same_holder(seen):
-            watch = _Watch(seen)  # a new holder (or the first look): watch it afresh
+            watch = Watch(seen)  # a new holder (or the first look): watch it afresh
         reason = _verdict(seen, watch, me, stale_after, on_wait, path)
-        broke = None if reason is None else _break(path, seen, me.to_bytes(), watch.guards)
+        broke = None if reason is None else break_stale(path, seen, me.to_bytes(), watch.guards)
         if broke:
             return Lock(path, me, owned=True, took_over=reason, lease=max(0.0, stale_after - me.every))
         if broke is None:
@@ -440,24 +303,25 @@ def _acquire(
 
 
 def _verdict(
-    seen: _Seen, watch: _Watch, me: Holder, stale_after: float, on_wait: Callable[[str], None] | None, path: Path
+    seen: Seen, watch: Watch, me: Holder, stale_after: float, on_wait: Callable[[str], None] | None, path: Path
 ) -> str | None:
-    """Why the lock may be taken now; None to keep watching; raises LockHeld for a live holder."""
+    """Why the lock may be taken now; None to keep watching; raises LockHeld for a live holder.
+    Staleness is what we watch on our own clock (no beat seen for so long), not the file's mtime
+    against a clock: on Lustre, CephFS or GPFS the holder's client clock writes that mtime."""
     holder, now = seen.holder, time.monotonic()
     watch.saw(seen, now)
-    reason = takeover_reason(holder, me, seen.age, stale_after) or watch.verdict_without_beat(holder, me, now)
+    quiet = watch.quiet(now)
+    reason = takeover_reason(holder, me, quiet, stale_after) or watch.verdict_without_beat(holder, me, now)
     if reason is not None:
         return reason
-    if holder is None and seen.age < 5.0 and not watch.beats:
-        return None  # being written without link(): give it a moment
     if watch.beats or (holder is not None and holder.on_this_machine()):
-        raise LockHeld(path, holder, seen.age, stale_after)  # it beats, or its process runs here
+        raise LockHeld(path, holder, quiet, stale_after)  # it beats, or its process runs here
     if on_wait is not None and not watch.told:
         watch.told = True
         on_wait(
             f"waiting for the lock of {path.parent}: its holder "
-            f"({holder.describe() if holder else 'a record that cannot be read'}) last beat {seen.age:.0f} s ago; "
-            f"refused if it beats again, taken over once its heartbeat is {stale_after:.0f} s old"
+            f"({holder.describe() if holder else 'a record that cannot be read'}) is not seen to beat; "
+            f"refused if it beats again, taken over once no beat came for {stale_after:.0f} s"
         )
     return None
 

@@ -18,7 +18,7 @@ import pytest
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.rundir import lock as lockmod
-from dist_jobs.rundir import lockctl
+from dist_jobs.rundir import lockctl, takeover
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, LockHeld, LockLost, acquire, new_token
 from support.lock_support import beating
@@ -170,7 +170,7 @@ def test_breaking_a_stale_lock_leaves_no_moment_without_it(tmp_path: Path, monke
 
     for name in ("rename", "link", "unlink", "replace"):
         monkeypatch.setattr(lockmod.os, name, watched(name))
-    lock = acquire(tmp_path / "run", me())
+    lock = acquire(tmp_path / "run", me(), stale_after=0.5)
     assert lock.took_over and Holder.parse(path.read_bytes()) == lock.holder
     assert missing == []
     assert sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
@@ -180,17 +180,17 @@ def test_another_breakers_guard_is_waited_for_and_never_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = stale_lock(tmp_path / "run")
-    judged = lockmod._look(path)
+    judged = takeover.look(path)
     assert judged is not None
     guards: dict[str, float] = {}
-    assert lockmod._claim_guard(path, judged, guards) is not None  # another newcomer's, then it died
+    assert takeover.claim_guard(path, judged, guards) is not None  # another newcomer's, then it died
     (theirs,) = path.parent.glob(".LOCK.breaking.*")
     clock = [1000.0]
-    monkeypatch.setattr(lockmod.time, "monotonic", lambda: clock[0])
-    assert lockmod._break(path, judged, me().to_bytes(), guards) is None  # busy: wait
-    clock[0] += lockmod._BREAK_ABANDONED_S + 1  # unchanged that long on our own clock: its breaker died
+    monkeypatch.setattr(takeover.time, "monotonic", lambda: clock[0])
+    assert takeover.break_stale(path, judged, me().to_bytes(), guards) is None  # busy: wait
+    clock[0] += takeover.BREAK_ABANDONED_S + 1  # unchanged that long on our own clock: its breaker died
     mine = me()
-    assert lockmod._break(path, judged, mine.to_bytes(), guards) is True
+    assert takeover.break_stale(path, judged, mine.to_bytes(), guards) is True
     assert Holder.parse(path.read_bytes()) == mine
     assert theirs.exists()  # left to its owner: only our own guard is removed
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([LOCK_NAME, theirs.name])
@@ -202,9 +202,9 @@ def test_a_late_breaker_never_makes_the_rightful_holders_fence_fail(
     """B judged the stale lock; A took it over first. While B looks at the lock and gives up,
     A's fence passes at every step of B's."""
     path = stale_lock(tmp_path / "run")
-    judged = lockmod._look(path)
+    judged = takeover.look(path)
     assert judged is not None
-    first = acquire(tmp_path / "run", me())
+    first = acquire(tmp_path / "run", me(), stale_after=0.5)
     fence = first.fence()
     failures: list[str] = []
 
@@ -223,7 +223,7 @@ def test_a_late_breaker_never_makes_the_rightful_holders_fence_fail(
 
     for name in ("rename", "link", "unlink"):
         monkeypatch.setattr(lockmod.os, name, checked(name))
-    assert lockmod._break(path, judged, me().to_bytes(), {}) is False
+    assert takeover.break_stale(path, judged, me().to_bytes(), {}) is False
     assert failures == [] and Holder.parse(path.read_bytes()) == first.holder
 
 
