@@ -183,6 +183,8 @@ class Lock:
     lease: float = field(default_factory=lease_seconds)  # see lease_seconds()
     failure: str = ""  # after a failed beat(): the I/O error that outlasted the lease, if that ended it
     _good: float = field(default_factory=time.monotonic, init=False, repr=False)  # the last good beat
+    _mtime: float | None = field(default=None, init=False, repr=False)  # a joined lock's, last seen
+    _moved: float = field(default_factory=time.monotonic, init=False, repr=False)  # when it last changed
 
     @property
     def token(self) -> str:
@@ -208,11 +210,24 @@ class Lock:
         if self.successor != self.holder:
             return False
         if not touch:
-            return True
+            return self._launcher_beats(os.stat(self.path).st_mtime)
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.path)
             return True
         self.successor = None  # removed between our look and our touch
+        return False
+
+    def _launcher_beats(self, mtime: float) -> bool:
+        """A joined lock: whether the launcher that holds it still beats it (a change of its mtime
+        seen within the lease, by our clock). A launcher's heartbeat that ended unexpectedly (killed,
+        out of memory) is a lost lease: past it a newcomer may take the lock over."""
+        now = time.monotonic()
+        if mtime != self._mtime:
+            self._mtime, self._moved = mtime, now
+        if now - self._moved <= self.lease:
+            return True
+        self.successor = None
+        self.failure = f"the lock's heartbeat stopped: no beat seen for {now - self._moved:.0f} s"
         return False
 
     def release(self) -> None:

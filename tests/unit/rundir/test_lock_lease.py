@@ -290,3 +290,16 @@ def test_an_old_attempts_heartbeat_leaves_the_new_attempts_steps_alone(
         assert stopped == [] and "(attempt 1), pid" in capsys.readouterr().err
     else:
         assert stopped == ["77"]
+
+
+def test_a_joined_lock_whose_launcher_stopped_beating_is_a_lost_lease(tmp_path: Path) -> None:
+    """The batch script's heartbeat process was killed (out of memory, SIGKILL): nothing beats the
+    lock any more, and a newcomer will take it. The trainer that joined it stops first."""
+    outer = acquire(tmp_path / "run", me(), stale_after=30)
+    inner = Lock(outer.path, outer.holder, owned=False, lease=0.5)
+    lost: list[Holder | None] = []
+    with beating(outer.path, outer.holder), Heartbeat(inner, every=0.05, on_lost=lost.append) as watch:
+        assert not watch.lost.wait(1.0)  # beaten by its launcher: ours
+    with Heartbeat(inner, every=0.05, on_lost=lost.append) as watch:
+        assert watch.lost.wait(10)  # the launcher's heartbeat ended
+    assert lost == [None] and "the lock's heartbeat stopped: no beat seen for" in inner.failure
