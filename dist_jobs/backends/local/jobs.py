@@ -31,6 +31,7 @@ from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
+from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, current, stale_seconds
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -43,6 +44,7 @@ PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled",
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
+REFUSED = "refused"  # why the launcher did not start the run (the run directory's lock, bad input)
 
 
 def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
@@ -89,6 +91,7 @@ class LocalBackend:
                     f"run {spec.run_id} is already running here (local://{folder.parent})",
                     "wait for it, cancel it, or pick another --name",
                 )
+            _refuse_a_held_run_dir(folder.parent)
             return self._start(spec, folder)
 
     def _start(self, spec: JobSpec, folder: Path) -> Handle:
@@ -97,7 +100,7 @@ class LocalBackend:
         import yaml
 
         spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
-        for stale in (EXIT, CANCELLED, PID, FIRST, CODE):
+        for stale in (EXIT, CANCELLED, PID, FIRST, CODE, REFUSED):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
             _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
@@ -154,6 +157,8 @@ class LocalBackend:
             return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
         if code == REQUEUE_EXIT_CODE:
             return JobStatus(job_id, name, "PREEMPTED", describe_exit(code, hang=_hang(folder)))
+        with contextlib.suppress(OSError):
+            return JobStatus(job_id, name, "FAILED", f"refused: {(folder / REFUSED).read_text().strip()}")
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
@@ -256,6 +261,14 @@ def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:
     return (f"[rank {rank}] ",)
 
 
+def _refuse_a_held_run_dir(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run whose directory a live process on this machine
+    holds (a foreground `dist-jobs run`): its launcher would only be refused the lock."""
+    holder = current(run_dir / LOCK_NAME)
+    if holder is not None and holder.on_this_machine() and not holder.gone():
+        raise LockHeld(run_dir / LOCK_NAME, holder, 0.0, stale_seconds())
+
+
 def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> int:
     """`dist-jobs run --record FOLDER`: run in the foreground, SIGTERM as Ctrl-C, exit code to FOLDER."""
 
@@ -269,6 +282,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)
+    except DistJobsError as exc:  # refused (the lock, bad input): its code and why, for status
+        code = exc.exit_code
+        _write(folder / REFUSED, str(exc))
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         if backend.first_failure:  # before EXIT: a status that sees the code sees this too
