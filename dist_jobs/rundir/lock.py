@@ -63,6 +63,7 @@ __all__ = [
     "LockHeld",
     "LockLost",
     "acquire",
+    "check_knobs",
     "check_timings",
     "heartbeat_seconds",
     "held",
@@ -127,6 +128,12 @@ def check_timings(every: float, stale_after: float) -> None:
         hint=f"set DIST_JOBS_LOCK_HEARTBEAT_SECONDS to at most {stale_after / 3:g}, or "
         f"DIST_JOBS_LOCK_STALE_SECONDS to at least {every * 3:g}",
     )
+
+
+def check_knobs(environ: Mapping[str, str]) -> None:
+    """check_timings() of the DIST_JOBS_LOCK_* knobs a job's environment sets: at submit, before
+    the job waits in a queue only to be refused at its start."""
+    check_timings(heartbeat_seconds(environ), stale_seconds(environ))
 
 
 def new_token() -> str:

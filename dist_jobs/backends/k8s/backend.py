@@ -29,6 +29,7 @@ from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, 
 from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.render import render
+from dist_jobs.rundir.lock import check_knobs
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
 
@@ -130,6 +131,7 @@ class K8sBackend:
         return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
 
     def submit(self, prepared: Prepared) -> Handle:
+        check_knobs(prepared.spec.env)  # a pod's environment is the spec's alone
         created = self._create(prepared, dry_run=False)
         if prepared.spec.snapshot:
             self._create_code(prepared, created, dry_run=False)

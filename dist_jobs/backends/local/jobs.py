@@ -31,7 +31,7 @@ from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
-from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, current, stale_seconds
+from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, check_knobs, current, stale_seconds
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -83,6 +83,7 @@ class LocalBackend:
 
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
+        check_knobs({**os.environ, **spec.env})  # the launcher's and the ranks' environment
         folder = run_dir_of(spec, self.workdir) / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):

@@ -10,14 +10,15 @@ import pytest
 
 from dist_jobs.backends.local import jobs
 from dist_jobs.backends.local.jobs import LocalBackend
+from dist_jobs.errors import UsageError
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, acquire, new_token
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.load import load_spec
 
 
-def spec(tmp_path: Path) -> JobSpec:
-    data = {"name": "once", "procs_per_node": 1, "command": [sys.executable, "-c", "pass"]}
+def spec(tmp_path: Path, **fields: object) -> JobSpec:
+    data = {"name": "once", "procs_per_node": 1, "command": [sys.executable, "-c", "pass"], **fields}
     return load_spec(data={**data, "checkpoint_dir": str(tmp_path / "checkpoints")})
 
 
@@ -52,3 +53,11 @@ def test_a_launcher_refused_the_lock_records_why_not_sigint(tmp_path: Path) -> N
     assert status.state == "FAILED"
     assert status.detail.startswith(f"refused: run directory {run_dir} is in use by another run (local run, pid ")
     assert "SIGINT" not in status.detail
+
+
+def test_lock_knobs_that_do_not_fit_together_are_refused_at_submit(tmp_path: Path) -> None:
+    backend = LocalBackend(workdir=tmp_path, missing=lambda packages: [])
+    knobs = {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "40", "DIST_JOBS_LOCK_STALE_SECONDS": "90"}
+    with pytest.raises(UsageError, match="DIST_JOBS_LOCK_HEARTBEAT_SECONDS=40 is more than a third of"):
+        backend.submit(backend.prepare(spec(tmp_path, env=knobs)))
+    assert not (tmp_path / "checkpoints").exists()
