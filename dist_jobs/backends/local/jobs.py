@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import signal
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
-CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
+CLAIM = "submitting"  # locked by the process submitting the run now (dist-jobs submit), its pid inside
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 REFUSED = "refused"  # why the launcher did not start the run (the run directory's lock, bad input)
 
@@ -321,28 +322,29 @@ def _hang(folder: Path) -> HangRecord | None:
 def _claimed(folder: Path, run: str) -> Iterator[None]:
     """This process alone submits the run until the new launcher's pid is recorded: two submits
     at once would both find no live launcher, and the refused one's launcher would then write
-    its exit code into the live run's record. A claim whose submitter has died is taken over."""
-    claim = folder / CLAIM
-    for _ in range(2):
+    its exit code into the live run's record. The claim is a kernel lock on the file (flock),
+    which ends with its process: a submitter that died leaves nothing to take over, and the
+    file is never removed, so no submitter can remove another's claim. It holds the pid, for
+    the refusal's words."""
+    with open(folder / CLAIM, "a+", encoding="ascii") as fh:
         try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            holder = _read_int(claim)
-            if holder is not None and _pid_alive(holder):
-                raise UsageError(
-                    f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
-                    "wait for that submit to finish, or pick another --name",
-                ) from None
-            claim.unlink(missing_ok=True)  # its submitter died: take it over
-    else:
-        raise UsageError(f"run {run}: cannot claim {claim}", "retry the submit")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"{os.getpid()}\n")
-        yield
-    finally:
-        claim.unlink(missing_ok=True)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise UsageError(
+                f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
+                "wait for that submit to finish, or pick another --name",
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()  # before the lock goes with the file's closing
 
 
 def _pid_alive(pid: int) -> bool:

@@ -34,7 +34,8 @@ def test_a_submit_of_a_run_a_live_process_here_holds_is_refused_and_writes_nothi
     with pytest.raises(LockHeld) as caught:
         backend.submit(backend.prepare(spec(tmp_path)))
     assert caught.value.exit_code == 2 and caught.value.holder == holder
-    assert list((run_dir / jobs.FOLDER).iterdir()) == []  # no record, no launcher
+    assert [p.name for p in (run_dir / jobs.FOLDER).iterdir()] == [jobs.CLAIM]  # no record, no launcher
+    assert (run_dir / jobs.FOLDER / jobs.CLAIM).read_text() == ""  # the claim, released
     assert Holder.parse((run_dir / LOCK_NAME).read_bytes()) == holder
 
 
