@@ -169,8 +169,7 @@ def _read(path: Path) -> bytes | None:
 def current(path: Path, settle: float = 0.0) -> Holder | None:
     """The holder the lock file names; None for no file or a record that cannot be read.
     With `settle`, a missing or unreadable record is looked at again for that many seconds:
-    a takeover removes the file a moment before its successor's appears, and a writer
-    without hard links (or a person's editor) fills the file after creating it."""
+    a writer without hard links (or a person's editor) fills the file after creating it."""
     deadline = time.monotonic() + settle
     while True:
         raw = _read(path)
