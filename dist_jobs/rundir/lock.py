@@ -332,7 +332,7 @@ def _verdict(
     holder, now = seen.holder, time.monotonic()
     watch.saw(seen, now)
     quiet = watch.quiet(now)
-    reason = takeover_reason(holder, me, quiet, stale_after) or watch.verdict_without_beat(holder, me, now)
+    reason = takeover_reason(holder, quiet, stale_after) or watch.verdict_without_beat(holder, me, now)
     if reason is not None:
         return reason
     if watch.beats or (holder is not None and holder.on_this_machine()):

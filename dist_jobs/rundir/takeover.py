@@ -94,8 +94,8 @@ def replace_judged(path: Path, judged: Seen, record: bytes) -> bool:
         aside.unlink(missing_ok=True)
 
 
-def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_after: float) -> str | None:
-    """Why `me` may take the lock from `holder` now, or None when `holder` may be alive:
+def takeover_reason(holder: Holder | None, held_for: float, stale_after: float) -> str | None:
+    """Why a newcomer may take the lock from `holder` now, or None when `holder` may be alive:
     `held_for` is how long we have watched it without seeing a beat, by our own clock. The limit
     is at least three of its own heartbeat periods, whatever our knob says. A verdict that
     spares the wait (same job, scheduler) is the caller's, once the holder was seen not to beat."""
