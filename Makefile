@@ -19,24 +19,26 @@ demo: $(VENV)/.installed
 
 # The whole suite: system tools, the real SLURM cluster, the real kube-apiserver tier and the real
 # pods on it (two kubelet nodes), then the test matrix of noxfile.py: everything on the venv's
-# Python (`full`), and every test that needs no torch on each other Python pyproject's classifiers
-# promise (`torch_free`). Lint, the docs site and the torch-free sessions run beside the full
+# Python (`full`, which builds the docs site and opens it in headless Chromium:
+# tests/integration/test_site.py), and every test that needs no torch on each other Python
+# pyproject's classifiers promise (`torch_free`). Lint and the torch-free sessions run beside the full
 # session at a lower priority (nice): the full session's time is mostly its workers waiting on
 # cluster jobs, and the side work fills the cores then without slowing what it waits on. The side
 # work's output follows the full session's; either failing fails `make test`.
 SIDE_LOG := build/test-side.log
 test: $(VENV)/.installed
-	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck)
+	command -v shellcheck >/dev/null && command -v chromium >/dev/null || \
+	    (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck chromium)
 	bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
 	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	mkdir -p build
-	( nice -n 10 $(MAKE) --no-print-directory lint docs && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
+	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
 	DIST_JOBS_VENV=$(VENV) $(VENV)/bin/nox -s full; full=$$?; \
 	wait $$side; other=$$?; \
-	echo "---- lint, docs and the torch-free sessions ($(SIDE_LOG)) ----"; cat $(SIDE_LOG); \
-	echo "full session: exit $$full; lint, docs and torch-free sessions: exit $$other"; \
+	echo "---- lint and the torch-free sessions ($(SIDE_LOG)) ----"; cat $(SIDE_LOG); \
+	echo "full session: exit $$full; lint and torch-free sessions: exit $$other"; \
 	[ $$full -eq 0 ] && [ $$other -eq 0 ]
 
 # The documentation site (mkdocs.yml): generated reference pages, executed examples, --strict.
@@ -46,8 +48,8 @@ docs: $(VENV)/.installed
 # ruff (lint and format) over the code, mypy over the package; the import rules are a test
 # (tests/unit/test_layers.py), so they run with the suite.
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check dist_jobs tests bench docs noxfile.py
-	$(VENV)/bin/ruff format --check dist_jobs tests bench docs noxfile.py
+	$(VENV)/bin/ruff check dist_jobs tests bench docs examples noxfile.py
+	$(VENV)/bin/ruff format --check dist_jobs tests bench docs examples noxfile.py
 	$(VENV)/bin/mypy
 
 # Without the cluster tiers (their tests skip with the reason).

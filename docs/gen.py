@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import io
 import json
 import os
@@ -332,34 +333,57 @@ def _dedent(block: str) -> str:
     return "".join(line[4:] + "\n" for line in block.splitlines())
 
 
-# Executed examples: a console block's `$ dist-jobs ...` lines run in a scratch folder holding the
-# page's `title="FILE"` blocks; the printed output must match the block (a `...` line matches any
-# lines).
+# Executed examples: a page's `$ dist-jobs ...` lines in `console` blocks run in order, in one
+# scratch folder per page that holds the page's `title="FILE"` blocks, so a tutorial's commands see
+# what the earlier ones left (a submitted job, its run directory). The printed output must match the
+# block: a `...` line matches any lines, a `…` inside a line any text there (a time, a speed). The
+# built page shows what was printed in place of each `…` line, so the site carries the real output.
+# The scratch folder reads as SHOWN_FOLDER, on the page and in its commands. An image the commands
+# wrote and the page shows (`![...](run.png)`) is embedded in the page.
 
 _FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```$", re.M | re.S)
 _TITLE = re.compile(r'title="([^"]+)"')
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([\w.-]+\.png)\)")
+SHOWN_FOLDER = "/home/me/tutorial"
+ANY_TEXT = "\u2026"  # …
 
 
 def check_examples(markdown: str) -> list[str]:
     """Every mismatch between a page's console examples and what dist-jobs prints now."""
-    files: dict[str, str] = {}
+    return run_examples(markdown)[1]
+
+
+def run_examples(markdown: str) -> tuple[str, list[str]]:
+    """The page with its examples' output as printed now, and every mismatch."""
     problems: list[str] = []
-    for lang, info, body in _FENCE.findall(markdown):
-        title = _TITLE.search(info)
-        if title:
-            files[title.group(1)] = body
-        elif lang == "console" and body.startswith("$ dist-jobs "):
-            problems += _check_console(body, files)
-    return problems
+    with tempfile.TemporaryDirectory() as scratch, chdir(scratch):
+        folder = os.path.realpath(scratch)
+
+        def run_block(match: re.Match[str]) -> str:
+            lang, info, body = match.groups()
+            title = _TITLE.search(info)
+            if title:
+                _write(title.group(1), body)
+            elif lang == "console" and body.startswith("$ dist-jobs "):
+                body = _run_console(body, folder, problems)
+            return f"```{lang}{info}\n{body}```"
+
+        text = _FENCE.sub(run_block, markdown)
+        text = _IMAGE.sub(_embed, text)
+    return text, problems
 
 
-def _check_console(body: str, files: dict[str, str]) -> list[str]:
-    problems = []
+def _run_console(body: str, folder: str, problems: list[str]) -> str:
+    shown = []
     for command, expected in _commands(body):
-        printed = run_cli(shlex.split(command)[1:], files)
-        if not matches(expected, printed):
+        argv = shlex.split(command.replace(SHOWN_FOLDER, folder))[1:]
+        printed = _run_here(argv).replace(folder, SHOWN_FOLDER)
+        found = _match(expected, printed)
+        if found is None:
             problems.append(f"`{command}` printed:\n{printed}\nbut the page shows:\n{expected}")
-    return problems
+            found = expected
+        shown.append(f"$ {command}\n{found}")
+    return "".join(shown)
 
 
 def _commands(body: str) -> Iterator[tuple[str, str]]:
@@ -369,20 +393,37 @@ def _commands(body: str) -> Iterator[tuple[str, str]]:
         yield command, output
 
 
+def _write(name: str, text: str) -> None:
+    Path(name).parent.mkdir(parents=True, exist_ok=True)
+    Path(name).write_text(text)
+
+
+def _embed(match: re.Match[str]) -> str:
+    """An image the examples wrote, inline (a data: URI works from file:// and needs no copy in
+    the site); one they did not write stays a link, which mkdocs --strict then reports."""
+    path = Path(match.group(2))
+    if not path.is_file():
+        return match.group(0)
+    return f"![{match.group(1)}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+
+
 def run_cli(argv: list[str], files: dict[str, str]) -> str:
     """`dist-jobs ARGV` in a scratch folder holding `files`: stderr and stdout as a terminal shows them."""
+    with tempfile.TemporaryDirectory() as scratch, chdir(scratch):
+        for name, text in files.items():
+            _write(name, text)
+        return _run_here(argv)
+
+
+def _run_here(argv: list[str]) -> str:
     from dist_jobs.cli import main
 
     buffer = io.StringIO()
-    with tempfile.TemporaryDirectory() as scratch, chdir(scratch):
-        for name, text in files.items():
-            Path(name).parent.mkdir(parents=True, exist_ok=True)
-            Path(name).write_text(text)
-        with redirect_stdout(buffer), redirect_stderr(buffer):
-            try:
-                main(argv)
-            except SystemExit:  # argparse's own errors
-                pass
+    with redirect_stdout(buffer), redirect_stderr(buffer):
+        try:
+            main(argv)
+        except SystemExit:  # argparse's own errors
+            pass
     return buffer.getvalue()
 
 
@@ -398,6 +439,30 @@ def chdir(path: str) -> Iterator[None]:
 
 
 def matches(expected: str, printed: str) -> bool:
-    """`printed` equals `expected` line for line, where a `...` line stands for any lines."""
-    pattern = "".join(r"(?:.*\n)*?" if line == "..." else re.escape(line) + r"\n" for line in expected.splitlines())
-    return re.fullmatch(pattern, printed if printed.endswith("\n") else printed + "\n") is not None
+    """`printed` equals `expected` line for line, where a `...` line stands for any lines and a
+    `…` inside a line for any text in that line."""
+    return _match(expected, printed) is not None
+
+
+def _match(expected: str, printed: str) -> str | None:
+    """`expected` with each `…` line replaced by the line it matched; None if it does not match."""
+    lines = expected.splitlines()
+    pattern = "".join(_line_pattern(line) for line in lines)
+    found = re.fullmatch(pattern, printed if printed.endswith("\n") else printed + "\n")
+    if found is None:
+        return None
+    return "".join(f"{line}\n" if group is None else group for line, group in zip(lines, _groups(lines, found)))
+
+
+def _line_pattern(line: str) -> str:
+    if line == "...":
+        return r"(?:.*\n)*?"
+    if ANY_TEXT in line:
+        return "(" + ".*".join(re.escape(part) for part in line.split(ANY_TEXT)) + r"\n)"
+    return re.escape(line) + r"\n"
+
+
+def _groups(lines: list[str], found: re.Match[str]) -> Iterator[str | None]:
+    numbered = iter(found.groups())
+    for line in lines:
+        yield next(numbered) if line != "..." and ANY_TEXT in line else None

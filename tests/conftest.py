@@ -76,4 +76,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def _no_user_profiles(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The user's own ~/.config/dist-jobs/config.yaml (profiles) must not change what a test renders."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "no-user-config"))
+    # the record of submitted jobs (dist_jobs.backends.registry): each test's own, not the user's
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.delenv("DIST_JOBS_PROFILE", raising=False)

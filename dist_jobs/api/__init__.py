@@ -144,7 +144,8 @@ def status(job_id: str, backend_name: str | None = None, **options: Any) -> JobI
 
 def list_jobs(backend: str = "local", **options: Any) -> list[JobInfo]:
     """Jobs dist-jobs submitted that the backend still knows (SLURM: yours in the queue;
-    Kubernetes: PyTorchJobs and TrainJobs unless `kind` is given)."""
+    Kubernetes: PyTorchJobs and TrainJobs unless `kind` is given; local: every one submitted
+    from this machine whose run directory is still there, wherever its checkpoint_dir put it)."""
     return [info_of(s.handle, s) for s in _backend(backend, **options).list()]
 
 

@@ -12,7 +12,6 @@ one labelled job per trial, local K trials at a time under a detached driver). T
 
 from __future__ import annotations
 
-import posixpath
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ import msgspec
 from dist_jobs.api.sweep_status import Sweep
 from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, sweeps_of, write_manifest
 from dist_jobs.errors import Problem, SpecError
+from dist_jobs.rundir.place import RunDir
 from dist_jobs.spec import JobSpec, load_spec
 from dist_jobs.spec import sweep as sweep_spec
 from dist_jobs.spec.load import read_yaml
@@ -149,7 +149,7 @@ def sweep(
         "max_parallel": max_parallel,
         "options": {k: str(v) for k, v in options.items() if v and k in KEPT_OPTIONS},
         "trials": [
-            {"index": i, "name": s.run_id, "params": p, "run_dir": posixpath.join(runs, s.run_id), "handle": None}
+            {"index": i, "name": s.run_id, "params": p, "run_dir": str(RunDir.at(runs, s.run_id)), "handle": None}
             for i, (s, p) in enumerate(zip(plan.specs, plan.params))
         ],
     }

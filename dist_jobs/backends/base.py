@@ -16,18 +16,18 @@ from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.ledger import Ledger
-from dist_jobs.spec.paths import expand_home
+from dist_jobs.rundir.place import RunDir
+from dist_jobs.spec.paths import checkpoint_root
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
 
 
-def checkpoint_root(spec: JobSpec, workdir: Path) -> Path:
-    """The spec's checkpoint_dir as the trainer reads it: `~` expanded on this host (as the SLURM
-    script and job_env have it), a relative one below `workdir` (where the job runs). Every
-    backend that finds a run directory starts here."""
-    root = Path(expand_home(spec.checkpoint_dir))
-    return root if root.is_absolute() else workdir / root
+def run_dir_of(spec: JobSpec, workdir: Path) -> RunDir:
+    """The one builder of a job's run directory: the spec's checkpoint_dir as the job reads it
+    (`~` expanded on this host, a relative one below `workdir`, where the job runs), joined with
+    its run id. Each backend passes its view: the job's folder here, the volume's mount in a pod."""
+    return RunDir.at(checkpoint_root(spec.checkpoint_dir, workdir), spec.run_id)
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class Prepared:
     spec: JobSpec
     payload: str  # the exact script or manifest submitted
     filename: str  # what to call it in a job directory
+    # where the run lives as the submitting host sees it (run_dir_of); None in a sweep's trial
+    # made from its dry run, whose backend builds it at submit
+    run_dir: RunDir | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import checkpoint_root
+from dist_jobs.backends.base import run_dir_of
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.paths import expand_home
 
@@ -96,7 +96,7 @@ def spec_in_copy(spec: JobSpec, workdir: Path, jobs_dir: Path) -> JobSpec:
 
     logs = Path(expand_home(spec.log_dir))
     logs = logs if logs.is_absolute() else workdir / logs
-    checkpoints = checkpoint_root(spec, workdir)
+    checkpoints = run_dir_of(spec, workdir).root
     record = take(workdir, jobs_dir, spec.run_id, exclude=[jobs_dir, logs, checkpoints])
     env = dict(spec.env)
     if "PYTHONPATH" not in env and os.environ.get("PYTHONPATH"):

@@ -18,7 +18,6 @@ from dist_jobs.backends import BACKENDS, get_backend
 from dist_jobs.backends.base import Prepared
 from dist_jobs.errors import Problem, UsageError
 from dist_jobs.rundir.atomic import write_atomic
-from dist_jobs.spec.paths import expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec  # msgspec: `sweep status` does without the spec classes
@@ -98,14 +97,6 @@ def sweeps_of(backend: str) -> Sweeps:
 
 def write_manifest(root: Path, manifest: Mapping[str, Any]) -> Path:
     return write_atomic(root / MANIFEST, json.dumps(manifest, indent=2) + "\n", mkdir=True)
-
-
-def absolute(folder: str, base: Path, workdir: str | None = None) -> Path:
-    """`folder` as the jobs have it: `~` expanded here (as the renderers do), relative to the workdir."""
-    path = Path(expand_home(folder))
-    if path.is_absolute():
-        return path
-    return (base / expand_home(workdir) / path if workdir else base / path).resolve()
 
 
 def prepare_each(backend_name: str, specs: list[JobSpec], **options: Any) -> list[tuple[str, str]]:

@@ -270,7 +270,11 @@ def cmd_export(args: argparse.Namespace, _: Any) -> int:
 
     argv = [sys.executable, "-m", "dist_jobs.train.export", args.run_dir, "-o", args.output]
     argv += ["--step", str(args.step)] if args.step is not None else []
-    return subprocess.run(argv, check=False).returncode
+    # Its lines pass through this process, where the CLI's own output goes (a notebook, a capture).
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    print(done.stdout, end="")
+    print(done.stderr, end="", file=sys.stderr)
+    return done.returncode
 
 
 def cmd_config(args: argparse.Namespace, command: list[str] | None) -> int:

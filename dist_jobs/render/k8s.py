@@ -10,7 +10,7 @@ every `$` there is written `$$` (quoting.kubelet_literal): values arrive exactly
 
 from __future__ import annotations
 
-import posixpath
+from pathlib import PurePosixPath
 from typing import Any
 
 import msgspec
@@ -22,6 +22,7 @@ from dist_jobs.render.quoting import kubelet_literal
 from dist_jobs.spec import JobSpec, k8s_rules
 from dist_jobs.spec.env import job_env
 from dist_jobs.spec.k8s_names import k8s_name
+from dist_jobs.spec.paths import checkpoint_root
 
 DEFAULT_PORT = 23456  # the operator's default for pytorchjob-port
 
@@ -51,10 +52,14 @@ PATCH_MANAGER = "dist-jobs"  # runtimePatches entries are keyed by their manager
 TRAINJOB_STEP = "node"  # the torch runtime's replicatedJob and container name
 
 
+def pod_workdir(spec: JobSpec) -> PurePosixPath:
+    """The folder a relative checkpoint_dir is below in a pod: the shared volume's mount."""
+    return PurePosixPath(spec.k8s.mount_path)
+
+
 def checkpoint_path(spec: JobSpec) -> str:
-    if posixpath.isabs(spec.checkpoint_dir):
-        return spec.checkpoint_dir
-    return posixpath.join(spec.k8s.mount_path, spec.checkpoint_dir)
+    """The checkpoint root as the pods see it (no `~` there: spec.k8s_rules refuses it)."""
+    return str(checkpoint_root(spec.checkpoint_dir, pod_workdir(spec)))
 
 
 def _memory(value: str | None) -> str | None:

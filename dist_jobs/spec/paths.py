@@ -10,7 +10,8 @@ account here is refused when the spec is read rather than left as a relative fol
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from pathlib import PurePath
+from typing import TYPE_CHECKING, TypeVar
 
 from dist_jobs.errors import Problem
 
@@ -18,12 +19,20 @@ if TYPE_CHECKING:  # `dist-jobs status` expands paths and loads no spec classes 
     from dist_jobs.spec.model import JobSpec
 
 HOME_FIELDS = ("checkpoint_dir", "log_dir", "workdir")
+P = TypeVar("P", bound=PurePath)
 
 
 def expand_home(path: str) -> str:
     """`~` ($HOME) and `~user` (the account's home) at the start of `path` as this host knows them;
     any other path as written (no normalisation: a trailing space or newline stays)."""
     return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def checkpoint_root(checkpoint_dir: str, workdir: P) -> P:
+    """The spec's checkpoint_dir as the job reads it: `~` expanded on this host, a relative one
+    below `workdir` (the folder the job runs in; a pod's volume mount on Kubernetes)."""
+    root = type(workdir)(expand_home(checkpoint_dir))
+    return root if root.is_absolute() else workdir / root
 
 
 def home_problems(spec: JobSpec) -> list[Problem]:

@@ -153,9 +153,7 @@ def load_sharded(
     state = sharded_state(model, optimizer)
     failed: Exception | None = None
     try:
-        with warnings.catch_warnings():  # DCP warns that no_dist means one process: here it means no planning round
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, checkpoint_id=folder, no_dist=True)
+        load_alone(state, folder)
     except Exception as exc:
         failed = exc
     if agree is not None and agree([int(failed is not None)])[0] and failed is None:
@@ -185,3 +183,11 @@ def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: 
 
 def is_sharded(shared: Mapping[str, Any]) -> bool:
     return shared.get("format") == FORMAT
+
+
+def load_alone(state: dict[str, Any], folder: Path) -> None:
+    """`dcp.load` into `state` by this process alone (no planning round with the other ranks, or
+    none to have: `export`), without DCP's warning that no_dist means a single process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=folder, no_dist=True)

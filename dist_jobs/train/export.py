@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.checkpoints import COMPLETE, committed_steps
 from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
 from dist_jobs.train.ckpt_read import FILES, load_verified, read_marker, verify_files
-from dist_jobs.train.ckpt_sharded import METADATA, is_sharded
+from dist_jobs.train.ckpt_sharded import METADATA, is_sharded, load_alone
 
 GROUP_BYTES = 256 << 20
 _SUFFIXES = (".pt", ".pth", ".safetensors")
@@ -85,12 +87,9 @@ def _verify_even_ranks(folder: Path, world: int) -> None:
 
 def read_sharded(folder: Path, group_bytes: int = GROUP_BYTES) -> dict[str, torch.Tensor]:
     """The model's tensors of a DCP checkpoint, whole, read `group_bytes` at a time."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     if not (folder / METADATA).is_file():
         raise UsageError(f"checkpoint {folder} has no {METADATA}", hint="it is damaged; export an older --step")
-    reader = dcp.FileSystemReader(folder)
+    reader = FileSystemReader(folder)
     entries = reader.read_metadata().state_dict_metadata
     out: dict[str, torch.Tensor] = {}
     group: dict[str, torch.Tensor] = {}
@@ -101,15 +100,15 @@ def read_sharded(folder: Path, group_bytes: int = GROUP_BYTES) -> dict[str, torc
         tensor = torch.empty(meta.size, dtype=meta.properties.dtype)
         group[key], size = tensor, size + tensor.numel() * tensor.element_size()
         if size >= group_bytes:
-            _load_group(dcp, folder, group, out)
+            _load_group(folder, group, out)
             group, size = {}, 0
-    _load_group(dcp, folder, group, out)
+    _load_group(folder, group, out)
     return out
 
 
-def _load_group(dcp: Any, folder: Path, group: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
+def _load_group(folder: Path, group: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
     if group:
-        dcp.load(group, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+        load_alone(group, folder)
         out.update({key[len("model.") :]: tensor for key, tensor in group.items()})
 
 

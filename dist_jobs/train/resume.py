@@ -24,6 +24,7 @@ import torch
 
 from dist_jobs.constants import VERSION
 from dist_jobs.errors import UsageError
+from dist_jobs.rundir.place import RunDir
 from dist_jobs.spec.paths import expand_home
 from dist_jobs.spec.train import RUN_NAME, RUN_NAME_FIX, RUN_NAME_RULE, TrainConfig
 from dist_jobs.train import ckpt_sharded, data, models
@@ -252,7 +253,7 @@ def checkpoint_folder(config: TrainConfig, environ: Mapping[str, str] | None = N
             f"checkpoint directory {str(folder)!r} exists and is not a folder",
             hint="point --checkpoint-dir (checkpoint_dir in the job spec) at a folder, or remove that file",
         )
-    return folder / run_name(config, env)
+    return RunDir.at(folder, run_name(config, env)).path
 
 
 def run_name(config: TrainConfig, environ: Mapping[str, str] | None = None) -> str:

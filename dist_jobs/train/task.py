@@ -23,7 +23,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.ranks.ports import derive_port
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
-from dist_jobs.spec.paths import expand_home
+from dist_jobs.spec.paths import checkpoint_root
 from dist_jobs.train.logsetup import log_to_stderr
 from dist_jobs.train.signals import LAUNCH_SIGNALS_VAR
 
@@ -53,7 +53,7 @@ class FunctionTask:
         dist = submitit.helpers.TorchDistributedEnvironment()
         dist.master_port = self.spec.master_port or derive_port(int(env.raw_job_id))
         dist.export(set_cuda_visible_devices=False)
-        ckpt = Path(expand_home(self.spec.checkpoint_dir))
+        ckpt = checkpoint_root(self.spec.checkpoint_dir, Path.cwd())  # the job's folder: its view
         os.environ.update(
             {
                 # submitit sets the env:// variables itself, as torchrun would for its children.
@@ -62,7 +62,7 @@ class FunctionTask:
                 "NODE_RANK": str(env.node),
                 "LOCAL_WORLD_SIZE": str(dist.local_world_size),
                 LAUNCH_SIGNALS_VAR: SUBMITIT_SIGNAL,
-                **job_env(self.spec, "submitit", str(ckpt if ckpt.is_absolute() else Path.cwd() / ckpt)),
+                **job_env(self.spec, "submitit", str(ckpt)),
             }
         )
 

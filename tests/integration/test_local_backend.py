@@ -495,3 +495,64 @@ def test_a_rank_that_lost_a_peer_does_not_make_the_launcher_wait_out_the_grace(t
     code = ProcessGroup(out, grace=120).run(jobs, cwd=tmp_path)
     assert time.monotonic() - started < 2 + PEER_LOST_WAIT + 20, out.getvalue()
     assert code == 200 and "rank killed: killed by SIGKILL (exit 137)" in out.getvalue(), out.getvalue()
+
+
+def _states(pids: list[int]) -> dict[int, str]:
+    """Each live process's state letter (R, S, T, ...), from /proc."""
+    found = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        found[pid] = stat[stat.rindex(")") + 2]
+    return found
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    keepers = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split()
+    return [
+        int(p)
+        for k in keepers
+        for p in subprocess.run(["pgrep", "-P", k], capture_output=True, text=True).stdout.split()
+    ]
+
+
+def test_a_stopped_launcher_stops_its_ranks_and_continues_them_when_it_runs_again(tmp_path: Path) -> None:
+    """Ctrl-Z stops the launcher alone (each rank runs in a session of its own, which a terminal's
+    stop does not reach), and a stopped launcher beats no lock: its keepers stop the ranks with it,
+    and continue them when it runs again and still holds the lock."""
+    marker = f"djtest-{uuid.uuid4().hex}"
+    go = tmp_path / "go"
+    waits = textwrap.dedent(f"""\
+        import os, pathlib, time
+        print("up", os.environ["RANK"], flush=True)
+        while not pathlib.Path({str(go)!r}).exists():
+            time.sleep(0.05)
+        print("done", os.environ["RANK"], flush=True)
+        """)
+    proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, waits)
+    try:
+        _wait_up(proc, 2)
+        ranks = _ranks_of(proc.pid)
+        assert len(ranks) == 2
+        proc.send_signal(signal.SIGSTOP)
+        eventually(
+            lambda: set(_states(ranks).values()) == {"T"},
+            timeout=20,
+            what="the ranks stopped with the launcher",
+            context=lambda: _states(ranks),
+        )
+        go.touch()  # a rank that ran on would now finish
+        proc.send_signal(signal.SIGCONT)
+        eventually(
+            lambda: "T" not in _states(ranks).values(),
+            timeout=20,
+            what="the ranks continued",
+            context=lambda: _states(ranks),
+        )
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert sorted(line.split("] ")[1].strip() for line in out.splitlines() if "done" in line) == ["done 0", "done 1"]

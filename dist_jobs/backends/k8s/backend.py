@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from dist_jobs.backends.base import JobStatus, Prepared, each_status
+from dist_jobs.backends.base import JobStatus, Prepared, each_status, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
 from dist_jobs.backends.k8s.code import annotated, code_line, owned, split, with_code
@@ -29,6 +29,7 @@ from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, 
 from dist_jobs.backends.k8s.ranks import completion_index, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.render import render
+from dist_jobs.render.k8s import pod_workdir
 from dist_jobs.rundir.lock import check_knobs
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
@@ -117,7 +118,8 @@ class K8sBackend:
         payload = render(spec, "k8s")
         if spec.snapshot:  # the code of this folder, as a ConfigMap after the job (backends.k8s.code)
             payload = with_code(spec, payload, Path.cwd())
-        return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml")
+        run_dir = run_dir_of(spec, Path(pod_workdir(spec)))  # as the pods see it
+        return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml", run_dir)
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
         body = stamped(next(d for d in yaml.safe_load_all(prepared.payload) if d), uuid.uuid4().hex[:12])

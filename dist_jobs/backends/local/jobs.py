@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dist_jobs.backends.base import JobStatus, Prepared, checkpoint_root, each_status
+from dist_jobs.backends import records
+from dist_jobs.backends.base import JobStatus, Prepared, each_status, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
 from dist_jobs.backends.state import describe_exit
@@ -45,11 +46,7 @@ PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled",
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 CLAIM = "submitting"  # locked by the process submitting the run now (dist-jobs submit), its pid inside
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
-REFUSED = "refused"  # why the launcher did not start the run (the run directory's lock, bad input)
-
-
-def run_dir_of(spec: JobSpec, workdir: Path) -> Path:
-    return checkpoint_root(spec, workdir).resolve() / spec.run_id
+REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
 class LocalBackend:
@@ -85,7 +82,7 @@ class LocalBackend:
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
         check_knobs({**os.environ, **spec.env})  # the launcher's and the ranks' environment
-        folder = run_dir_of(spec, self.workdir) / FOLDER
+        folder = (prepared.run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):
             if _alive(folder):
@@ -94,7 +91,9 @@ class LocalBackend:
                     "wait for it, cancel it, or pick another --name",
                 )
             _refuse_a_held_run_dir(folder.parent)
-            return self._start(spec, folder)
+            handle = self._start(spec, folder)
+        records.record(records.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
+        return handle
 
     def _start(self, spec: JobSpec, folder: Path) -> Handle:
         """The detached launcher of a run whose record this process has claimed."""
@@ -102,7 +101,7 @@ class LocalBackend:
         import yaml
 
         spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
-        for stale in (EXIT, CANCELLED, PID, FIRST, CODE, REFUSED):
+        for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
             _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
@@ -159,13 +158,12 @@ class LocalBackend:
             return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
         if code == REQUEUE_EXIT_CODE:
             return JobStatus(job_id, name, "PREEMPTED", describe_exit(code, hang=_hang(folder)))
-        with contextlib.suppress(OSError):
-            return JobStatus(job_id, name, "FAILED", f"refused: {(folder / REFUSED).read_text().strip()}")
         return _failed(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
-        root = (self.workdir / "checkpoints").resolve()
-        found = [self.status(str(p.parent.parent)) for p in sorted(root.glob(f"*/{FOLDER}/{SPEC}"))]
+        """Every job submitted from this machine (backends.records) whose run directory still holds it."""
+        runs = dict.fromkeys(job.job_id for job in records.every("local"))
+        found = [self.status(run) for run in runs if (Path(run) / FOLDER / SPEC).is_file()]
         return [dataclasses.replace(s, handle=str(self.handle(s.job_id))) for s in found]
 
     def cancel(self, job_id: str) -> None:
@@ -284,9 +282,9 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)
-    except DistJobsError as exc:  # refused (the lock, bad input): its code and why, for status
+    except DistJobsError as exc:  # refused before any rank started (the run directory's lock): say why
         code = exc.exit_code
-        _write(folder / REFUSED, str(exc))
+        _write(folder / REFUSED, exc.message)  # before EXIT: a status that sees the code sees this too
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -297,7 +295,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
 
 
 def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
-    """FAILED, naming the process that failed first (the launcher stopped the others)."""
+    """FAILED, naming why the launcher refused the run, or the process that failed first (the
+    launcher stopped the others)."""
+    with contextlib.suppress(OSError):
+        return JobStatus(job_id, name, "FAILED", f"{(folder / REFUSED).read_text().strip()} ({describe_exit(code)})")
     try:
         label, first = (folder / FIRST).read_text().strip().split("\t")
     except (OSError, ValueError):  # none recorded (a launcher killed outright, or an older run)

@@ -11,6 +11,11 @@ dist-jobs, so it starts in milliseconds). The keeper
   SIGKILLs every descendant, waits for them, and exits;
 - shares its process group with CMD, so the launcher's preemption signal reaches CMD directly;
   the keeper itself lets such signals pass (a no-op handler, reset to default in CMD by exec);
+- stops CMD's tree (SIGSTOP) when the launcher is stopped (Ctrl-Z, SIGSTOP, a suspended
+  session): the ranks run in sessions of their own, which a terminal's stop does not reach, and
+  a stopped launcher beats no lock, so ranks left running could write beside a run that took the
+  lock over. It looks every LOOK_SECONDS, and continues the tree only when the launcher, running
+  again and still holding the lock, sends the keeper SIGCONT;
 - when CMD exits, kills what CMD left behind and exits with CMD's code (128+N for signal N).
 """
 
@@ -25,6 +30,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+LOOK_SECONDS = 2.0  # how often the launcher's state is read: far inside the lock's stale limit
 _PASSED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -87,6 +93,24 @@ def kill_tree(child: int, status: list[int], timeout: float = 10.0) -> None:
         _reap(child, status)
 
 
+def parent_stopped() -> bool:
+    """Whether the launcher (this keeper's parent) is stopped by a signal (state T)."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"T"
+
+
+def signal_tree(sig: int) -> None:
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def _spawn(argv: list[str]) -> int:
     keeper = os.getpid()
     pid = os.fork()
@@ -119,15 +143,25 @@ def main(args: list[str]) -> int:
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    continued: list[bool] = []  # the launcher's SIGCONT since the last look
+    signal.signal(signal.SIGCONT, lambda *_: continued.append(True))
     child = _spawn(argv)
     status: list[int] = []
+    stopped = False
     while not status:
-        ready, _, _ = select.select([watch, woken], [], [])
+        ready, _, _ = select.select([watch, woken], [], [], LOOK_SECONDS)
         if watch in ready and not os.read(watch, 1):  # EOF: the launcher is gone or ends the run now
             kill_tree(child, status)
             return 137
         if woken in ready:
             os.read(woken, 512)
+        if stopped and continued:
+            signal_tree(signal.SIGCONT)
+            stopped = False
+        continued.clear()
+        if not stopped and parent_stopped():
+            signal_tree(signal.SIGSTOP)
+            stopped = True
         _reap(child, status)
     kill_tree(child, status)  # what CMD left behind has no one to answer to
     return _exit_code(status[0])

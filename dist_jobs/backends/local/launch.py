@@ -14,11 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from dist_jobs.backends.base import Prepared, checkpoint_root
+from dist_jobs.backends.base import Prepared, run_dir_of
 from dist_jobs.backends.local.procs import ProcessGroup
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages, missing_packages
 from dist_jobs.backends.snapshot import in_copy, spec_in_copy
@@ -71,7 +72,7 @@ def _common_env(spec: JobSpec, workdir: Path, port: int, use_gpus: bool) -> dict
     if not use_gpus:
         launch["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, even where a smaller GPU count exists
     # The user's env (inside job_env) wins over the launch defaults, as on a cluster.
-    return {**launch, **job_env(spec, "local", str(checkpoint_root(spec, workdir)))}
+    return {**launch, **job_env(spec, "local", str(run_dir_of(spec, workdir).root))}
 
 
 def _slurm_task_env(spec: JobSpec, node: int, local: int, job_id: str, tasks_per_node: int) -> dict[str, str]:
@@ -171,7 +172,7 @@ class Launcher:
             + "\n"
             for p in plan(spec, self.workdir, 29500, "local", use_gpus)
         ]
-        return Prepared("local", spec, "".join(lines), "local-plan.txt")
+        return Prepared("local", spec, "".join(lines), "local-plan.txt", run_dir_of(spec, self.workdir))
 
     def run(self, spec: JobSpec) -> int:
         """Run to completion under the run directory's lock; the exit code is procs.py (0, 200
@@ -204,7 +205,7 @@ class Launcher:
             token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
             restart, port = 0, free_port()
             while True:
-                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart)
+                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart, lock.beat)
                 if gone:  # lost between two groups of a restart: this one ends at once, exit 6
                     group.end_now(gone[-1])
                 procs = plan(spec, workdir, port, job_id, use_gpus)
@@ -222,13 +223,14 @@ class Launcher:
         self.first_failure = group.first_failure
         return code
 
-    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int) -> ProcessGroup:
+    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int, still_ours: Callable[[], bool]) -> ProcessGroup:
         group = ProcessGroup(
             self.out,
             grace=spec.preemption.grace_seconds,
             stop_signal=signal.Signals["SIG" + step_signal(spec)],
             preempted=lambda since: preempted_since(run_dir, since),
             hung=lambda since: _hang_since(run_dir, since),
+            still_ours=still_ours,
         )
         group.restarts_left = restarts_left
         return group
@@ -236,14 +238,15 @@ class Launcher:
 
 def _run_dir(spec: JobSpec, workdir: Path) -> Path:
     """The run directory, its checkpoint root created (bad input when it cannot be)."""
+    run_dir = run_dir_of(spec, workdir)
     try:
-        checkpoint_root(spec, workdir).mkdir(parents=True, exist_ok=True)
+        run_dir.root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(
             f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
             "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
         ) from None
-    return checkpoint_root(spec, workdir) / spec.run_id
+    return run_dir.path
 
 
 def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:
@@ -252,7 +255,7 @@ def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:
     if not spec.snapshot:
         return spec, workdir
     if not in_copy(spec):
-        spec = spec_in_copy(spec, workdir, checkpoint_root(spec, workdir).resolve() / spec.run_id / "local")
+        spec = spec_in_copy(spec, workdir, run_dir_of(spec, workdir).path.resolve() / "local")
     return spec, Path(spec.workdir or workdir)
 
 

@@ -23,6 +23,7 @@ Exit codes of `run` (the launcher's exit code):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -61,12 +62,17 @@ class _Signals:
         self._armed = False  # only the main thread may set handlers: elsewhere sleep() polls
         self._wakeup_before = -1
         self._closing = threading.Lock()
+        self.continued = False  # set on SIGCONT: the launcher ran again after a stop
+
+    def _continued(self, *_: object) -> None:
+        self.continued = True
 
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, lambda n, _: self.received.append(signal.Signals(n)))
             self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+            self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continued)
             self._wakeup_before = signal.set_wakeup_fd(self._wake, warn_on_full_buffer=False)
             self._armed = True
         return self
@@ -105,12 +111,16 @@ class ProcessGroup:
         stop_signal: int = signal.SIGTERM,
         preempted: Callable[[float], bool] | None = None,
         hung: Callable[[float], str] | None = None,
+        still_ours: Callable[[], bool] | None = None,
     ) -> None:
         self.out = out
         self.grace = grace
         self.stop_signal = signal.Signals(stop_signal)
         self.preempted = preempted  # given the start time: did rank 0 commit a preemption checkpoint?
         self.hung = hung  # given the start time: the hang record's sentence, if a watchdog left one since
+        # After a stop (Ctrl-Z, SIGSTOP), whether the run directory's lock is still ours: the keepers
+        # stopped the processes with us, and continue them only on our word (a SIGCONT of ours).
+        self.still_ours = still_ours
         self.lost: str | None = None  # set by end_now(): end the run now, with this message
         self._signals: _Signals | None = None
         self._lock = threading.Lock()
@@ -219,6 +229,9 @@ class ProcessGroup:
             if signals.received and outcome.cause is None:
                 outcome.cause = signals.received[0]
                 deadline = self._stop(f"got {outcome.cause.name}")
+            if signals.continued:
+                signals.continued = False
+                self._continue()
             if self.lost is not None:
                 self.say(self.lost)
                 outcome.failure, outcome.first = 1, None
@@ -281,6 +294,16 @@ class ProcessGroup:
         if self.verdict.action is not Action.DONE:  # a run that ended well says nothing more
             self.say(f"exit code {self.verdict.exit_code}: {self.verdict.told()}")
         return self.verdict.exit_code
+
+    def _continue(self) -> None:
+        """Running again after a stop: the keepers continue the processes when the lock is still
+        ours; when another run took it over meanwhile, they stay stopped until they are killed."""
+        if self.still_ours is not None and not self.still_ours():
+            self.end_now(self.lost or "this run was stopped and another run took its lock over meanwhile")
+            return
+        for proc in self._procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
 
     @staticmethod
     def _code(proc: subprocess.Popen[bytes]) -> int | None:

@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from dist_jobs.backends.base import checkpoint_root
+from dist_jobs.backends.base import run_dir_of
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.snapshot import spec_in_copy
-from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, absolute, prepare_each, write_manifest
+from dist_jobs.backends.sweeps import MANIFEST, PreparedSweep, prepare_each, write_manifest
 from dist_jobs.errors import DistJobsError, Problem
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.load import load_spec
@@ -43,7 +43,7 @@ class LocalSweeps:
 
     def snapshot(self, base: JobSpec, options: Mapping[str, Any]) -> JobSpec:
         code = Path(options.get("workdir") or Path.cwd())  # the folder the trials would start in
-        return spec_in_copy(base, code, checkpoint_root(base, code).resolve() / base.name)
+        return spec_in_copy(base, code, run_dir_of(base, code).root.resolve() / base.name)
 
     def prepare(
         self, name: str, params: list[dict[str, Any]], specs: list[JobSpec], max_parallel: int | None, **options: Any
@@ -53,7 +53,7 @@ class LocalSweeps:
         return PreparedSweep(name, "local", params, specs, payloads, None, max_parallel, text)
 
     def roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
-        root = absolute(first.checkpoint_dir, here)
+        root = run_dir_of(first, here).root  # the trials' run directories are below it
         return root, str(root)
 
     def submit(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path, **options: Any) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import JobStatus, Prepared
+from dist_jobs.backends.base import JobStatus, Prepared, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.logs import attempt_files, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta
@@ -140,9 +140,12 @@ class SlurmBackend:
         self.missing_packages = missing_packages
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        from dist_jobs.render import render  # jinja2: the query verbs load no renderer (test_imports)
+        # jinja2, yaml, msgspec: the query verbs load no renderer (test_imports)
+        from dist_jobs.backends.slurm.submit import workdir_of
+        from dist_jobs.render import render
 
-        return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch")
+        run_dir = run_dir_of(spec, workdir_of(spec, self.cwd))
+        return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch", run_dir)
 
     def submit(self, prepared: Prepared) -> Handle:
         # submit's own modules: yaml and msgspec, which the query verbs load none of (test_imports)
@@ -160,13 +163,14 @@ class SlurmBackend:
         return Handle("slurm", job_id, cluster=self.cluster_name())
 
     def run_dir(self, job_id: str) -> Path:
-        """`<checkpoint_dir>/<run>` of a job submitted from here (recorded in its job.json)."""
+        """`<checkpoint_dir>/<run>` of a job submitted from this machine (its job.json, found
+        through backends.records from any folder)."""
         found = job_meta(self.jobs_dir, job_id).get("run_dir")
         if found:
             return Path(found)
         raise BackendError(
             f"job {job_id} has no job directory in {self.jobs_dir}, so its run directory is unknown",
-            "attach from the folder you submitted from (or pass its --jobs-dir)",
+            "a job submitted from this machine is found from any folder; for another machine's, pass its --jobs-dir",
         )
 
     def owner(self, job_id: str) -> str:

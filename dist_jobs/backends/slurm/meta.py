@@ -14,20 +14,29 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dist_jobs.backends import records
 from dist_jobs.backends.slurm.output import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.place import RunDir
 
 JOB_JSON = "job.json"
 
 
 def _record(jobs_dir: Path, job_id: str) -> Path | None:
+    """job.json of `job_id`: in `jobs_dir`, else where this machine's record of submitted jobs
+    (backends.records) says it was submitted to, so a job's record is found from any folder."""
     # a listing, not a glob: a glob compiles a pattern per job id, and a sweep's status asks for each trial
     try:
         names = sorted(n for n in os.listdir(jobs_dir) if n.endswith(f"-{job_id}"))
     except OSError:
-        return None
+        names = []
     found = (jobs_dir / n / JOB_JSON for n in names)
-    return next((p for p in found if p.is_file()), None)
+    here = next((p for p in found if p.is_file()), None)
+    submitted = records.recorded("slurm", job_id) if here is None else None
+    if submitted is None or not submitted.job_dir:
+        return here
+    path = Path(submitted.job_dir) / JOB_JSON
+    return path if path.is_file() else None
 
 
 def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
@@ -44,7 +53,8 @@ def job_meta(jobs_dir: Path, job_id: str) -> dict[str, Any]:
     trials = meta.get("trials") or []
     if int(index) >= len(trials):
         return {}
-    run_dir = Path(meta["run_dir"]).parent / trials[int(index)] if meta.get("run_dir") else None
+    # the trial's run beside the array's, below the sweep's checkpoint root
+    run_dir = RunDir.at(RunDir(Path(meta["run_dir"])).root, trials[int(index)]) if meta.get("run_dir") else None
     return {
         **meta,
         "run": trials[int(index)],

@@ -18,7 +18,8 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from dist_jobs.backends.base import Prepared, checkpoint_root
+from dist_jobs.backends import records
+from dist_jobs.backends.base import Prepared, run_dir_of
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages
 from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, sbatch_error
@@ -64,7 +65,7 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, export: l
             except OSError as exc:
                 hint = "check the path and its permissions"
                 raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
-        folders = (log_dir, checkpoint_root(spec, workdir) / spec.run_id)
+        folders = (log_dir, (prepared.run_dir or run_dir_of(spec, workdir)).path)
         return _submit_staged(prepared, run, cwd, jobs_dir, folders, export)
     except BaseException:
         for folder in reversed(created):  # a failed submit leaves no folder of its own behind
@@ -113,6 +114,8 @@ def _submit_staged(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    job_dir = str(jobs_dir / f"{spec.run_id}-{job_id}")
+    records.record(records.Submitted("slurm", job_id, str(run_dir), str(log_dir), job_dir))
     return job_id
 
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import msgspec
 
-from dist_jobs.backends.base import Prepared
+from dist_jobs.backends.base import Prepared, run_dir_of
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.slurm.meta import record_trials
-from dist_jobs.backends.slurm.submit import snapshot_spec
-from dist_jobs.backends.sweeps import PreparedSweep, absolute
+from dist_jobs.backends.slurm.submit import snapshot_spec, workdir_of
+from dist_jobs.backends.sweeps import PreparedSweep
 from dist_jobs.errors import DistJobsError, Problem
 from dist_jobs.render.sweep import head_overrides, sweep_script
 from dist_jobs.spec import JobSpec
@@ -44,7 +44,7 @@ class SlurmSweeps:
         )
 
     def roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
-        root = absolute(first.checkpoint_dir, here, first.workdir)
+        root = run_dir_of(first, workdir_of(first, here)).root  # the trials' run directories are below it
         return root, str(root)
 
     def submit(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path, **options: Any) -> list[str]:

@@ -49,9 +49,30 @@ def test_an_error_example_is_compared_with_the_message_on_stderr() -> None:
     assert gen.check_examples(f"```console\n$ dist-jobs status 1234\n{shown}```\n") == []
 
 
+def test_a_pages_commands_share_one_folder_shown_as_the_tutorials() -> None:
+    # The handle names the scratch folder as the page shows it; the command runs in the real one,
+    # and what it prints names the page's folder again.
+    page = f"```console\n$ dist-jobs status local://{gen.SHOWN_FOLDER}/nothing\nno job\n```\n"
+    text, problems = gen.run_examples(page)
+    assert len(problems) == 1
+    assert f"no local job in {gen.SHOWN_FOLDER}/nothing (no local/pid there)" in problems[0]
+    assert "/tmp" not in problems[0]
+
+
+def test_a_line_with_an_ellipsis_shows_what_was_printed_on_the_built_page() -> None:
+    page = PAGE.replace("#SBATCH --nodes=NODES", "#SBATCH --nodes=\u2026")
+    text, problems = gen.run_examples(page)
+    assert problems == []
+    assert "#SBATCH --nodes=1\n" in text and "\u2026" not in text
+    assert "\n...\n" in text  # an elided run of lines stays elided
+
+
 @pytest.mark.parametrize(
     "expected,printed,ok",
     [
+        ("a \u2026 c", "a b c\n", True),
+        ("a \u2026 c", "a b d\n", False),
+        ("\u2026", "x\ny\n", False),  # within one line only
         ("a\n...\nd", "a\nb\nc\nd\n", True),
         ("a\n...\nd", "a\nd\n", True),
         ("a\n...", "a\nb\n", True),
@@ -132,4 +153,4 @@ def test_every_page_exists_and_every_generator_a_page_names_is_known() -> None:
 
     for page in pages.rglob("*.md"):
         for name, _ in re.findall(r"^<!-- gen: (\w+)(?: (\S+))? -->$", page.read_text(), re.M):
-            assert name in hooks.GENERATORS or name in ("include", "docstring", "function"), (page, name)
+            assert name in hooks.GENERATORS or name in hooks.WITH_ARGUMENT, (page, name)

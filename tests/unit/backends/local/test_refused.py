@@ -52,7 +52,7 @@ def test_a_launcher_refused_the_lock_records_why_not_sigint(tmp_path: Path) -> N
     assert (folder / jobs.EXIT).read_text().strip() == "2"
     status = LocalBackend(workdir=tmp_path).status(str(run_dir))
     assert status.state == "FAILED"
-    assert status.detail.startswith(f"refused: run directory {run_dir} is in use by another run (local run, pid ")
+    assert status.detail.startswith(f"run directory {run_dir} is in use by another run (local run, pid ")
     assert "SIGINT" not in status.detail
 
 

@@ -1,0 +1,108 @@
+"""The documentation site as a reader opens it: built with `mkdocs build --strict` (its executed
+examples and tutorials run, so a stale page fails here), then opened from disk (file://, no web
+server) in headless Chromium, whose DOM after the page's scripts ran is what is checked."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from support.paths import REPO
+from support.tiers import require_tool, requires
+
+# The tutorials train (torch); the build takes a while on 2 cores.
+pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(600)]
+
+# Chromium as a probe on a closed network: no first-run work, no background connections.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--allow-file-access-from-files",
+    "--virtual-time-budget=5000",
+]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("site")
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    built = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(folder)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=500,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    return folder
+
+
+def dom(page: Path, profile: Path) -> str:
+    chromium = require_tool("chromium")
+    shown = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    return shown.stdout
+
+
+def local_links(html: str, page: Path) -> set[Path]:
+    """The files this page's links open, resolved as the browser resolves them from disk."""
+    found = set()
+    for href in re.findall(r'<a [^>]*href="([^"#?]*)[^"]*"', html):
+        if not href or urlparse(href).scheme:
+            continue
+        found.add((page.parent / unquote(href)).resolve())
+    return found
+
+
+def test_every_link_opened_from_disk_lands_on_a_page(site: Path, tmp_path: Path) -> None:
+    index = site / "index.html"
+    html = dom(index, tmp_path)
+    links = local_links(html, index)
+    # The navigation reaches every section, and every link opens a file (no folder listings).
+    pages = ["getting-started", "first-run", "your-script", "fsdp", "examples", "spec", "api"]
+    assert {f"{page}.html" for page in pages} <= {link.name for link in links}
+    assert [link for link in links if not link.is_file()] == []
+    # The search box is there, and its index is a script (a fetch() of JSON fails from file://).
+    assert 'data-md-component="search-query"' in html
+    assert (site / "search" / "search_index.js").is_file()
+
+
+def test_the_tutorial_shows_its_real_output_and_its_picture(site: Path, tmp_path: Path) -> None:
+    html = dom(site / "tutorials" / "first-run.html", tmp_path)
+    text = re.sub(r"<[^>]+>", "", html)
+    assert "local:///home/me/tutorial/checkpoints/first-run" in text
+    assert re.search(r"\d\d:\d\d:\d\d INFO step 10/60 epoch 0 train: loss \d", text)
+    assert "\u2026" not in text  # every elided line shows what was printed
+    image = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]{1000,})"', html)
+    assert image is not None, "the run's plot is not embedded"
+
+
+def test_the_examples_gallery_ran_each_example(site: Path, tmp_path: Path) -> None:
+    text = re.sub(r"<[^>]+>", "", dom(site / "examples.html", tmp_path))
+    assert re.search(r"\[rank 0\] eval_loss \d+\.\d{4}, eval_mae \d+\.\d{4}", text)  # fit-your-model's last line
+    assert "dist.init_process_group" in text  # ddp-script's train.py, shown from its folder
+    your_script = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "your-script.html", tmp_path))
+    assert "[rank 0] done on 4 ranks; LOCAL_RANK 0, MASTER_ADDR 127.0.0.1" in your_script
+
+
+def test_the_fsdp_tutorial_resumed_on_another_world_size_and_exported(site: Path, tmp_path: Path) -> None:
+    text = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "fsdp.html", tmp_path))
+    assert "it was written by 2 ranks at sample 640 of the epoch; 4 ranks x batch 16 continue at sample 640" in text
+    assert "exported the model of checkpoints/sharded/step-30 to model.pt" in text
