@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from dist_jobs.envnum import env_seconds
 
@@ -81,6 +81,11 @@ def owner_from_env(environ: Mapping[str, str]) -> str:
     return ""
 
 
+def attempt_from_env(environ: Mapping[str, str]) -> str:
+    """Which attempt of its SLURM job this is: SLURM's requeue count, "0" for the first start."""
+    return environ.get("SLURM_RESTART_COUNT", "").strip() or "0"
+
+
 @dataclass(frozen=True)
 class Holder:
     token: str  # one per acquisition: what a heartbeat and a release check before touching the lock
@@ -95,6 +100,7 @@ class Holder:
     started: float  # unix time
     every: float = HEARTBEAT_SECONDS  # its heartbeat's period: how long a newcomer watches for a beat
     cluster: str = ""  # SLURM_CLUSTER_NAME: whose squeue may be asked about job_id
+    attempt: str = ""  # which attempt of its SLURM job (attempt_from_env); "" elsewhere
 
     @classmethod
     def this(
@@ -115,6 +121,7 @@ class Holder:
             started=time.time(),
             every=heartbeat_seconds() if every is None else every,
             cluster=os.environ.get("SLURM_CLUSTER_NAME", "") if owner.startswith("slurm:") else "",
+            attempt=attempt_from_env(os.environ) if owner.startswith("slurm:") else "",
         )
 
     def to_bytes(self) -> bytes:
@@ -122,11 +129,13 @@ class Holder:
 
     @classmethod
     def parse(cls, raw: bytes) -> Holder | None:
-        """None for a file that is not a holder record (torn, foreign, another version)."""
+        """None for a file that is not a holder record (torn, foreign). Fields a later version
+        added are left out: an older reader still names the holder and sees it beat."""
         try:
             data = json.loads(raw.decode())
-            return cls(**data) if isinstance(data, dict) else None
-        except (ValueError, TypeError):
+            known = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in data.items() if k in known}) if isinstance(data, dict) else None
+        except (ValueError, TypeError, AttributeError):
             return None
 
     def on_this_machine(self) -> bool:
@@ -167,7 +176,12 @@ class Holder:
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         job = f"{self.backend} job {self.job_id}" if self.job_id else f"{self.backend} run"
+        job += f" (attempt {self.attempt})" if self.attempt not in ("", "0") else ""
         return f"{job}, pid {self.pid} on host {self.host}, started {when}"
+
+    def later_attempt_of(self, other: Holder) -> bool:
+        """Whether this holder is another attempt of `other`'s job: the job's steps are its now."""
+        return bool(self.owner) and self.owner == other.owner and self.token != other.token
 
     def stop_hint(self) -> str:
         """How to stop this holder's run, in its scheduler's words."""

@@ -3,18 +3,30 @@
 NFS gives no flock that holds across hosts, so the lock is a file. It is written whole under a
 unique name and hard-linked to LOCK, which is atomic on local filesystems and NFS alike: exactly
 one of two runs creates it, and nobody ever reads a half-written one. The holder touches it
-every heartbeat (DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s; the record says how often).
+every heartbeat (DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s; the record says how often), which
+must be at most a third of the stale limit below (else the run is refused, exit 2).
 
-A newcomer takes it over at once when
-- it is the same job (same owner: a requeued SLURM attempt, a replaced pod of the PyTorchJob),
-- the holder is provably gone (its process, on this machine, is not running), or
-- the holder's SLURM job has ended or is waiting in the queue (asked of squeue, same cluster only).
-A holder on this machine whose process runs is refused at once (LockHeld, exit 2). Any other
-holder is watched: a heartbeat seen to beat means a live run (refused); a holder that stops
-beating is waited for until its heartbeat is older than the stale limit
-(DIST_JOBS_LOCK_STALE_SECONDS, default 90 s), measured against the file server's clock (the
-mtime of a file we just wrote), not ours, and then taken over. Breaking a stale lock renames it
-aside first: one rename of a file succeeds, so exactly one newcomer breaks it.
+A newcomer takes it over at once when the holder is provably gone (its process, on this machine,
+is not running). A holder on this machine whose process runs is refused at once (LockHeld,
+exit 2). Any other holder is watched: a heartbeat seen to beat means a live run (refused), even
+one of the same job or one squeue calls ended (an old attempt whose node dropped out of SLURM
+while its processes live on still writes). Two verdicts shorten the wait once no beat came for
+two of the holder's heartbeat periods: the same owner (a requeued SLURM attempt, a replaced pod of
+the PyTorchJob) and the holder's SLURM job ended or waiting in the queue (asked of squeue, same
+cluster only). Otherwise a holder that stops beating is taken over once the newcomer has watched it
+for the stale limit (DIST_JOBS_LOCK_STALE_SECONDS, default 90 s, and at least three of the
+holder's heartbeat periods) without seeing a beat. That is judged on the newcomer's own
+monotonic clock, by watching the file's mtime change, never by comparing that mtime with a
+clock: on Lustre, CephFS or GPFS the holder's client clock writes it. Breaking a
+stale lock renames the newcomer's record over it, so LOCK is never missing; one newcomer at a
+time breaks a given record (an exclusive guard file that only its creator removes), and only
+while LOCK is still the very file it judged. The record names the attempt of its job: when a
+newer attempt took the lock, an older attempt's heartbeat leaves the job's steps alone (they
+are the newer attempt's) and its ranks stop at their next fence.
+
+A holder retries a transient I/O error on LOCK (EIO, ESTALE, ...) within its lease, a beat short
+of the stale limit, and then stops itself as if the lock were lost: past that a newcomer may
+take it. A heartbeat that fails in any way is a lost lease too.
 
 A holder that was only paused (SIGSTOP, a suspended SLURM job, an NFS failover) may wake up
 after losing its lock. `Fence.check()` is how it learns before every write into the run
@@ -25,27 +37,46 @@ Stdlib only: the batch script, the pod entrypoint, the local launcher and the tr
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.envnum import env_seconds
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_new
 from dist_jobs.rundir.holder import Holder, heartbeat_seconds
+from dist_jobs.rundir.takeover import Seen, Watch, break_stale, look, takeover_reason
 
-__all__ = ["Fence", "Heartbeat", "Lock", "LockHeld", "LockLost", "acquire", "heartbeat_seconds", "held"]
+_T = TypeVar("_T")
+
+__all__ = [
+    "Fence",
+    "Heartbeat",
+    "Lock",
+    "LockHeld",
+    "LockLost",
+    "acquire",
+    "check_knobs",
+    "check_timings",
+    "heartbeat_seconds",
+    "held",
+    "retrying",
+]
 
 LOCK_NAME = "LOCK"
 STALE_SECONDS = 90.0
 _ATTEMPTS = 50  # lost races (the lock changed hands under us) before giving up
 _SETTLE_SECONDS = 1.0  # how long a heartbeat waits for a half-written record before calling the lock lost
-_ASK_SCHEDULER_EVERY = 10.0  # seconds between two squeue calls about the same holder while waiting
+# What a network filesystem answers for a moment (a server failover, a file handle the client
+# renews at its next lookup): retried within the lease, not taken as the lock's end.
+_TRANSIENT = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT})
 
 
 class LockHeld(UsageError):
@@ -56,9 +87,9 @@ class LockHeld(UsageError):
         stop = holder.stop_hint() if holder else f"find the run that uses {path.parent}"
         super().__init__(
             f"run directory {path.parent} is in use by another run ({who}; "
-            f"last heartbeat {age:.0f} s ago): refusing to start a second run in it",
+            f"heartbeat seen {age:.0f} s ago): refusing to start a second run in it",
             hint=f"wait for that run to end or stop it ({stop}), or give this run another name or "
-            f"checkpoint_dir. A holder whose heartbeat stops is taken over after {stale_after:.0f} s; "
+            f"checkpoint_dir. A holder whose heartbeat stops is taken over {stale_after:.0f} s after its last beat; "
             f"delete {path} only if you are sure that run is gone",
         )
         self.holder = holder
@@ -81,15 +112,51 @@ class LockLost(DistJobsError):
         self.successor = successor
 
 
-_BREAK_ABANDONED_S = 10.0  # a breaker holds its guard for a few file operations
-
-
 def stale_seconds(environ: Mapping[str, str] | None = None) -> float:
     return env_seconds("DIST_JOBS_LOCK_STALE_SECONDS", STALE_SECONDS, environ)
 
 
+def check_timings(every: float, stale_after: float) -> None:
+    """Refuse a heartbeat slower than a third of the stale limit: a holder that misses one beat
+    (a slow filesystem, a busy node) would be taken over while it runs."""
+    if every <= stale_after / 3:
+        return
+    raise UsageError(
+        f"DIST_JOBS_LOCK_HEARTBEAT_SECONDS={every:g} is more than a third of "
+        f"DIST_JOBS_LOCK_STALE_SECONDS={stale_after:g}: a live run that misses one heartbeat would be "
+        "taken over by another run",
+        hint=f"set DIST_JOBS_LOCK_HEARTBEAT_SECONDS to at most {stale_after / 3:g}, or "
+        f"DIST_JOBS_LOCK_STALE_SECONDS to at least {every * 3:g}",
+    )
+
+
+def check_knobs(environ: Mapping[str, str]) -> None:
+    """check_timings() of the DIST_JOBS_LOCK_* knobs a job's environment sets: at submit, before
+    the job waits in a queue only to be refused at its start."""
+    check_timings(heartbeat_seconds(environ), stale_seconds(environ))
+
+
 def new_token() -> str:
     return uuid.uuid4().hex
+
+
+def lease_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """How long after its last good beat a holder may go on without one: a beat short of the
+    stale limit, so it stops itself before a newcomer may take the lock over."""
+    return max(0.0, stale_seconds(environ) - heartbeat_seconds(environ))
+
+
+def retrying(op: Callable[[], _T], until: float) -> _T:
+    """`op()`, again after a transient I/O error until monotonic time `until`; then that error."""
+    pause = 0.05
+    while True:
+        try:
+            return op()
+        except OSError as exc:
+            if exc.errno not in _TRANSIENT or time.monotonic() + pause > until:
+                raise
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 def _read(path: Path) -> bytes | None:
@@ -99,87 +166,10 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def _now(folder: Path) -> float:
-    """The clock of the filesystem that holds `folder`: the mtime of a file written there now."""
-    probe = folder / f".now.{new_token()}"
-    probe.touch()
-    try:
-        return probe.stat().st_mtime
-    finally:
-        probe.unlink(missing_ok=True)
-
-
-def age(path: Path) -> float | None:
-    """Seconds since `path` was last touched, by the clock of the filesystem that holds it."""
-    try:
-        return max(0.0, _now(path.parent) - path.stat().st_mtime)
-    except FileNotFoundError:
-        return None
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """One look at the lock file: its bytes, its holder (None: unreadable) and its mtime."""
-
-    raw: bytes
-    holder: Holder | None
-    mtime: float
-    age: float
-
-
-def _look(path: Path) -> _Seen | None:
-    try:
-        raw = path.read_bytes()
-        mtime = path.stat().st_mtime
-        now = _now(path.parent)
-    except FileNotFoundError:
-        return None
-    return _Seen(raw, Holder.parse(raw), mtime, max(0.0, now - mtime))
-
-
-def _break(path: Path, judged: _Seen) -> bool:
-    """Remove the stale lock we judged, unless it changed meanwhile. One newcomer breaks at a
-    time (an exclusive `.LOCK.breaking` file), and only a lock that is still the one it judged:
-    without that, a newcomer that judged the stale lock late would move aside the lock another
-    had just taken, and a third could take it too while it is put back."""
-    guard = path.with_name(f".{path.name}.breaking")
-    if not write_new(guard, new_token()):
-        if (held_for := age(guard)) is not None and held_for > _BREAK_ABANDONED_S:
-            guard.unlink(missing_ok=True)  # its breaker died in those few lines
-        return False  # another newcomer is breaking it: look again
-    try:
-        now = _look(path)
-        if now is None or now.raw != judged.raw or now.mtime != judged.mtime:
-            return False  # broken and taken already, released, or it beat
-        return _move_aside(path, judged)
-    finally:
-        guard.unlink(missing_ok=True)
-
-
-def _move_aside(path: Path, judged: _Seen) -> bool:
-    """Rename the lock aside and remove it, unless it changed in the instant since we looked."""
-    aside = path.with_name(f".{path.name}.broken.{new_token()}")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return False  # its holder released it
-    try:
-        if aside.read_bytes() == judged.raw and aside.stat().st_mtime == judged.mtime:
-            return True
-        # It beat after we looked: put it back. Its holder's heartbeat looks again for a second
-        # before calling a missing lock lost.
-        with contextlib.suppress(FileExistsError):
-            os.link(aside, path)
-        return False
-    finally:
-        aside.unlink(missing_ok=True)
-
-
 def current(path: Path, settle: float = 0.0) -> Holder | None:
     """The holder the lock file names; None for no file or a record that cannot be read.
     With `settle`, a missing or unreadable record is looked at again for that many seconds:
-    a takeover removes the file a moment before its successor's appears, and a writer
-    without hard links (or a person's editor) fills the file after creating it."""
+    a writer without hard links (or a person's editor) fills the file after creating it."""
     deadline = time.monotonic() + settle
     while True:
         raw = _read(path)
@@ -189,39 +179,6 @@ def current(path: Path, settle: float = 0.0) -> Holder | None:
         time.sleep(0.05)
 
 
-def takeover_reason(holder: Holder | None, me: Holder, held_for: float, stale_after: float) -> str | None:
-    """Why `me` may take the lock from `holder` now, or None when `holder` may be alive."""
-    if holder is not None and holder.owner and holder.owner == me.owner:
-        return f"an earlier attempt of the same job ({holder.owner}) held it"
-    if holder is not None and holder.gone():
-        return f"its holder ({holder.describe()}) is not running any more"
-    if held_for > stale_after:
-        return f"its holder's last heartbeat was {held_for:.0f} s ago (stale after {stale_after:.0f} s)"
-    return None
-
-
-class _Watch:
-    """What a newcomer has seen of one holder while deciding whether it is alive."""
-
-    def __init__(self, seen: _Seen) -> None:
-        self.first = seen
-        self.asked: float | None = None  # when squeue was last asked about its job
-        self.told = False  # the waiting message was given
-
-    def same_holder(self, seen: _Seen) -> bool:
-        return seen.raw == self.first.raw
-
-    def beat_seen(self, seen: _Seen) -> bool:
-        return seen.mtime > self.first.mtime
-
-    def scheduler_says_ended(self, holder: Holder | None, now: float) -> str | None:
-        if holder is None or (self.asked is not None and now - self.asked < _ASK_SCHEDULER_EVERY):
-            return None
-        self.asked = now
-        state = holder.job_ended()
-        return None if state is None else f"its holder's SLURM job {holder.job_id} is {state.lower()} (squeue)"
-
-
 @dataclass
 class Lock:
     path: Path
@@ -229,6 +186,11 @@ class Lock:
     owned: bool  # False: joined a lock our launcher holds (it beats and releases, not us)
     took_over: str | None = None  # why an earlier holder's lock was taken over
     successor: Holder | None = None  # after a failed beat(): who holds it now (None: nobody readable)
+    lease: float = field(default_factory=lease_seconds)  # see lease_seconds()
+    failure: str = ""  # after a failed beat(): the I/O error that outlasted the lease, if that ended it
+    _good: float = field(default_factory=time.monotonic, init=False, repr=False)  # the last good beat
+    _mtime: float | None = field(default=None, init=False, repr=False)  # a joined lock's, last seen
+    _moved: float = field(default_factory=time.monotonic, init=False, repr=False)  # when it last changed
 
     @property
     def token(self) -> str:
@@ -236,16 +198,42 @@ class Lock:
 
     def beat(self, touch: bool = True) -> bool:
         """Touch the lock if it is still ours (with touch=False: only look); False once it is not
-        (released or taken over), with `successor` naming who holds it now."""
+        (released or taken over), with `successor` naming who holds it now. A transient I/O error
+        is retried until the lease ends; then the lock counts as lost (`failure` says why): past
+        that, a newcomer may take it over, and this run must not write beside it."""
+        try:
+            ours = retrying(lambda: self._beat(touch), self._good + self.lease)
+        except OSError as exc:
+            self.successor = None
+            self.failure = f"cannot reach the lock file for {time.monotonic() - self._good:.0f} s: {exc}"
+            return False
+        if ours:
+            self._good = time.monotonic()
+        return ours
+
+    def _beat(self, touch: bool) -> bool:
         self.successor = self.current(settle=_SETTLE_SECONDS)
         if self.successor != self.holder:
             return False
         if not touch:
-            return True
+            return self._launcher_beats(os.stat(self.path).st_mtime)
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.path)
             return True
         self.successor = None  # removed between our look and our touch
+        return False
+
+    def _launcher_beats(self, mtime: float) -> bool:
+        """A joined lock: whether the launcher that holds it still beats it (a change of its mtime
+        seen within the lease, by our clock). A launcher's heartbeat that ended unexpectedly (killed,
+        out of memory) is a lost lease: past it a newcomer may take the lock over."""
+        now = time.monotonic()
+        if mtime != self._mtime:
+            self._mtime, self._moved = mtime, now
+        if now - self._moved <= self.lease:
+            return True
+        self.successor = None
+        self.failure = f"the lock's heartbeat stopped: no beat seen for {now - self._moved:.0f} s"
         return False
 
     def release(self) -> None:
@@ -269,11 +257,16 @@ class Fence:
 
     def check(self, doing: str) -> None:
         """Raise LockLost unless the lock file still names our token; `doing` says what we were
-        about to do, for the message ("commit checkpoint step-40")."""
-        holder = current(self.path)
-        if holder is not None and holder.token == self.token:
-            return
-        raise LockLost(self.path.parent, holder or current(self.path, settle=_SETTLE_SECONDS), doing)
+        about to do, for the message ("commit checkpoint step-40"). A transient I/O error is
+        retried for as long as the holder's heartbeat would retry it; past that it counts as lost."""
+        try:
+            holder = retrying(lambda: current(self.path), time.monotonic() + lease_seconds())
+            if holder is not None and holder.token == self.token:
+                return
+            successor = holder or current(self.path, settle=_SETTLE_SECONDS)
+        except OSError as exc:
+            raise LockLost(self.path.parent, None, doing) from exc
+        raise LockLost(self.path.parent, successor, doing)
 
 
 def acquire(
@@ -286,8 +279,10 @@ def acquire(
     """Take `run_dir`'s lock for `me`, or join it when it holds the `inherited` token (exported
     as DIST_JOBS_LOCK_TOKEN by the launcher that took it). A holder that may be alive is watched
     (`on_wait` hears why once); raises LockHeld when it is seen alive."""
+    stale = stale_seconds() if stale_after is None else stale_after
+    check_timings(me.every, stale)
     try:
-        return _acquire(run_dir, me, inherited, stale_seconds() if stale_after is None else stale_after, on_wait)
+        return _acquire(run_dir, me, inherited, stale, on_wait)
     except OSError as exc:
         raise BackendError(
             f"cannot lock the run directory {run_dir}: {exc.strerror or exc}",
@@ -300,26 +295,26 @@ def _acquire(
 ) -> Lock:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    took_over: str | None = None
-    watch: _Watch | None = None
+    watch: Watch | None = None
     races = 0
     while races < _ATTEMPTS:
         if write_new(path, me.to_bytes()):
-            return Lock(path, me, owned=True, took_over=took_over)
-        seen = _look(path)
+            return Lock(path, me, owned=True, lease=max(0.0, stale_after - me.every))
+        seen = look(path)
         if seen is None:
             races += 1  # released between our two looks
             continue
         if seen.holder is not None and inherited and seen.holder.token == inherited:
             return Lock(path, seen.holder, owned=False)
         if watch is None or not watch.same_holder(seen):
-            watch = _Watch(seen)  # a new holder (or the first look): watch it afresh
+            watch = Watch(seen)  # a new holder (or the first look): watch it afresh
         reason = _verdict(seen, watch, me, stale_after, on_wait, path)
-        if reason is None:
+        broke = None if reason is None else break_stale(path, seen, me.to_bytes(), watch.guards)
+        if broke:
+            return Lock(path, me, owned=True, took_over=reason, lease=max(0.0, stale_after - me.every))
+        if broke is None:
             time.sleep(_poll_seconds(seen.holder))
-            continue
-        took_over = reason
-        if not _break(path, seen):
+        else:
             races += 1
             time.sleep(0.05)
     raise BackendError(
@@ -329,25 +324,25 @@ def _acquire(
 
 
 def _verdict(
-    seen: _Seen, watch: _Watch, me: Holder, stale_after: float, on_wait: Callable[[str], None] | None, path: Path
+    seen: Seen, watch: Watch, me: Holder, stale_after: float, on_wait: Callable[[str], None] | None, path: Path
 ) -> str | None:
-    """Why the lock may be taken now; None to keep watching; raises LockHeld for a live holder."""
-    holder = seen.holder
-    reason = takeover_reason(holder, me, seen.age, stale_after)
-    if reason is None:
-        reason = watch.scheduler_says_ended(holder, time.monotonic())
+    """Why the lock may be taken now; None to keep watching; raises LockHeld for a live holder.
+    Staleness is what we watch on our own clock (no beat seen for so long), not the file's mtime
+    against a clock: on Lustre, CephFS or GPFS the holder's client clock writes that mtime."""
+    holder, now = seen.holder, time.monotonic()
+    watch.saw(seen, now)
+    quiet = watch.quiet(now)
+    reason = takeover_reason(holder, quiet, stale_after) or watch.verdict_without_beat(holder, me, now)
     if reason is not None:
         return reason
-    if holder is None and seen.age < 5.0 and not watch.beat_seen(seen):
-        return None  # being written without link(): give it a moment
-    if watch.beat_seen(seen) or (holder is not None and holder.on_this_machine()):
-        raise LockHeld(path, holder, seen.age, stale_after)  # it beats, or its process runs here
+    if watch.beats or (holder is not None and holder.on_this_machine()):
+        raise LockHeld(path, holder, quiet, stale_after)  # it beats, or its process runs here
     if on_wait is not None and not watch.told:
         watch.told = True
         on_wait(
             f"waiting for the lock of {path.parent}: its holder "
-            f"({holder.describe() if holder else 'a record that cannot be read'}) last beat {seen.age:.0f} s ago; "
-            f"refused if it beats again, taken over once its heartbeat is {stale_after:.0f} s old"
+            f"({holder.describe() if holder else 'a record that cannot be read'}) is not seen to beat; "
+            f"refused if it beats again, taken over once no beat came for {stale_after:.0f} s"
         )
     return None
 
@@ -358,7 +353,7 @@ def _poll_seconds(holder: Holder | None) -> float:
 
 
 class Heartbeat:
-    """Touches a lock every `every` seconds (default: heartbeat_seconds()) from a daemon thread;
+    """Touches a lock every `every` seconds (default: the period its holder record states) from a daemon thread;
     `on_lost` runs once if the lock stops being ours (another run took it over: we looked dead).
     A joined lock (not owned) is only watched: its launcher beats it."""
 
@@ -366,19 +361,24 @@ class Heartbeat:
         self, lock: Lock, every: float | None = None, on_lost: Callable[[Holder | None], None] | None = None
     ) -> None:
         self.lock = lock
-        self.every = heartbeat_seconds() if every is None else every
+        self.every = lock.holder.every if every is None else every
         self.on_lost = on_lost
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dist-jobs-lock-heartbeat", daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            if not self.lock.beat(touch=self.lock.owned):
-                self.lost.set()
-                if self.on_lost is not None:
-                    self.on_lost(self.lock.successor)
+        try:
+            while not self._stop.wait(self.every):
+                if not self.lock.beat(touch=self.lock.owned):
+                    break
+            else:
                 return
+        except Exception as exc:  # whatever ends the heartbeat ends the lease: nobody beats it any more
+            self.lock.successor, self.lock.failure = None, f"the heartbeat failed: {exc!r}"
+        self.lost.set()
+        if self.on_lost is not None:
+            self.on_lost(self.lock.successor)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()

@@ -19,7 +19,10 @@ INT, HUP, USR1, USR2), since the ranks may still be writing their preemption che
 another run took the lock over, the job must stop at once and write nothing more: `heartbeat`
 kills what it was told to (--stop-steps: every step of that SLURM job, not its batch shell;
 --kill-tree: a process and all its descendants) with SIGKILL, a signal a rank cannot turn into
-a checkpoint, and exits 6. `check` exits 0 while the token holds the lock, else 6 naming the holder.
+a checkpoint, and exits 6; the steps are left alone when a newer attempt of the same job holds
+the lock (they are that attempt's). A heartbeat that cannot reach LOCK past its lease, or that
+fails in any other way, ends the same way. `check` exits 0 while the token holds the lock, else 6
+naming the holder.
 """
 
 from __future__ import annotations
@@ -33,12 +36,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start, stat_fields
-from dist_jobs.rundir.lock import LOCK_NAME, Fence, Lock, LockLost, acquire, current, heartbeat_seconds, new_token
+from dist_jobs.rundir.lock import (
+    LOCK_NAME,
+    Fence,
+    Lock,
+    LockLost,
+    acquire,
+    current,
+    heartbeat_seconds,
+    lease_seconds,
+    new_token,
+    retrying,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,8 +78,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _mine(run_dir: Path, token: str) -> Lock | None:
-    """Our lock, or None once it names another holder (or none)."""
-    holder = current(run_dir / LOCK_NAME)
+    """Our lock, or None once it names another holder (or none); a transient I/O error is
+    retried for as long as a heartbeat would."""
+    holder = retrying(lambda: current(run_dir / LOCK_NAME), time.monotonic() + lease_seconds())
     return Lock(run_dir / LOCK_NAME, holder, owned=True) if holder is not None and holder.token == token else None
 
 
@@ -80,27 +96,56 @@ def _acquire(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass
+class _Ending:
+    """How a heartbeat ended: lost (the job must stop) or not, who holds the lock now, the I/O
+    error that outlasted the lease if that ended it, and our own record."""
+
+    lost: bool
+    successor: Holder | None = None
+    failure: str = ""
+    mine: Holder | None = None
+
+
 def _heartbeat(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    lock = _mine(args.run_dir, args.token)
-    successor = None if lock is not None else current(args.run_dir / LOCK_NAME)  # lost before we began?
-    watched = process_start(args.pid)
-    every = heartbeat_seconds() if args.every is None else args.every
-    while lock is not None and lock.beat():
-        time.sleep(every)
-        if watched is None or process_start(args.pid) != watched:
-            return 0  # the job's shell is gone: the lock goes stale unless released
-    if lock is not None:
-        successor = lock.successor
-    if successor is None and not (args.run_dir / LOCK_NAME).exists():
-        return 0  # released (the job ended)
-    if args.stop_steps:
+    try:
+        end = _beat_until_lost(args)
+    except Exception as exc:  # whatever ends the heartbeat ends the lease: the job must not outlive it
+        end = _Ending(True, failure=f"the heartbeat failed: {exc!r}")
+    if not end.lost:
+        return 0
+    if args.stop_steps and end.successor and end.mine and end.successor.later_attempt_of(end.mine):
+        # A newer attempt of this job took over (this one's node dropped out of SLURM while its
+        # processes lived on): the job's steps are that attempt's now. This attempt's ranks stop
+        # at their next write into the run directory (their fence).
+        print(f"dist-jobs: {end.successor.describe()} holds the lock now: leaving its steps alone", file=sys.stderr)
+    elif args.stop_steps:
         _stop_slurm_steps(args.stop_steps)
     if args.kill_tree:
         _kill_tree(args.kill_tree)
-    print(f"dist-jobs: {LockLost(args.run_dir, successor, 'let this job go on')}", file=sys.stderr, flush=True)
+    if end.failure:
+        print(f"dist-jobs: run directory lock in {args.run_dir}: {end.failure}", file=sys.stderr, flush=True)
+    print(f"dist-jobs: {LockLost(args.run_dir, end.successor, 'let this job go on')}", file=sys.stderr, flush=True)
     return LOCK_LOST_EXIT_CODE
+
+
+def _beat_until_lost(args: argparse.Namespace) -> _Ending:
+    """Beat until the job ends (nothing to stop) or the lock is lost."""
+    lock = _mine(args.run_dir, args.token)
+    if lock is None:  # lost before we began?
+        successor = current(args.run_dir / LOCK_NAME)
+        return _Ending(successor is not None or (args.run_dir / LOCK_NAME).exists(), successor)
+    watched = process_start(args.pid)
+    every = heartbeat_seconds() if args.every is None else args.every
+    while lock.beat():
+        time.sleep(every)
+        if watched is None or process_start(args.pid) != watched:
+            return _Ending(False)  # the job's shell is gone: the lock goes stale unless released
+    if lock.successor is None and not lock.failure and not (args.run_dir / LOCK_NAME).exists():
+        return _Ending(False)  # released (the job ended)
+    return _Ending(True, lock.successor, lock.failure, lock.holder)
 
 
 def _stop_slurm_steps(job_id: str) -> None:

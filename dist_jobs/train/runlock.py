@@ -110,6 +110,8 @@ def run_lock(folder: Path | None, dist: Dist) -> Iterator[Guard]:
 
     def lost(successor: Holder | None) -> None:
         guard.lost.set()
+        if lock is not None and lock.failure:
+            log.error("run directory lock in %s: %s", folder, lock.failure)
         log.error("%s", LockLost(folder, successor, "take another step"))
 
     try:

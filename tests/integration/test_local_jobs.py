@@ -197,13 +197,15 @@ def test_a_rerun_of_a_finished_run_says_it_had_finished_and_trains_nothing(tmp_p
 
 def test_a_submit_while_another_submit_of_the_run_is_under_way_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     """Two submits of one run at once would both find no live launcher: the one that comes second
-    finds the first's claim (a live process's pid), is refused with exit 2 and leaves the run's
-    record alone; a claim whose submitter has died is taken over."""
+    finds the first's claim (a lock its process holds), is refused with exit 2 and leaves the
+    run's record alone; the claim of a submitter that died is gone with it."""
     folder = tmp_path / "checkpoints" / "twice" / "local"
     folder.mkdir(parents=True)
-    submitter = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holds = "import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+    holds += "f.write(f'{os.getpid()}\\n'); f.flush(); print('held', flush=True); time.sleep(60)"
+    submitter = subprocess.Popen([sys.executable, "-c", holds, str(folder / "submitting")], stdout=subprocess.PIPE)
     try:
-        (folder / "submitting").write_text(f"{submitter.pid}\n")
+        assert submitter.stdout is not None and submitter.stdout.readline() == b"held\n"
         argv = ["submit", "--backend", "local", "--name", "twice", "--procs-per-node", "1", "--", "true"]
         refused = dj(*argv, cwd=tmp_path)
         assert refused.returncode == 2, refused.stderr
@@ -214,6 +216,6 @@ def test_a_submit_while_another_submit_of_the_run_is_under_way_is_refused_and_wr
         submitter.wait()
     taken = dj(*argv, cwd=tmp_path)  # the claim's submitter is gone
     assert taken.returncode == 0, taken.stderr
-    assert not (folder / "submitting").exists()
+    assert (folder / "submitting").read_text() == ""  # released
     waited = dj("wait", "--timeout", "60", taken.stdout.strip(), cwd=tmp_path)
     assert waited.returncode == 0, waited.stdout + waited.stderr

@@ -10,9 +10,9 @@ import pytest
 
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import new_token
+from dist_jobs.rundir.lock import LockHeld, new_token
 from dist_jobs.spec.load import load_spec
-from support.lock_support import plant
+from support.lock_support import beating, foreign, plant
 from support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -40,10 +40,22 @@ def test_list_shows_a_job_whose_checkpoint_dir_is_elsewhere_from_any_folder(tmp_
 
 
 def test_a_run_the_lock_refused_says_why(tmp_path: Path) -> None:
+    """A live run on another host (its heartbeat beats): only the launcher, watching it, can tell."""
     run_dir = tmp_path / "checkpoints" / "busy"
-    plant(run_dir, Holder.this(new_token(), "", "local", "", pid=os.getpid()))  # a live run on this machine
-    backend, job_id = _submitted(tmp_path, name="busy")
+    holder = foreign("slurm:77", "slurm", "77")
+    with beating(plant(run_dir, holder), holder):
+        backend, job_id = _submitted(tmp_path, name="busy")
     status = backend.status(job_id)
     assert status.state == "FAILED"
-    assert status.detail.startswith(f"run directory {run_dir.resolve()} is in use by another run (local run, pid")
+    assert status.detail.startswith(f"run directory {run_dir.resolve()} is in use by another run (slurm job 77")
     assert status.detail.endswith("refusing to start a second run in it (exit 2)")
+
+
+def test_a_run_a_live_process_here_holds_is_refused_at_submit(tmp_path: Path) -> None:
+    """A live run on this machine (a foreground `dist-jobs run`): refused before anything starts."""
+    run_dir = tmp_path / "checkpoints" / "busy"
+    plant(run_dir, Holder.this(new_token(), "", "local", "", pid=os.getpid()))
+    with pytest.raises(LockHeld) as caught:
+        _submitted(tmp_path, name="busy")
+    assert str(caught.value).startswith(f"run directory {run_dir} is in use by another run (local run, pid")
+    assert not (run_dir / "local" / "pid").exists()

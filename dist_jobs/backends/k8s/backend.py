@@ -24,6 +24,7 @@ from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, no
 from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
 from dist_jobs.backends.k8s.ranks import completion_index, job_status, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, Problem, UsageError
+from dist_jobs.rundir.lock import check_knobs
 
 # The CLI reads every backend's class for its flags: what only submit, render and a snapshot
 # use (yaml, the renderer, the spec classes) is imported where used (tests/unit/test_imports.py).
@@ -176,6 +177,7 @@ class K8sBackend(Backend):
         return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
 
     def schedule(self, prepared: Prepared) -> Handle:
+        check_knobs(prepared.spec.env)  # a pod's environment is the spec's alone
         created = self._create(prepared, dry_run=False)
         if prepared.spec.snapshot:
             self._create_code(prepared, created, dry_run=False)

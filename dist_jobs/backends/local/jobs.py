@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
+from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, check_knobs, current, stale_seconds
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
-CLAIM = "submitting"  # the pid of the process submitting the run now (dist-jobs submit)
+CLAIM = "submitting"  # locked by the process submitting the run now (dist-jobs submit), its pid inside
 FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
@@ -88,6 +90,7 @@ class LocalBackend(Backend):
 
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
+        check_knobs({**os.environ, **spec.env})  # the launcher's and the ranks' environment
         folder = (prepared.run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):
@@ -96,6 +99,7 @@ class LocalBackend(Backend):
                     f"run {spec.run_id} is already running here (local://{folder.parent})",
                     "wait for it, cancel it, or pick another --name",
                 )
+            _refuse_a_held_run_dir(folder.parent)
             handle = self._start(spec, folder)
         records.record(records.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
         return handle
@@ -305,6 +309,14 @@ def _prefixes(folder: Path, rank: int | None) -> tuple[str, ...] | None:
     return (f"[rank {rank}] ",)
 
 
+def _refuse_a_held_run_dir(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run whose directory a live process on this machine
+    holds (a foreground `dist-jobs run`): its launcher would only be refused the lock."""
+    holder = current(run_dir / LOCK_NAME)
+    if holder is not None and holder.on_this_machine() and not holder.gone():
+        raise LockHeld(run_dir / LOCK_NAME, holder, 0.0, stale_seconds())
+
+
 def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> int:
     """`dist-jobs run --record FOLDER`: run in the foreground, SIGTERM as Ctrl-C, exit code to FOLDER."""
 
@@ -359,28 +371,29 @@ def _hang(folder: Path) -> HangRecord | None:
 def _claimed(folder: Path, run: str) -> Iterator[None]:
     """This process alone submits the run until the new launcher's pid is recorded: two submits
     at once would both find no live launcher, and the refused one's launcher would then write
-    its exit code into the live run's record. A claim whose submitter has died is taken over."""
-    claim = folder / CLAIM
-    for _ in range(2):
+    its exit code into the live run's record. The claim is a kernel lock on the file (flock),
+    which ends with its process: a submitter that died leaves nothing to take over, and the
+    file is never removed, so no submitter can remove another's claim. It holds the pid, for
+    the refusal's words."""
+    with open(folder / CLAIM, "a+", encoding="ascii") as fh:
         try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            holder = _read_int(claim)
-            if holder is not None and _pid_alive(holder):
-                raise UsageError(
-                    f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
-                    "wait for that submit to finish, or pick another --name",
-                ) from None
-            claim.unlink(missing_ok=True)  # its submitter died: take it over
-    else:
-        raise UsageError(f"run {run}: cannot claim {claim}", "retry the submit")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"{os.getpid()}\n")
-        yield
-    finally:
-        claim.unlink(missing_ok=True)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise UsageError(
+                f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
+                "wait for that submit to finish, or pick another --name",
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()  # before the lock goes with the file's closing
 
 
 def _pid_alive(pid: int) -> bool:

@@ -191,7 +191,7 @@ class Launcher:
         def lost(holder: Holder | None) -> None:
             if holder is not None:
                 now = holder.describe()
-            elif (run_dir / LOCK_NAME).exists():
+            elif os.path.exists(run_dir / LOCK_NAME):  # False too where the filesystem fails us
                 now = "a run whose record cannot be read"
             else:
                 now = "nobody: the lock file was removed"
@@ -206,6 +206,8 @@ class Launcher:
             restart, port = 0, free_port()
             while True:
                 group = self._group(spec, run_dir, spec.preemption.max_restarts - restart, lock.beat)
+                if gone:  # lost between two groups of a restart: this one ends at once, exit 6
+                    group.end_now(gone[-1])
                 procs = plan(spec, workdir, port, job_id, use_gpus)
                 code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=workdir)
                 verdict = replace(group.verdict or decide(Evidence(code)), attempt=f"0.{restart}" if restart else "0")

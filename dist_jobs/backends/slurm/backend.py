@@ -36,6 +36,7 @@ from dist_jobs.backends.slurm.output import (
 )
 from dist_jobs.backends.slurm.sbatch import check_controller
 from dist_jobs.errors import BackendError, DistJobsError
+from dist_jobs.rundir.lock import check_knobs
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
     from dist_jobs.backends.preflight import MissingPackages
@@ -129,6 +130,7 @@ class SlurmBackend(Backend):
         from dist_jobs.backends.preflight import missing_packages
         from dist_jobs.backends.slurm.submit import in_snapshot, job_python_export, snapshot_spec, submit
 
+        check_knobs({**os.environ, **prepared.spec.env})  # the job inherits this environment, then the spec's
         if prepared.spec.snapshot and not in_snapshot(prepared.spec):  # (a sweep's array has its copy)
             # the job runs from a copy of the code: render it for that folder
             prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))

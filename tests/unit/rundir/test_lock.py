@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
+from dist_jobs.errors import UsageError
 from dist_jobs.rundir import lock as lockmod
+from dist_jobs.rundir import takeover
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
 from dist_jobs.rundir.lock import (
     LOCK_NAME,
@@ -40,8 +42,8 @@ from support.waiting import eventually
 LOCKCTL = [PYTHON, "-m", "dist_jobs.rundir.lockctl"]
 
 
-def me(owner: str = "", backend: str = "local", job_id: str = "") -> Holder:
-    return Holder.this(new_token(), owner, backend, job_id)
+def me(owner: str = "", backend: str = "local", job_id: str = "", every: float | None = None) -> Holder:
+    return Holder.this(new_token(), owner, backend, job_id, every=every)
 
 
 def elsewhere(owner: str = "slurm:77", job_id: str = "77", every: float = 0.05) -> Holder:
@@ -78,7 +80,7 @@ def test_a_second_run_is_refused_with_the_holder_and_the_fix(tmp_path: Path) -> 
     assert error.exit_code == 2 and error.holder == holder
     text = str(error)
     assert f"run directory {tmp_path / 'run'} is in use by another run (slurm job 77, pid 4321 on host n9" in text
-    assert "last heartbeat 0 s ago" in text
+    assert "heartbeat seen 0 s ago" in text
     assert "hint: wait for that run to end or stop it (scancel 77)" in text and str(path) in text
 
 
@@ -104,8 +106,26 @@ def test_a_stale_heartbeat_is_taken_over_a_beating_one_is_not(tmp_path: Path) ->
     with beating(path, holder), pytest.raises(LockHeld):
         acquire(tmp_path / "run", me())
     plant(tmp_path / "run", elsewhere(), age=stale_seconds() + 20)
-    lock = acquire(tmp_path / "run", me())
-    assert "last heartbeat was" in (lock.took_over or "") and lock.owned
+    lock = acquire(tmp_path / "run", me(every=0.1), stale_after=0.5)
+    assert "heartbeat was not seen for" in (lock.took_over or "") and lock.owned
+
+
+def test_staleness_is_watched_on_our_clock_not_read_from_the_mtime(tmp_path: Path) -> None:
+    """On Lustre, CephFS or GPFS the holder's client clock writes the mtime: one far in the past
+    (a clock behind) says nothing; a lock is stale only once we watched it not beat that long."""
+    plant(tmp_path / "run", elsewhere(every=0.1), age=3600)
+    started = time.monotonic()
+    lock = acquire(tmp_path / "run", me(every=0.1), stale_after=1.0)
+    assert time.monotonic() - started >= 1.0 and lock.owned
+
+
+@pytest.mark.timeout(60)  # a newcomer that compares the mtime with its clock waits for ever
+def test_a_lock_whose_mtime_lies_in_the_future_is_still_taken_once_it_stops_beating(tmp_path: Path) -> None:
+    """A holder whose client clock runs ahead: its mtimes are in our future, yet it is stale
+    once no beat came for the stale limit."""
+    plant(tmp_path / "run", elsewhere(every=0.1), age=-3600)
+    lock = acquire(tmp_path / "run", me(every=0.1), stale_after=1.0)
+    assert lock.owned and "heartbeat was not seen for 1 s" in (lock.took_over or "")
 
 
 def test_a_holder_whose_heartbeat_stopped_is_waited_for_then_taken_over(tmp_path: Path) -> None:
@@ -114,12 +134,12 @@ def test_a_holder_whose_heartbeat_stopped_is_waited_for_then_taken_over(tmp_path
     plant(tmp_path / "run", elsewhere(every=0.1), age=0)
     said: list[str] = []
     started = time.monotonic()
-    lock = acquire(tmp_path / "run", me(), stale_after=1.5, on_wait=said.append)
+    lock = acquire(tmp_path / "run", me(every=0.1), stale_after=1.5, on_wait=said.append)
     assert time.monotonic() - started >= 1.0
-    assert lock.owned and "last heartbeat was" in (lock.took_over or "")
+    assert lock.owned and "heartbeat was not seen for" in (lock.took_over or "")
     assert len(said) == 1
     assert said[0].startswith(f"waiting for the lock of {tmp_path / 'run'}: its holder (slurm job 77")
-    assert "refused if it beats again, taken over once its heartbeat is 2 s old" in said[0]
+    assert "refused if it beats again, taken over once no beat came for 2 s" in said[0]
 
 
 def test_a_waited_for_holder_that_beats_again_is_refused(tmp_path: Path) -> None:
@@ -203,14 +223,14 @@ def test_an_ambiguous_create_is_checked_not_taken_as_refusal(tmp_path: Path, mon
     assert Holder.parse((tmp_path / "run" / LOCK_NAME).read_bytes()) == lock.holder
 
 
-def test_a_stale_lock_that_beats_before_the_break_is_put_back(tmp_path: Path) -> None:
-    """Judged stale, then it beat: the breaker's rename finds a newer mtime and restores it."""
+def test_a_stale_lock_that_beats_before_the_break_is_left_alone(tmp_path: Path) -> None:
+    """Judged stale, then it beat: the breaker finds a newer mtime and leaves it in place."""
     holder = elsewhere()
     path = plant(tmp_path / "run", holder, age=stale_seconds() + 20)
-    judged = lockmod._look(path)
+    judged = takeover.look(path)
     assert judged is not None
     os.utime(path)  # the holder wakes up between the judgement and the break
-    assert not lockmod._break(path, judged)
+    assert takeover.break_stale(path, judged, me().to_bytes(), {}) is False
     assert Holder.parse(path.read_bytes()) == holder and sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
 
 
@@ -364,7 +384,7 @@ def test_an_unreadable_lock_is_refused_while_touched_and_taken_once_stale(tmp_pa
     toucher.join()
     old = time.time() - stale_seconds() - 10
     os.utime(path, (old, old))
-    assert acquire(tmp_path / "run", me()).took_over
+    assert acquire(tmp_path / "run", me(every=0.1), stale_after=0.5).took_over
 
 
 def test_owner_comes_from_the_scheduler_but_not_from_the_local_stand_in() -> None:
@@ -382,7 +402,8 @@ def _contend(run_dir: str, owner: str, start: float, results: multiprocessing.Qu
     while time.time() < start:
         pass  # spin, not sleep: every contender leaves this loop within the same millisecond
     try:
-        results.put(acquire(Path(run_dir), Holder.this(new_token(), owner, "test", "")).token)
+        me = Holder.this(new_token(), owner, "test", "", every=0.1)
+        results.put(acquire(Path(run_dir), me, stale_after=1.0).token)
     except LockHeld:
         results.put(None)
     # Stay alive until every contender has answered: a winner whose process has ended is provably
@@ -417,6 +438,25 @@ def test_of_many_runs_starting_at_once_exactly_one_holds_it(tmp_path: Path, stal
 # -- lockctl: the same lock from a shell -----------------------------------------------------------
 
 
+def test_a_heartbeat_slower_than_a_third_of_the_stale_limit_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as caught:
+        acquire(tmp_path / "run", me(every=11), stale_after=30)
+    text = f"{caught.value} {caught.value.hint}"
+    assert caught.value.exit_code == 2
+    assert "DIST_JOBS_LOCK_HEARTBEAT_SECONDS=11 is more than a third of DIST_JOBS_LOCK_STALE_SECONDS=30" in text
+    assert "at most 10, or DIST_JOBS_LOCK_STALE_SECONDS to at least 33" in text
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    assert acquire(tmp_path / "run", me(every=10), stale_after=30).owned  # a third exactly is fine
+
+
+def test_lockctl_refuses_knobs_that_do_not_fit_together(tmp_path: Path) -> None:
+    knobs = {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "40", "DIST_JOBS_LOCK_STALE_SECONDS": "90"}
+    refused = lockctl("acquire", str(tmp_path / "run"), env=knobs)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "HEARTBEAT_SECONDS=40 is more than a third of DIST_JOBS_LOCK_STALE_SECONDS=90" in refused.stderr
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+
+
 def lockctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([*LOCKCTL, *args], capture_output=True, text=True, env=environ, timeout=60)
@@ -431,11 +471,16 @@ def test_lockctl_acquire_refuse_heartbeat_release(tmp_path: Path) -> None:
     assert second.returncode == 2
     assert second.stderr.startswith(f"dist-jobs: run directory {run_dir} is in use by another run (slurm job 501")
     assert "scancel 501" in second.stderr and "Traceback" not in second.stderr
+    alive = lockctl("acquire", str(run_dir), "--backend", "slurm", env={"SLURM_JOB_ID": "501"})
+    assert alive.returncode == 2  # the same job, but its holder's process runs here: that attempt lives
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    path = run_dir / LOCK_NAME
+    path.write_bytes(dataclasses.replace(Holder.parse(path.read_bytes()), pid=ended.pid).to_bytes())  # type: ignore[arg-type]
     requeued = lockctl("acquire", str(run_dir), "--backend", "slurm", env={"SLURM_JOB_ID": "501"})
-    assert requeued.returncode == 0 and "an earlier attempt of the same job (slurm:501)" in requeued.stderr
+    assert requeued.returncode == 0 and "is not running any more" in requeued.stderr
     token = requeued.stdout.strip()
 
-    path = run_dir / LOCK_NAME
     past = time.time() - 50
     os.utime(path, (past, past))
     beat = subprocess.Popen(
@@ -463,9 +508,9 @@ def test_a_newcomer_that_judged_a_stale_lock_late_leaves_the_new_holders_lock_al
     lock aside: in that instant a third newcomer would take the lock too (two holders)."""
     run_dir = tmp_path / "run"
     path = plant(run_dir, elsewhere(), age=stale_seconds() + 60)
-    judged = lockmod._look(path)
+    judged = takeover.look(path)
     assert judged is not None
-    first = acquire(run_dir, me("A"))  # A breaks the stale lock and takes it
+    first = acquire(run_dir, me("A", every=0.1), stale_after=0.5)  # A breaks the stale lock and takes it
     assert first.owned and first.took_over  # it took the stale lock over
     rename = os.rename
 
@@ -474,7 +519,7 @@ def test_a_newcomer_that_judged_a_stale_lock_late_leaves_the_new_holders_lock_al
         lockmod.write_new(path, me("C").to_bytes())  # C's create lands while the path is free
 
     monkeypatch.setattr(lockmod.os, "rename", third_takes_the_free_path)
-    assert not lockmod._break(path, judged)  # B, late
+    assert takeover.break_stale(path, judged, me("B").to_bytes(), {}) is False  # B, late
     held = lockmod.current(path)
     assert held is not None and held.token == first.token, held
     first.release()

@@ -588,3 +588,15 @@ def test_logs_show_every_rank_by_default_each_line_with_its_rank(tmp_path: Path)
     lines = [line for line in backend.logs("71") if "==>" not in line]
     assert lines == ["[rank 0] a0 r0", "[rank 0] a1 r0", "[rank 1] a0 r1", "[rank 1] a1 r1"]
     assert [line for line in backend.logs("71", rank=1) if "==>" not in line] == ["a0 r1", "a1 r1"]
+
+
+def test_lock_knobs_that_do_not_fit_together_are_refused_at_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused here (exit 2), not after the job waited in the queue to be refused at its start."""
+    monkeypatch.setenv("DIST_JOBS_LOCK_STALE_SECONDS", "30")  # the job inherits the submitter's environment
+    runner = FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), ""))
+    with pytest.raises(UsageError, match="DIST_JOBS_LOCK_HEARTBEAT_SECONDS=20 is more than a third of") as caught:
+        submit(tmp_path, runner, env={"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "20"})
+    assert caught.value.exit_code == 2 and "DIST_JOBS_LOCK_STALE_SECONDS=30" in str(caught.value)
+    assert runner.calls == [] and not (tmp_path / "runs").exists()
