@@ -32,7 +32,7 @@ def test_a_submit_of_a_run_a_live_process_here_holds_is_refused_and_writes_nothi
     holder = held_by_this_process(run_dir)
     backend = LocalBackend(workdir=tmp_path, missing=lambda packages: [])
     with pytest.raises(LockHeld) as caught:
-        backend.submit(backend.prepare(spec(tmp_path)))
+        backend.submit(spec(tmp_path))
     assert caught.value.exit_code == 2 and caught.value.holder == holder
     assert [p.name for p in (run_dir / jobs.FOLDER).iterdir()] == [jobs.CLAIM]  # no record, no launcher
     assert (run_dir / jobs.FOLDER / jobs.CLAIM).read_text() == ""  # the claim, released
@@ -60,5 +60,5 @@ def test_lock_knobs_that_do_not_fit_together_are_refused_at_submit(tmp_path: Pat
     backend = LocalBackend(workdir=tmp_path, missing=lambda packages: [])
     knobs = {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "40", "DIST_JOBS_LOCK_STALE_SECONDS": "90"}
     with pytest.raises(UsageError, match="DIST_JOBS_LOCK_HEARTBEAT_SECONDS=40 is more than a third of"):
-        backend.submit(backend.prepare(spec(tmp_path, env=knobs)))
+        backend.submit(spec(tmp_path, env=knobs))
     assert not (tmp_path / "checkpoints").exists()
