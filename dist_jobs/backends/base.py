@@ -35,6 +35,17 @@ def run_dir_of(spec: JobSpec, workdir: Path) -> RunDir:
 
 
 @dataclass(frozen=True)
+class SnapshotPlan:
+    """Where a job's code is copied at submit: the files of `source` (resolved), less those in
+    `exclude`, into `dest`. Planned by `prepare()`, which writes nothing (the dry run shows it);
+    made by `take()` at submit (dist_jobs.backends.snapshot), into exactly `dest`."""
+
+    source: Path
+    dest: Path
+    exclude: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
 class Prepared:
     backend: str
     spec: JobSpec
@@ -43,6 +54,9 @@ class Prepared:
     # where the run lives as the submitting host sees it (run_dir_of); None in a sweep's trial
     # made from its dry run, whose backend builds it at submit
     run_dir: RunDir | None = None
+    # the copy of the code `spec` runs from (its workdir), which schedule() makes (snapshot.take);
+    # None: it runs the code where it is, or from a copy made already (a sweep's)
+    snapshot: SnapshotPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, spec: JobSpec) -> Prepared:
-        """The exact bytes `submit()` hands to the scheduler, nothing run: the dry run."""
+        """The exact bytes `submit()` hands to the scheduler, nothing run or written: the dry run
+        (a copy of the code the job runs from is planned here, Prepared.snapshot, and made by schedule)."""
 
     @abc.abstractmethod
     def schedule(self, prepared: Prepared) -> Handle:
@@ -220,7 +235,8 @@ class Backend(abc.ABC):
     # A sweep (dist_jobs.api.sweep_submit): by default one job per trial, all submitted at once.
 
     def snapshot(self, spec: JobSpec) -> JobSpec | None:
-        """`spec` running from one copy of the code taken now, for every trial; None: each as it is."""
+        """`spec` running from one copy of the code taken now, for every trial (as a job's own is:
+        snapshot.plan, then take); None: each as it is."""
         return None
 
     def sweep_problems(self, max_parallel: int | None) -> builtins.list[Problem]:

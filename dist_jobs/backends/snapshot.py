@@ -1,8 +1,12 @@
 """Code snapshots: the job runs the code as it was when it was submitted, not as edited since.
 
 `submit --snapshot` (spec `snapshot: true`; sweeps by default) copies the job's code into a folder
-of its own under the jobs directory, `<jobs_dir>/snapshots/<run>-<time>-<n>/`, and the job's
-working directory becomes that folder: every attempt, requeues included, starts there. What is
+of its own under the jobs directory, `<jobs_dir>/snapshots/<run>-<time>-<pid>[-n]/`, and the job's
+working directory becomes that folder: every attempt, requeues included, starts there. The
+backend's `prepare()` plans it (`planned`: the folder, the spec rewritten to run there, nothing
+written), so `submit --dry-run` shows what the job runs with; `submit` copies (`take`) into
+exactly the planned folder. Every backend that copies the code to a folder (SLURM, local) uses
+this pair. What is
 copied: in a git work tree, the tracked files plus untracked ones .gitignore does not exclude
 (`git ls-files -co --exclude-standard`), uncommitted changes as they are on disk; elsewhere, the
 folder minus data, checkpoint, log and environment folders. More than `limit` bytes is refused
@@ -20,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import run_dir_of
+from dist_jobs.backends.base import SnapshotPlan, run_dir_of
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.paths import expand_home
 
@@ -36,21 +40,65 @@ SKIPPED = frozenset(
 )
 
 
-def take(source: Path, jobs_dir: Path, run: str, exclude: list[Path], limit: int = LIMIT_BYTES) -> dict[str, Any]:
-    """Copy the code in `source` to a new folder under `jobs_dir`; its record (folder, commit,
-    dirty, files, bytes). `exclude`: folders never copied (the job's checkpoints, logs, jobs dir)."""
-    source = source.resolve()
-    files, commit, dirty, size = listing(source, exclude, limit)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    dest = jobs_dir / "snapshots" / f"{run}-{stamp}-{os.getpid()}"
-    n = 0
+def plan(
+    spec: JobSpec, workdir: Path, into: Path, now: float, limit: int = LIMIT_BYTES
+) -> tuple[JobSpec, SnapshotPlan]:
+    """`spec` to run from a snapshot of the code in `workdir` that goes under `into` (named for
+    the time `now`), and that snapshot's plan; nothing is written. The copy becomes the spec's
+    workdir; its log and checkpoint folders stay where they were (made absolute), and PYTHONPATH
+    entries inside the code point into the copy. More than `limit` bytes of code is refused now,
+    at the dry run already."""
+    import msgspec  # a copy's spec alone: `dist-jobs status` loads no msgspec (test_imports)
+
+    logs = Path(expand_home(spec.log_dir))
+    logs = logs if logs.is_absolute() else workdir / logs
+    checkpoints = run_dir_of(spec, workdir).root
+    snap = SnapshotPlan(workdir.resolve(), destination(into, spec.run_id, now), (into, logs, checkpoints))
+    listing(snap.source, list(snap.exclude), limit)  # the size guard
+    env = dict(spec.env)
+    if "PYTHONPATH" not in env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            _into(Path(entry), snap.source, snap.dest) for entry in os.environ["PYTHONPATH"].split(os.pathsep)
+        )
+    snapped = msgspec.structs.replace(
+        spec, workdir=str(snap.dest), log_dir=str(logs), checkpoint_dir=str(checkpoints), env=env
+    )
+    return snapped, snap
+
+
+def planned(spec: JobSpec, workdir: Path, into: Path, now: float) -> tuple[JobSpec, SnapshotPlan | None]:
+    """What `prepare()` submits: with `snapshot`, `spec` to run from a copy planned under `into`
+    (plan); else, or where it runs from a copy already (a sweep's trial), `spec` as it is."""
+    if not spec.snapshot or in_copy(spec):
+        return spec, None
+    return plan(spec, workdir, into, now)
+
+
+def destination(into: Path, run: str, now: float) -> Path:
+    """`<into>/snapshots/<run>-<time>-<pid>[-n]`: a folder no snapshot has taken yet."""
+    name = f"{run}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{os.getpid()}"
+    dest, n = into / "snapshots" / name, 0
     while dest.exists():
         n += 1
-        dest = dest.with_name(f"{run}-{stamp}-{os.getpid()}-{n}")
+        dest = dest.with_name(f"{name}-{n}")
+    return dest
+
+
+def take(snap: SnapshotPlan, limit: int = LIMIT_BYTES) -> dict[str, Any]:
+    """Copy the code as `snap` plans, into exactly its `dest`; its record (folder, commit,
+    dirty, files, bytes). The code is listed again: the copy holds it as it is now, at submit."""
+    files, commit, dirty, size = listing(snap.source, list(snap.exclude), limit)
+    dest = snap.dest
+    try:
+        dest.mkdir(parents=True)
+    except FileExistsError:
+        raise UsageError(
+            f"snapshot: {dest} exists already: another submit copied its code there",
+            "submit the job again: its dry run picks a folder no snapshot has taken",
+        ) from None
     for rel in files:
-        _copy(source / rel, dest / rel)
-    dest.mkdir(parents=True, exist_ok=True)
-    record = {"dir": str(dest), "source": str(source), "commit": commit, "dirty": dirty, "files": len(files)}
+        _copy(snap.source / rel, dest / rel)
+    record = {"dir": str(dest), "source": str(snap.source), "commit": commit, "dirty": dirty, "files": len(files)}
     record["bytes"] = size
     (dest / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
@@ -85,28 +133,6 @@ def describe(record: dict[str, Any]) -> str:
     if record.get("dirty"):
         what += " (with uncommitted changes)"
     return f"{what} in {record.get('dir')}"
-
-
-def spec_in_copy(spec: JobSpec, workdir: Path, jobs_dir: Path) -> JobSpec:
-    """`spec` to run from a snapshot of the code in `workdir`, taken now under `jobs_dir`: the copy
-    becomes its workdir; its log and checkpoint folders stay where they were (made absolute), and
-    PYTHONPATH entries inside the code point into the copy. Every backend that copies the code
-    to a folder uses it (SLURM, local)."""
-    import msgspec  # a copy's spec alone: `dist-jobs status` loads no msgspec (test_imports)
-
-    logs = Path(expand_home(spec.log_dir))
-    logs = logs if logs.is_absolute() else workdir / logs
-    checkpoints = run_dir_of(spec, workdir).root
-    record = take(workdir, jobs_dir, spec.run_id, exclude=[jobs_dir, logs, checkpoints])
-    env = dict(spec.env)
-    if "PYTHONPATH" not in env and os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(
-            _into(Path(entry), workdir.resolve(), Path(record["dir"]))
-            for entry in os.environ["PYTHONPATH"].split(os.pathsep)
-        )
-    return msgspec.structs.replace(
-        spec, workdir=record["dir"], log_dir=str(logs), checkpoint_dir=str(checkpoints), env=env
-    )
 
 
 def in_copy(spec: JobSpec) -> bool:

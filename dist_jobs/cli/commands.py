@@ -127,6 +127,9 @@ def cmd_submit(args: argparse.Namespace, command: list[str] | None) -> int:
         backend = _backend(args)
         prepared = backend.prepare(spec)
         sys.stdout.write(prepared.payload)
+        if prepared.snapshot is not None:  # the folder the payload runs in, which submit makes
+            where = prepared.snapshot
+            print(f"# snapshot: submit copies the code in {where.source} to {where.dest}", file=sys.stderr)
         said = backend.check(prepared)
         if said is not None:
             print(f"# server-side dry run: {said}", file=sys.stderr)

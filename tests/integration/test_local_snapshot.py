@@ -2,7 +2,8 @@
 submitted with --snapshot runs the code as it was at submit although the script is edited before
 the job reaches it; status names the commit and the uncommitted changes; without --snapshot the
 job runs the script as it is when it gets there. A local sweep runs every trial, those its driver
-starts later included, from one snapshot taken when the sweep was submitted."""
+starts later included, from one snapshot taken when the sweep was submitted. The dry run of a
+snapshot is what submit runs: the copy's folder it names is where the ranks start."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import errno
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import dist_jobs
+from dist_jobs.backends.local.jobs import LocalBackend
+from dist_jobs.backends.local.launch import Launcher
 from support.git_project import git
 from support.paths import PYTHON, REPO, TESTS
 from support.waiting import eventually
@@ -118,6 +123,32 @@ def test_submit_with_snapshot_runs_the_code_as_submitted_and_without_it_as_found
     assert "[rank 0] edited after submit" in dj("logs", plain, cwd=proj).stdout
     assert "code" not in json.loads(dj("status", "-o", "json", plain, cwd=tmp_path).stdout)["extra"]
     assert not (proj / "checkpoints" / "plain" / "local" / "snapshots").exists()
+
+
+def test_the_dry_run_of_a_snapshot_is_the_spec_submit_runs_and_its_copy_is_where_the_ranks_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proj = project(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", environ(proj)["PYTHONPATH"])  # the launcher imports dist_jobs
+    noon = time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))  # the clock the copy's folder is named for
+    local = LocalBackend(workdir=proj, clock=lambda: noon)
+    show = "import os; print('cwd', os.getcwd()); exec(open('train.py').read())"
+    data = {"name": "dry", "procs_per_node": 1, "snapshot": True, "command": ["python3", "-c", show]}
+    spec = dist_jobs.load_spec(data={**data, "env": {"OMP_NUM_THREADS": "1"}})
+    dry = local.prepare(spec)  # what `submit --dry-run` prints
+    assert dry.snapshot is not None
+    copy = dry.snapshot.dest
+    assert copy == proj.resolve() / "checkpoints" / "dry" / "local" / "snapshots" / f"dry-20261128-120000-{os.getpid()}"
+    assert not copy.parent.exists()  # the dry run copies nothing
+    run_dir = local.submit(spec).job_id
+    ended = eventually(lambda: local.status(run_dir), until=lambda s: s.finished, timeout=120, what="the job's end")
+    assert ended.state == "COMPLETED", ended
+    recorded = dist_jobs.load_spec(data=yaml.safe_load((Path(run_dir) / "local" / "spec.yaml").read_text()))
+    assert recorded == dry.spec and recorded.workdir == str(copy)  # the launcher runs the dry run's spec
+    assert Launcher(workdir=proj).prepare(recorded).payload == dry.payload  # and plans the same processes
+    assert sorted(p.name for p in copy.parent.iterdir()) == [copy.name]  # the copy, exactly there
+    logs = "\n".join(local.logs(run_dir))
+    assert f"[rank 0] cwd {copy}\n" in logs + "\n" and "submitted version lib as submitted" in logs
 
 
 def test_run_with_snapshot_starts_the_ranks_in_a_copy_of_the_code(tmp_path: Path) -> None:

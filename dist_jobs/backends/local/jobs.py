@@ -20,14 +20,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dist_jobs.backends import records
-from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, run_dir_of
+from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, SnapshotPlan, run_dir_of
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.snapshot import describe, in_copy, read, spec_in_copy
+from dist_jobs.backends.snapshot import describe, plan, read, take
 from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
@@ -61,18 +61,23 @@ class LocalBackend(Backend):
     sweep_summary = "K trials at a time under a detached driver"
 
     def __init__(
-        self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages | None = None
+        self,
+        out: TextIO | None = None,
+        workdir: Path | None = None,
+        missing: MissingPackages | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`missing`: which packages the ranks' python (this one) cannot import (default: looked
-        up; tests replace it)."""
+        up; tests replace it); `clock`: the time a snapshot's folder is named for."""
         self.out = out
         self.workdir = workdir or Path.cwd()
         self.missing = missing
+        self.clock = clock
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
 
-        return Launcher(self.out, self.workdir).prepare(spec)
+        return Launcher(self.out, self.workdir, clock=self.clock).prepare(spec)
 
     def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
         """In the foreground; `record`: the detached run `submit` started, its exit code to that folder."""
@@ -81,8 +86,8 @@ class LocalBackend(Backend):
         if record is not None:
             return run_recorded(spec, record)
         if self.missing is None:
-            return Launcher(self.out, self.workdir).run(spec)
-        return Launcher(self.out, self.workdir, self.missing).run(spec)
+            return Launcher(self.out, self.workdir, clock=self.clock).run(spec)
+        return Launcher(self.out, self.workdir, self.missing, self.clock).run(spec)
 
     def schedule(self, prepared: Prepared) -> Handle:
         # submit's alone: status, logs and cancel load no spec classes (msgspec)
@@ -100,16 +105,18 @@ class LocalBackend(Backend):
                     "wait for it, cancel it, or pick another --name",
                 )
             _refuse_a_held_run_dir(folder.parent)
-            handle = self._start(spec, folder)
+            handle = self._start(spec, prepared.snapshot, folder)
         records.record(records.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
         return handle
 
-    def _start(self, spec: JobSpec, folder: Path) -> Handle:
-        """The detached launcher of a run whose record this process has claimed."""
+    def _start(self, spec: JobSpec, code: SnapshotPlan | None, folder: Path) -> Handle:
+        """The detached launcher of a run whose record this process has claimed, from the copy of
+        the code `code` plans (made here) where it has one."""
         import msgspec  # submit's alone: status, logs and cancel load no msgspec or yaml
         import yaml
 
-        spec = _snapshot(spec, self.workdir, folder)  # first: a refused one leaves the last job's record
+        if code is not None:  # first: a refused one leaves the last job's record
+            take(code)
         for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
@@ -222,7 +229,11 @@ class LocalBackend(Backend):
 
     def snapshot(self, spec: JobSpec) -> JobSpec:
         """One copy for every trial, beside their run directories (a driver starts some later)."""
-        return spec_in_copy(spec, self.workdir, run_dir_of(spec, self.workdir).root.resolve() / spec.name)
+        snapped, code = plan(
+            spec, self.workdir, run_dir_of(spec, self.workdir).root.resolve() / spec.name, self.clock()
+        )
+        take(code)
+        return snapped
 
     def sweep_roots(self, name: str, first: JobSpec, here: Path) -> tuple[Path, str]:
         root = run_dir_of(first, here).root  # the trials' run directories are below it
@@ -244,15 +255,6 @@ class LocalBackend(Backend):
 
     def trial_not_started(self, run_dir: str) -> bool:
         return not (Path(run_dir) / FOLDER / PID).exists()
-
-
-def _snapshot(spec: JobSpec, workdir: Path, folder: Path) -> JobSpec:
-    """`spec` to run from a snapshot of the code in `workdir`, taken now into the job's `folder`
-    (as SLURM does: dist_jobs.backends.snapshot); a spec that runs from one already (a sweep's
-    trial) keeps it."""
-    if not spec.snapshot:
-        return spec
-    return spec if in_copy(spec) else spec_in_copy(spec, workdir, folder)
 
 
 def _with_code(status: JobStatus, folder: Path) -> JobStatus:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from dist_jobs.backends.base import Prepared, run_dir_of
+from dist_jobs.backends.base import Prepared, SnapshotPlan, run_dir_of
 from dist_jobs.backends.local.procs import ProcessGroup
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages, missing_packages
-from dist_jobs.backends.snapshot import in_copy, spec_in_copy
+from dist_jobs.backends.snapshot import planned, take
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
@@ -142,12 +142,18 @@ class Launcher:
     name = "local"
 
     def __init__(
-        self, out: TextIO | None = None, workdir: Path | None = None, missing: MissingPackages = missing_packages
+        self,
+        out: TextIO | None = None,
+        workdir: Path | None = None,
+        missing: MissingPackages = missing_packages,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """`missing`: which packages the ranks' python (this one) cannot import (tests replace it)."""
+        """`missing`: which packages the ranks' python (this one) cannot import (tests replace it);
+        `clock`: the time a snapshot's folder is named for."""
         self.out = out or sys.stdout
         self.workdir = workdir or Path.cwd()
         self.missing = missing
+        self.clock = clock
         self.first_failure: tuple[str, int] | None = None  # after run(): which process failed first, its code
 
     @staticmethod
@@ -165,6 +171,9 @@ class Launcher:
         return False, note
 
     def prepare(self, spec: JobSpec) -> Prepared:
+        """The plan of processes; with `snapshot`, of the spec that runs from the copy of the code
+        that submit (or run) makes, its folder planned here, in `<run dir>/local/`."""
+        spec, code = self._planned(spec)
         use_gpus, _ = self._gpu_mode(spec)
         lines = [
             f"# {p.label}: {sh_argv(p.argv)}\n#   env: "
@@ -172,7 +181,7 @@ class Launcher:
             + "\n"
             for p in plan(spec, self.workdir, 29500, "local", use_gpus)
         ]
-        return Prepared("local", spec, "".join(lines), "local-plan.txt", run_dir_of(spec, self.workdir))
+        return Prepared("local", spec, "".join(lines), "local-plan.txt", run_dir_of(spec, self.workdir), code)
 
     def run(self, spec: JobSpec) -> int:
         """Run to completion under the run directory's lock; the exit code is procs.py (0, 200
@@ -182,7 +191,7 @@ class Launcher:
         if note:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
-        spec, workdir = _code(spec, self.workdir)
+        spec, workdir = self._code(spec)
         run_dir = _run_dir(spec, workdir)
         me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
         group: ProcessGroup | None = None
@@ -223,6 +232,21 @@ class Launcher:
         self.first_failure = group.first_failure
         return code
 
+    def _code(self, spec: JobSpec) -> tuple[JobSpec, Path]:
+        """The spec and the folder its ranks start in: with `snapshot`, a copy of the code (made
+        by `submit`, or now for a foreground run, as prepare() plans it), else the workdir."""
+        if not spec.snapshot:
+            return spec, self.workdir
+        spec, code = self._planned(spec)
+        if code is not None:
+            take(code)
+        return spec, Path(spec.workdir or self.workdir)
+
+    def _planned(self, spec: JobSpec) -> tuple[JobSpec, SnapshotPlan | None]:
+        """`spec` as it runs, and the copy of the code it runs from where one is to be made
+        (snapshot.planned), in `<run dir>/local/`."""
+        return planned(spec, self.workdir, run_dir_of(spec, self.workdir).path.resolve() / "local", self.clock())
+
     def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int, still_ours: Callable[[], bool]) -> ProcessGroup:
         group = ProcessGroup(
             self.out,
@@ -247,16 +271,6 @@ def _run_dir(spec: JobSpec, workdir: Path) -> Path:
             "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
         ) from None
     return run_dir.path
-
-
-def _code(spec: JobSpec, workdir: Path) -> tuple[JobSpec, Path]:
-    """The spec and the folder its ranks start in: with `snapshot`, a copy of the code (taken by
-    `submit`, or now for a foreground run, into `<run dir>/local/`), else `workdir`."""
-    if not spec.snapshot:
-        return spec, workdir
-    if not in_copy(spec):
-        spec = spec_in_copy(spec, workdir, run_dir_of(spec, workdir).path.resolve() / "local")
-    return spec, Path(spec.workdir or workdir)
 
 
 def _hang_since(run_dir: Path, since: float) -> str:

@@ -1,7 +1,8 @@
 """SLURM backend: sbatch/squeue/sacct/scancel through an injectable command runner.
 
-`prepare()` renders; `submit()` writes a job directory (spec copy, the exact script, job.json)
-and runs `sbatch --parsable` on those same bytes (submit.py). Output parsing lives in the
+`prepare()` renders (with `snapshot`, for the copy of the code it plans); `submit()` makes that
+copy, writes a job directory (spec copy, the exact script, job.json) and runs `sbatch --parsable`
+on those same bytes (submit.py). Output parsing lives in the
 pure functions of `output.py`, tested on real captured output.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep, run_dir_of
+from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.logs import attempt_files, log_location, rank_lines, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
@@ -106,34 +107,36 @@ class SlurmBackend(Backend):
         *,
         python: str | None = None,
         missing_packages: MissingPackages | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`python`: the job's python unless the spec names one (default: DIST_JOBS_PYTHON, else
         the interpreter running this); `missing_packages`: which of some packages that interpreter
-        cannot import (default: looked up in this one; see backends.preflight)."""
+        cannot import (default: looked up in this one; see backends.preflight); `clock`: a snapshot's time."""
         self.run = runner or run_command
         self.cwd = cwd or Path.cwd()
         self.jobs_dir = jobs_dir or self.cwd / "dist-jobs-runs"
         self._cluster = cluster  # from a handle; else asked once, when a handle is made
         self.python = python or os.environ.get("DIST_JOBS_PYTHON") or sys.executable
         self.missing_packages = missing_packages
+        self.clock = clock
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        # jinja2, yaml, msgspec: the query verbs load no renderer (test_imports)
-        from dist_jobs.backends.slurm.submit import workdir_of
-        from dist_jobs.render import render
+        from dist_jobs.backends.slurm.submit import prepare  # jinja2, yaml, msgspec: the query verbs load none
 
-        run_dir = run_dir_of(spec, workdir_of(spec, self.cwd))
-        return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch", run_dir)
+        return prepare(spec, self.cwd, self.jobs_dir, self.clock())
+
+    def render(self, spec: JobSpec) -> str:
+        """The script for `spec` as it is: submitted by hand, no copy of the code is made."""
+        from dist_jobs.render import render  # the renderer: render's alone (as above)
+
+        return render(spec, "slurm")
 
     def schedule(self, prepared: Prepared) -> Handle:
         # submit's own modules: yaml and msgspec, which the query verbs load none of (test_imports)
         from dist_jobs.backends.preflight import missing_packages
-        from dist_jobs.backends.slurm.submit import in_snapshot, job_python_export, snapshot_spec, submit
+        from dist_jobs.backends.slurm.submit import job_python_export, submit
 
         check_knobs({**os.environ, **prepared.spec.env})  # the job inherits this environment, then the spec's
-        if prepared.spec.snapshot and not in_snapshot(prepared.spec):  # (a sweep's array has its copy)
-            # the job runs from a copy of the code: render it for that folder
-            prepared = self.prepare(snapshot_spec(prepared.spec, self.cwd, self.jobs_dir))
         export = job_python_export(prepared.spec, self.python, self.missing_packages or missing_packages)
         return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir, export))
 
@@ -414,9 +417,9 @@ class SlurmBackend(Backend):
     # A sweep: one job array, its tasks running from one snapshot of the code.
 
     def snapshot(self, spec: JobSpec) -> JobSpec:
-        from dist_jobs.backends.slurm.submit import snapshot_spec  # submit's alone (as above)
+        from dist_jobs.backends.slurm.submit import snapshot  # submit's alone (as above)
 
-        return snapshot_spec(spec, self.cwd, self.jobs_dir)
+        return snapshot(spec, self.cwd, self.jobs_dir, self.clock())
 
     def prepare_sweep(
         self, name: str, params: builtins.list[dict[str, Any]], specs: builtins.list[JobSpec], max_parallel: int | None

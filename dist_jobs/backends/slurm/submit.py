@@ -1,6 +1,7 @@
-"""`SlurmBackend.submit`: a job directory (spec copy, the exact script, job.json) written next to
-`sbatch --parsable` on those same bytes. Its own module, imported on submit: status, list, cancel
-and logs load no yaml or msgspec (tests/unit/test_imports.py).
+"""`SlurmBackend.prepare` and `submit`: the script (for the copy of the code a snapshot plans), and
+a job directory (spec copy, the exact script, job.json) written next to `sbatch --parsable` on
+those same bytes. Its own module, imported on submit: status, list, cancel and logs load no yaml
+or msgspec (tests/unit/test_imports.py).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from dist_jobs.backends.base import Prepared, run_dir_of
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages
 from dist_jobs.backends.slurm.limits import SINFO_FORMAT, TOO_BIG, too_big
 from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, sbatch_error
-from dist_jobs.backends.snapshot import read, spec_in_copy
+from dist_jobs.backends.snapshot import plan, planned, read, take
 from dist_jobs.errors import BackendError
+from dist_jobs.render import render
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.paths import expand_home
 
@@ -48,9 +50,28 @@ def job_python_export(spec: JobSpec, python: str, missing: MissingPackages) -> l
     return [f"--export=ALL,DIST_JOBS_PYTHON={python}"]
 
 
+def prepare(spec: JobSpec, cwd: Path, jobs_dir: Path, now: float) -> Prepared:
+    """SlurmBackend.prepare: the script; with `snapshot`, rendered for the copy of the code that
+    schedule() makes, its folder planned under `jobs_dir` (for the time `now`) and nothing written."""
+    spec, code = planned(spec, workdir_of(spec, cwd), jobs_dir, now)
+    run_dir = run_dir_of(spec, workdir_of(spec, cwd))
+    return Prepared("slurm", spec, render(spec, "slurm"), f"{spec.run_id}.sbatch", run_dir, code)
+
+
+def snapshot(spec: JobSpec, cwd: Path, jobs_dir: Path, now: float) -> JobSpec:
+    """SlurmBackend.snapshot: `spec` to run from one copy of its code, made now under `jobs_dir`
+    (a sweep's, which its array's tasks share)."""
+    snapped, code = plan(spec, workdir_of(spec, cwd), jobs_dir, now)
+    take(code)
+    return snapped
+
+
 def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, export: list[str]) -> str:
     """Submit through `run`; the job id. Relative folders of the spec are taken from `cwd`;
-    `export` is sbatch's `--export` for the job's python (job_python_export)."""
+    `export` is sbatch's `--export` for the job's python (job_python_export). With a snapshot,
+    the code is copied first, into the folder the script was rendered for."""
+    if prepared.snapshot is not None:
+        take(prepared.snapshot)
     spec = prepared.spec
     workdir = workdir_of(spec, cwd)
     log_dir = Path(expand_home(spec.log_dir))
@@ -140,13 +161,3 @@ def _missing_dirs(path: Path) -> list[Path]:
             break
         missing.append(folder)
     return missing[::-1]
-
-
-def snapshot_spec(spec: JobSpec, cwd: Path, jobs_dir: Path) -> JobSpec:
-    """`spec` to run from a snapshot of its working directory's code (snapshot.spec_in_copy)."""
-    return spec_in_copy(spec, workdir_of(spec, cwd), jobs_dir)
-
-
-def in_snapshot(spec: JobSpec) -> bool:
-    """Whether `spec` runs from a snapshot of the code already (a sweep's array has its copy)."""
-    return spec.workdir is not None and read(Path(spec.workdir)) is not None

@@ -239,3 +239,22 @@ def test_a_training_flag_given_to_dist_jobs_gets_its_set_spelling_and_the_verbs_
     assert f"hint: training flags are spec fields: {fixes}\n" in proc.stderr
     other = dj("status", "--bogus", "local:///nowhere")
     assert other.returncode == 2 and other.stderr.startswith("usage: dist-jobs status ") and "hint" not in other.stderr
+
+
+@pytest.mark.parametrize("backend", ["slurm", "local"])
+def test_a_dry_run_with_snapshot_names_the_copy_it_runs_from_and_makes_none(tmp_path: Path, backend: str) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print(1)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path), "DIST_JOBS_PROFILE": ""}
+    argv = [PYTHON, "-m", "dist_jobs", "submit", "--backend", backend, "--dry-run", "--snapshot", "--name", "snap",
+            "--procs-per-node", "1", "--", "python3", "train.py"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=proj, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    into = {"slurm": proj / "dist-jobs-runs", "local": proj / "checkpoints" / "snap" / "local"}[backend]
+    said = f"# snapshot: submit copies the code in {proj.resolve()} to {into.resolve()}/snapshots/snap-"
+    assert said in proc.stderr, proc.stderr
+    copy = proc.stderr.split(" to ", 1)[1].split("\n", 1)[0]
+    if backend == "slurm":  # the script runs in the copy
+        assert f"#SBATCH --chdir={copy}\n" in proc.stdout
+    assert not (proj / "dist-jobs-runs").exists() and not (proj / "checkpoints").exists()  # nothing copied

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,11 +26,13 @@ from dist_jobs.backends.slurm.output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec
+from support.git_project import make_project
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
 SPEC = {"name": "tiny job", "nodes": 2, "procs_per_node": 2, "time": "10"}
 RUN = run_id(str(SPEC["name"]))  # "tiny-job-<hash>": the name has a space
+NOON = time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))  # the clock a snapshot's folder is named for
 # `scancel --verbose 99999` (no such job) and `scancel --verbose 186` (ended 3 s before): exit 0 both.
 SCANCEL_UNKNOWN = (
     "scancel: Terminating job 99999\nscancel: error: Kill job error on job id 99999: Invalid job id specified\n"
@@ -193,6 +196,38 @@ def test_submit_with_workdir_keeps_its_chdir_and_logs_there(tmp_path: Path) -> N
     assert (tmp_path / "work" / "out").is_dir()
     meta = json.loads((tmp_path / "runs" / f"{RUN}-27" / "job.json").read_text())
     assert meta["log_dir"] == str(tmp_path / "work" / "out")
+
+
+def test_the_dry_run_of_a_snapshot_is_the_script_sbatch_gets_and_the_copy_lands_where_it_named(
+    tmp_path: Path,
+) -> None:
+    proj = make_project(
+        tmp_path / "proj", {"train.py": "print('committed')\n"}, {"train.py": "print('as submitted')\n"}
+    )
+    seen: dict[str, str] = {}
+
+    def sbatch(argv: list[str]) -> Answer:
+        seen["script"] = Path(argv[-1]).read_text()
+        return 0, fixture("sbatch_parsable.txt"), ""
+
+    runs = tmp_path / "runs"
+    slurm = SlurmBackend(
+        runner=FakeRunner(sbatch=sbatch), jobs_dir=runs, cwd=proj, cluster="c",
+        missing_packages=lambda names: [], clock=lambda: NOON,
+    )  # fmt: skip
+    spec = load_spec(data={**SPEC, "snapshot": True})
+    dry = slurm.prepare(spec)  # what `submit --dry-run` prints
+    assert dry.snapshot is not None and not runs.exists()  # the dry run copies nothing
+    copy = dry.snapshot.dest
+    assert copy == runs / "snapshots" / f"{RUN}-20261128-120000-{os.getpid()}"
+    assert f"#SBATCH --chdir={copy}" in dry.payload and dry.spec.workdir == str(copy)
+    assert slurm.submit(spec).job_id == "26"
+    assert seen["script"] == dry.payload  # the script sbatch got is the dry run's, byte for byte
+    assert sorted(p.name for p in (runs / "snapshots").iterdir()) == [copy.name]  # exactly there
+    assert (copy / "train.py").read_text() == "print('as submitted')\n"
+    job_dir = runs / f"{RUN}-26"
+    assert load_spec(data=yaml.safe_load((job_dir / "spec.yaml").read_text())) == dry.spec
+    assert json.loads((job_dir / "job.json").read_text())["code"]["dir"] == str(copy)
 
 
 @pytest.mark.parametrize(
