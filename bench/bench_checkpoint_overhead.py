@@ -32,8 +32,8 @@ from bench_train_steps import alternate, config, launch_workers, resnet18
 def instrument() -> dict[str, list[float]]:
     """Per checkpoint on this rank: seconds the loop was blocked (save(), and the final
     wait()), and CPU seconds the background writer thread used (time.thread_time)."""
-    from dist_jobs.train.checkpoint import Checkpointer
-    from dist_jobs.train.ckpt_async import BackgroundWriter
+    from dist_jobs.train.checkpoint.checkpointer import Checkpointer
+    from dist_jobs.train.checkpoint.write import BackgroundWriter
 
     costs: dict[str, list[float]] = {"blocked": [], "writer_cpu": []}
     save, wait, submit = Checkpointer.save, Checkpointer.wait, BackgroundWriter.submit

@@ -179,7 +179,7 @@ def checkpoint_times(model: Any, optimizer: Any, rounds: int, folder: Path) -> d
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, load_sharded, sharded_state
+    from dist_jobs.train.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_state
     from dist_jobs.train.distributed import max_over_ranks
 
     rank, world = dist.get_rank(), dist.get_world_size()

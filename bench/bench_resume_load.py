@@ -37,7 +37,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from bench_checkpoint import make_state
 
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 
 
 def copy_into(source: Any, target: Any) -> None:

@@ -139,7 +139,7 @@ def round_trip(model: Any, optimizer: Any, folder: Path) -> dict[str, Any]:
     """Save through the trainer's ShardedCheckpointer, scramble the weights, load them back."""
     import torch
 
-    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, load_sharded, sharded_state
+    from dist_jobs.train.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_state
 
     ckpt = ShardedCheckpointer(folder, rank=0, world_size=1, keep=2)
     before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}

@@ -1,8 +1,8 @@
 """Which checkpoints of a run count: `<run dir>/step-<N>/` with its `COMPLETE` marker in it.
 
-The trainer's Checkpointer (dist_jobs.train.checkpoint) resumes from these and `dist-jobs status`
-names the newest: one reader for both, stdlib only, so status needs no torch. `latest` is only a
-pointer rank 0 moves after a commit; the marker is what makes a step count.
+The trainer's Checkpointer (dist_jobs.train.checkpoint.checkpointer) resumes from these and
+`dist-jobs status` names the newest: one reader for both, stdlib only, so status needs no torch.
+`latest` is only a pointer rank 0 moves after a commit; the marker is what makes a step count.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ are the newer attempt's) and its ranks stop at their next fence.
 
 A holder retries a transient I/O error on LOCK (EIO, ESTALE, ...) within its lease, a beat short
 of the stale limit, and then stops itself as if the lock were lost: past that a newcomer may
-take it. A heartbeat that fails in any way is a lost lease too.
+take it. A heartbeat that fails in any way is a lost lease too (the heartbeat thread and held(),
+the lock kept for a block, are dist_jobs.rundir.lease's).
 
 A holder that was only paused (SIGSTOP, a suspended SLURM job, an NFS failover) may wake up
 after losing its lock. `Fence.check()` is how it learns before every write into the run
@@ -39,10 +40,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -58,7 +58,6 @@ _T = TypeVar("_T")
 
 __all__ = [
     "Fence",
-    "Heartbeat",
     "Lock",
     "LockHeld",
     "LockLost",
@@ -66,7 +65,6 @@ __all__ = [
     "check_knobs",
     "check_timings",
     "heartbeat_seconds",
-    "held",
     "retrying",
 ]
 
@@ -350,58 +348,3 @@ def _verdict(
 def _poll_seconds(holder: Holder | None) -> float:
     """A quarter of the holder's heartbeat period (at most a second): a beat is not missed."""
     return min(1.0, max(0.02, (holder.every if holder else 1.0) / 4))
-
-
-class Heartbeat:
-    """Touches a lock every `every` seconds (default: the period its holder record states) from a daemon thread;
-    `on_lost` runs once if the lock stops being ours (another run took it over: we looked dead).
-    A joined lock (not owned) is only watched: its launcher beats it."""
-
-    def __init__(
-        self, lock: Lock, every: float | None = None, on_lost: Callable[[Holder | None], None] | None = None
-    ) -> None:
-        self.lock = lock
-        self.every = lock.holder.every if every is None else every
-        self.on_lost = on_lost
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dist-jobs-lock-heartbeat", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.every):
-                if not self.lock.beat(touch=self.lock.owned):
-                    break
-            else:
-                return
-        except Exception as exc:  # whatever ends the heartbeat ends the lease: nobody beats it any more
-            self.lock.successor, self.lock.failure = None, f"the heartbeat failed: {exc!r}"
-        self.lost.set()
-        if self.on_lost is not None:
-            self.on_lost(self.lock.successor)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
-
-
-@contextlib.contextmanager
-def held(
-    run_dir: Path,
-    me: Holder,
-    inherited: str = "",
-    on_lost: Callable[[Holder | None], None] | None = None,
-    on_wait: Callable[[str], None] | None = None,
-) -> Iterator[Lock]:
-    """The lock for the duration of the block: taken (or joined), kept beating, released."""
-    lock = acquire(run_dir, me, inherited, on_wait=on_wait)
-    try:
-        with Heartbeat(lock, on_lost=on_lost):
-            yield lock
-    finally:
-        lock.release()

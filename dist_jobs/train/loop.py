@@ -33,8 +33,8 @@ from dist_jobs.rundir.result import RESULT, write_result
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import data, fsdp, live, models, shm_reduce, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
-from dist_jobs.train.checkpoint import Checkpointer
-from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, sharded_state
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
+from dist_jobs.train.checkpoint.sharded import ShardedCheckpointer, sharded_state
 from dist_jobs.train.distributed import Dist, FlagPoll, session
 from dist_jobs.train.metrics import Meter, Reporter, evaluate
 from dist_jobs.train.resume import checkpoint_folder, resume, run_name, seed_all, shared_state

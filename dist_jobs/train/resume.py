@@ -27,8 +27,9 @@ from dist_jobs.errors import UsageError
 from dist_jobs.rundir.place import RunDir
 from dist_jobs.spec.paths import expand_home
 from dist_jobs.spec.train import RUN_NAME, RUN_NAME_FIX, RUN_NAME_RULE, TrainConfig
-from dist_jobs.train import ckpt_sharded, data, models
-from dist_jobs.train.checkpoint import CheckpointError, Loaded
+from dist_jobs.train import data, models
+from dist_jobs.train.checkpoint import sharded as dcp_format
+from dist_jobs.train.checkpoint.checkpointer import CheckpointError, Loaded
 from dist_jobs.train.distributed import max_over_ranks
 from dist_jobs.train.rng import set_rng_state
 from dist_jobs.train.state import Position, Run
@@ -61,7 +62,7 @@ def shared_state(run: Run) -> dict[str, Any]:
     return {
         "model": {} if sharded else run.model.state_dict(),
         "optimizer": {} if sharded else run.optimizer.state_dict(),
-        "format": ckpt_sharded.FORMAT if sharded else "whole",
+        "format": dcp_format.FORMAT if sharded else "whole",
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
         "epoch": pos.epoch,
@@ -105,8 +106,8 @@ def check_content(loaded: Loaded) -> None:
         bad.append("scheduler.last_epoch")
     if mine is not None and (not isinstance(mine, dict) or "rng" not in mine):
         bad.append("rng (in this rank's file)")
-    if not bad and ckpt_sharded.is_sharded(s) and not (loaded.path / ckpt_sharded.METADATA).is_file():
-        bad.append(f"the shards' {ckpt_sharded.METADATA}")
+    if not bad and dcp_format.is_sharded(s) and not (loaded.path / dcp_format.METADATA).is_file():
+        bad.append(f"the shards' {dcp_format.METADATA}")
     if bad:
         raise CheckpointError(
             f"checkpoint {loaded.path} lacks {', '.join(bad)} (or holds the wrong type there)",
@@ -181,12 +182,12 @@ def _load_model(run: Run, loaded: Loaded) -> None:
     """The model and optimizer state: whole (DDP's) or sharded (DCP's), into either strategy."""
     s, model, optimizer = loaded.shared, run.model, run.optimizer
     try:
-        if ckpt_sharded.is_sharded(s):
+        if dcp_format.is_sharded(s):
             agree = partial(max_over_ranks, group=run.dist.control)
-            ckpt_sharded.load_sharded(model, optimizer, loaded.path, keep=_keeping_implementation, agree=agree)
+            dcp_format.load_sharded(model, optimizer, loaded.path, keep=_keeping_implementation, agree=agree)
         elif run.config.strategy == "fsdp":
             saved = _keeping_implementation(optimizer, s["optimizer"])
-            ckpt_sharded.load_whole(model, optimizer, s["model"], saved)
+            dcp_format.load_whole(model, optimizer, s["model"], saved)
         else:
             model.load_state_dict(s["model"])
             optimizer.load_state_dict(_keeping_implementation(optimizer, s["optimizer"]))
@@ -213,7 +214,7 @@ def _restore_user_state(run: Run, saved: dict[str, Any], loaded: Loaded) -> None
 def _own_memory(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
     """Give memory of its own to optimizer state that torch kept as loaded (same device and dtype).
 
-    A large checkpoint is loaded memory-mapped (ckpt_read), so such a tensor still lives in the
+    A large checkpoint is loaded memory-mapped (checkpoint/read.py), so such a tensor still lives in the
     file's pages: training would keep the file mapped, and a pruned file could not be freed
     (NFS keeps it as .nfsXXXX). The copy costs what the first step's copy-on-write would.
     """

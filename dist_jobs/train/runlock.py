@@ -25,7 +25,8 @@ from pathlib import Path
 
 from dist_jobs.errors import UsageError
 from dist_jobs.rundir.holder import Holder, owner_from_env
-from dist_jobs.rundir.lock import LOCK_NAME, Fence, Heartbeat, Lock, LockLost, acquire, new_token
+from dist_jobs.rundir.lease import Heartbeat
+from dist_jobs.rundir.lock import LOCK_NAME, Fence, Lock, LockLost, acquire, new_token
 from dist_jobs.train.distributed import Dist, max_over_ranks
 
 log = logging.getLogger("dist_jobs.train")

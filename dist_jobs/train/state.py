@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train import signals
 from dist_jobs.train.batches import LossFn
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 from dist_jobs.train.distributed import Dist, FlagPoll
 from dist_jobs.train.live import Live
 from dist_jobs.train.metrics import Reporter

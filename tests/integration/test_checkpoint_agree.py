@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 import torch
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 from dist_jobs.train.distributed import max_over_ranks, session
 
 folder, bad = Path(sys.argv[1]), int(sys.argv[2])

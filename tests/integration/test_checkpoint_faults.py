@@ -20,8 +20,8 @@ from support.waiting import eventually
 
 torch = require_module("torch")
 
-from dist_jobs.train import ckpt_async  # noqa: E402
-from dist_jobs.train.checkpoint import Checkpointer, CheckpointError  # noqa: E402
+from dist_jobs.train.checkpoint import write as disk  # noqa: E402
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer, CheckpointError  # noqa: E402
 
 
 def _names(directory: Path) -> list[str]:
@@ -44,7 +44,7 @@ def _two_checkpoints(directory: Path) -> Checkpointer:
 _KILL_SCRIPT = """
 import sys, torch
 from pathlib import Path
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 ck = Checkpointer(Path(sys.argv[1]), rank=0, world_size=1, async_write=sys.argv[2] == "async")
 ck.save(1, {"w": torch.ones(4)}, {"r": 1})
 ck.wait()
@@ -140,13 +140,13 @@ def test_disk_full_detected_before_writing(small_disk: Path) -> None:
 
 def _free_lies_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the up-front space check pass once so that the write itself hits ENOSPC."""
-    real, calls = ckpt_async.free_bytes, []
+    real, calls = disk.free_bytes, []
 
     def fake(directory: Path) -> int:
         calls.append(directory)
         return 1 << 40 if len(calls) == 1 else real(directory)
 
-    monkeypatch.setattr(ckpt_async, "free_bytes", fake)
+    monkeypatch.setattr(disk, "free_bytes", fake)
 
 
 @requires("root")  # mounts the tmpfs
@@ -209,7 +209,7 @@ def test_corrupt_newest_is_reported_and_skipped(
 ) -> None:
     _two_checkpoints(tmp_path)
     damage(tmp_path / "step-2" / target)
-    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint")
+    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint.checkpointer")
     loaded = Checkpointer(tmp_path, rank=0, world_size=1).latest()
     assert loaded.step == 1 and loaded.rank_state == {"r": 1}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

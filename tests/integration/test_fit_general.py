@@ -16,7 +16,7 @@ from torch import nn
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train.ckpt_async import CheckpointError
+from dist_jobs.train.checkpoint.write import CheckpointError
 from dist_jobs.train.loop import fit
 from support.paths import PYTHON, TESTS
 from support.regression_job import EMA, Points, Regressor, mse

@@ -33,7 +33,7 @@ from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.quarantine import kept_away
 from dist_jobs.rundir.verdict import Action, Ending, recorded
-from dist_jobs.train.ckpt_read import SHARED, load_verified, read_marker
+from dist_jobs.train.checkpoint.read import SHARED, load_verified, read_marker
 from support.paths import REPO, TESTS
 from support.slurm_jobs import (
     SLOW_FIRST_ATTEMPT,

@@ -17,7 +17,7 @@ import torch
 from dist_jobs import __version__
 from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 from dist_jobs.train.loop import fit
 from support.train_support import PYTHON, final_state, plain_net, start_ranks, tiny_data, tiny_net, wait_all
 

@@ -313,7 +313,7 @@ def test_a_sharded_save_is_fenced_by_the_run_directory_lock(tmp_path: Path, asyn
     from torch.distributed.fsdp import fully_shard
 
     from dist_jobs.rundir.lock import LockLost
-    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, sharded_state
+    from dist_jobs.train.checkpoint.sharded import ShardedCheckpointer, sharded_state
 
     run_dir = tmp_path / "run"
     fenced: list[str] = []
@@ -399,8 +399,8 @@ def test_each_rank_file_vouches_for_its_dcp_files_and_a_load_fails_on_every_rank
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
-    from dist_jobs.train.ckpt_async import digest
-    from dist_jobs.train.ckpt_sharded import ShardedCheckpointer, load_sharded, sharded_state
+    from dist_jobs.train.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_state
+    from dist_jobs.train.checkpoint.write import digest
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, new_token
+from dist_jobs.rundir.lease import Heartbeat
+from dist_jobs.rundir.lock import LOCK_NAME, Lock, new_token
 
 
 def foreign(owner: str, backend: str, job_id: str, every: float = 0.05) -> Holder:

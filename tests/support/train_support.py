@@ -297,7 +297,7 @@ def kill_all(launches: list[Launch]) -> None:
 
 def final_state(run_dir: Path) -> dict[str, Any]:
     """The shared part of the newest checkpoint in run_dir."""
-    from dist_jobs.train.checkpoint import Checkpointer
+    from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 
     loaded = Checkpointer(run_dir, rank=1, world_size=2).latest()  # rank 1: removes nothing
     assert loaded is not None, f"no complete checkpoint in {run_dir}"
@@ -309,7 +309,7 @@ def newest_state(run_dir: Path) -> dict[str, Any]:
     whole with torch's own DCP consolidation) or not. A sharded optimizer is keyed by name."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from dist_jobs.train.checkpoint import Checkpointer
+    from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 
     loaded = Checkpointer(run_dir, rank=1, world_size=2).latest()
     assert loaded is not None, f"no complete checkpoint in {run_dir}"

@@ -30,7 +30,8 @@ from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
 from dist_jobs.rundir.hang import describe_hang, preempted_since, read_hang
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import LOCK_NAME, held, new_token
+from dist_jobs.rundir.lease import held
+from dist_jobs.rundir.lock import LOCK_NAME, new_token
 from dist_jobs.rundir.verdict import Action, Evidence, decide, record
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env

@@ -25,13 +25,12 @@ from dist_jobs.errors import UsageError
 from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir import takeover
 from dist_jobs.rundir.holder import Holder, owner_from_env, process_start
+from dist_jobs.rundir.lease import Heartbeat, held
 from dist_jobs.rundir.lock import (
     LOCK_NAME,
-    Heartbeat,
     LockHeld,
     LockLost,
     acquire,
-    held,
     new_token,
     stale_seconds,
 )

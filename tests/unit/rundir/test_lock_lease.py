@@ -20,7 +20,8 @@ from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir import lockctl, takeover
 from dist_jobs.rundir.holder import Holder
-from dist_jobs.rundir.lock import LOCK_NAME, Heartbeat, Lock, LockHeld, LockLost, acquire, new_token
+from dist_jobs.rundir.lease import Heartbeat
+from dist_jobs.rundir.lock import LOCK_NAME, Lock, LockHeld, LockLost, acquire, new_token
 from support.lock_support import beating
 
 Reader = Callable[[Path], "bytes | None"]

@@ -113,7 +113,7 @@ def test_fsdp_cpu_offload_on_a_cpu_run_is_refused_with_the_fix() -> None:
 def test_export_refuses_safetensors_without_the_package_and_unknown_suffixes(tmp_path: Path) -> None:
     import importlib.util
 
-    from dist_jobs.train.export import export
+    from dist_jobs.train.checkpoint.export import export
 
     with pytest.raises(UsageError, match="unknown format"):
         export(tmp_path, tmp_path / "model.bin")

@@ -22,8 +22,8 @@ np = require_module("numpy")
 
 from dist_jobs.constants import VERSION  # noqa: E402
 from dist_jobs.rundir.lock import LockLost  # noqa: E402
-from dist_jobs.train import ckpt_async  # noqa: E402
-from dist_jobs.train.checkpoint import Checkpointer, CheckpointError, Loaded  # noqa: E402
+from dist_jobs.train.checkpoint import write as disk  # noqa: E402
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer, CheckpointError, Loaded  # noqa: E402
 from dist_jobs.train.rng import rng_state, set_rng_state  # noqa: E402
 
 
@@ -72,8 +72,8 @@ def test_layout_marker_and_pointer(tmp_path: Path) -> None:
     head, record, end = (folder / "COMPLETE").read_bytes().split(b"\n")
     marker = json.loads(head)
     assert marker["step"] == 7 and marker["world_size"] == 1 and marker["version"] == VERSION
-    assert marker["files"]["shared.pt"] == ckpt_async.digest(folder / "shared.pt")
-    digest = ckpt_async.digest(folder / "rank-0.pt")
+    assert marker["files"]["shared.pt"] == disk.digest(folder / "shared.pt")
+    digest = disk.digest(folder / "rank-0.pt")
     assert record.split() == [b"rank-0.pt", str(digest["size"]).encode(), digest["crc32"].encode()]
     assert len(record) + 1 == marker["rank_record_bytes"] and end == b""
     loaded = ck.latest()
@@ -86,13 +86,13 @@ def test_layout_marker_and_pointer(tmp_path: Path) -> None:
 
 def test_commit_order_complete_last_then_pointer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[tuple[str, bool]] = []
-    real = ckpt_async.write_atomic
+    real = disk.write_atomic
 
     def spy(final: Path, write: Callable) -> dict:
         events.append((final.name, (tmp_path / "step-3").exists()))
         return real(final, write)
 
-    monkeypatch.setattr(ckpt_async, "write_atomic", spy)
+    monkeypatch.setattr(disk, "write_atomic", spy)
     ck = Checkpointer(tmp_path, rank=0, world_size=1)
     ck.save(3, _shared(3), {})
     ck.wait()
@@ -128,14 +128,14 @@ def test_pruning_does_not_hold_up_the_saving_thread(tmp_path: Path, monkeypatch:
         ck.save(step, _shared(step), {})
     ck.wait()
     removing, release = threading.Event(), threading.Event()
-    remove = ckpt_async.remove
+    remove = disk.remove
 
     def held(folder: Path) -> None:
         removing.set()
         assert release.wait(30), "the test never released the pruner"
         remove(folder)
 
-    monkeypatch.setattr(ckpt_async, "remove", held)
+    monkeypatch.setattr(disk, "remove", held)
     ck.save(3, _shared(3), {})  # returns although the pruner is stuck in remove()
     assert removing.wait(30) and ck.latest().step == 3
     assert _names(tmp_path) == ["latest", "step-1", "step-2", "step-3"]
@@ -252,7 +252,7 @@ def test_async_save_snapshots_before_returning(tmp_path: Path) -> None:
 
 
 def test_snapshot_buffers_are_reused_until_shape_changes() -> None:
-    buffers = ckpt_async.TensorBuffers()
+    buffers = disk.TensorBuffers()
     buffers.begin()
     first = buffers.copy("a", torch.ones(4))
     buffers.copy("gone", torch.ones(1))
@@ -349,7 +349,7 @@ def test_ranks_as_threads_commit_one_folder_per_step(tmp_path: Path, world: int,
 _RANK_SCRIPT = """
 import sys, torch
 from pathlib import Path
-from dist_jobs.train.checkpoint import Checkpointer
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 from dist_jobs.train.rng import rng_state
 directory, rank, world, mode = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 ck = Checkpointer(directory, rank=rank, world_size=world, keep=2, async_write=mode == "async",
@@ -400,7 +400,7 @@ class _WithShards(Checkpointer):
 
     def _write_others(self, step: int) -> dict[str, dict]:
         name = f"shard-{self.rank}.bin"
-        digest = ckpt_async.write_atomic(self._partial(step) / name, lambda f: f.write(os.urandom(4096)))
+        digest = disk.write_atomic(self._partial(step) / name, lambda f: f.write(os.urandom(4096)))
         return {name: digest}
 
 

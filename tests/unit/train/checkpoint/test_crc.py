@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_jobs.train import crc
+from dist_jobs.train.checkpoint import crc
 
 
 @given(st.binary(max_size=3000), st.binary(max_size=3000))

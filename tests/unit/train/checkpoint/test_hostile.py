@@ -16,7 +16,7 @@ from support.tiers import require_module
 
 torch = require_module("torch")
 
-from dist_jobs.train.checkpoint import Checkpointer, Loaded  # noqa: E402
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer, Loaded  # noqa: E402
 from dist_jobs.train.resume import check_content  # noqa: E402
 from dist_jobs.train.rng import rng_state  # noqa: E402
 
@@ -101,13 +101,13 @@ def test_a_complete_checkpoint_is_accepted(tmp_path: Path) -> None:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(r.getMessage() for r in caplog.records if r.name == "dist_jobs.train.checkpoint")
+    return "\n".join(r.getMessage() for r in caplog.records if r.name == "dist_jobs.train.checkpoint.checkpointer")
 
 
 def test_a_missing_shared_pt_is_named_with_its_path_and_what_was_done(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint")
+    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint.checkpointer")
     ckpt = _two_steps(tmp_path, _state(8))
     shared = tmp_path / "run" / "step-8" / "shared.pt"
     shared.unlink()
@@ -121,7 +121,7 @@ def test_a_marker_without_shared_pts_record_is_named_not_quoted_as_a_bare_key(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The warning once read only `falling back: 'shared.pt'` (a KeyError's text)."""
-    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint")
+    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint.checkpointer")
     ckpt = _two_steps(tmp_path, _state(8))
     marker = tmp_path / "run" / "step-8" / "COMPLETE"
     head, _, records = marker.read_text().partition("\n")

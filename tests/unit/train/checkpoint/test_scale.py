@@ -21,9 +21,9 @@ from support.tiers import require_module
 
 torch = require_module("torch")
 
-from dist_jobs.train import ckpt_async  # noqa: E402
-from dist_jobs.train.checkpoint import Checkpointer  # noqa: E402
-from dist_jobs.train.ckpt_read import MAP_FROM, newest_agreed  # noqa: E402
+from dist_jobs.train.checkpoint import write as disk  # noqa: E402
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from dist_jobs.train.checkpoint.read import MAP_FROM, newest_agreed  # noqa: E402
 
 
 class ThreadWorld:
@@ -90,7 +90,7 @@ def test_a_bad_part_on_one_rank_makes_every_rank_fall_back_together(
     _save(tmp_path, 4, (1, 2, 3))
     _flip_middle_byte(tmp_path / "step-3" / "rank-2.pt")
     _flip_middle_byte(tmp_path / "step-2" / "rank-1.pt")
-    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint")
+    caplog.set_level(logging.WARNING, logger="dist_jobs.train.checkpoint.checkpointer")
     cks = [Checkpointer(tmp_path, rank=r, world_size=4) for r in range(4)]
     # Alone, rank 0 sees nothing wrong: it no longer reads the other ranks' files.
     assert cks[0].latest().step == 3
@@ -196,7 +196,7 @@ def test_large_files_are_memory_mapped_and_still_verified(tmp_path: Path) -> Non
 def test_marker_written_before_rank_records_still_loads(tmp_path: Path) -> None:
     _save(tmp_path, 2, (3,))
     step = tmp_path / "step-3"
-    files = {name: ckpt_async.digest(step / name) for name in ("shared.pt", "rank-0.pt", "rank-1.pt")}
+    files = {name: disk.digest(step / name) for name in ("shared.pt", "rank-0.pt", "rank-1.pt")}
     (step / "COMPLETE").write_text(
         json.dumps({"step": 3, "world_size": 2, "version": "0.1.0", "files": files}, indent=1)
     )

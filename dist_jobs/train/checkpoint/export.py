@@ -13,7 +13,7 @@ checkpoint's shared.pt is memory-mapped, and only its `model` entry is copied.
 
 `.safetensors` needs the `safetensors` package; without it the export says so and stops (exit 2).
 
-`python -m dist_jobs.train.export RUN_DIR [--step N] -o PATH` is what the CLI verb runs, so the
+`python -m dist_jobs.train.checkpoint.export RUN_DIR [--step N] -o PATH` is what the CLI verb runs, so the
 CLI itself never imports torch.
 """
 
@@ -31,9 +31,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.checkpoints import COMPLETE, committed_steps
-from dist_jobs.train.checkpoint import Checkpointer, CheckpointError
-from dist_jobs.train.ckpt_read import FILES, load_verified, read_marker, verify_files
-from dist_jobs.train.ckpt_sharded import METADATA, is_sharded, load_alone
+from dist_jobs.train.checkpoint.checkpointer import Checkpointer, CheckpointError
+from dist_jobs.train.checkpoint.read import FILES, load_verified, read_marker, verify_files
+from dist_jobs.train.checkpoint.sharded import METADATA, is_sharded, load_alone
 
 GROUP_BYTES = 256 << 20
 _SUFFIXES = (".pt", ".pth", ".safetensors")

@@ -11,7 +11,7 @@ checkpoint as the newest that counts.
 Resuming: each rank verifies only the files it loads (`shared.pt` and its own), and the ranks
 agree with one all_reduce per checkpoint tried whether all of them could, so a bad part on any
 rank makes every rank fall back to the same older checkpoint. A rank opens a constant number of
-files, whatever the world size (ckpt_read's marker format). A rank file may list other files its
+files, whatever the world size (read.py's marker format). A rank file may list other files its
 rank wrote (a sharded checkpoint's DCP files) with their size and CRC32: that rank checks them
 too, and in a smaller world than the one that wrote it, rank r also those of ranks r + W, r + 2W...
 
@@ -36,9 +36,8 @@ from dist_jobs.constants import VERSION
 from dist_jobs.rundir.atomic import fsync_dir, open_dir
 from dist_jobs.rundir.checkpoints import COMPLETE, LATEST, committed_steps
 from dist_jobs.rundir.lock import LockLost
-from dist_jobs.train import ckpt_async as disk
-from dist_jobs.train.ckpt_async import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
-from dist_jobs.train.ckpt_read import (
+from dist_jobs.train.checkpoint import write as disk
+from dist_jobs.train.checkpoint.read import (
     FILES,
     SHARED,
     Agree,
@@ -49,6 +48,7 @@ from dist_jobs.train.ckpt_read import (
     unusable,
     verify_files,
 )
+from dist_jobs.train.checkpoint.write import BackgroundWriter, CheckpointError, TensorBuffers, prepare_state
 
 __all__ = ["COMPLETE", "Agree", "CheckpointError", "Checkpointer", "Loaded"]
 
@@ -182,7 +182,7 @@ class Checkpointer:
         read a checkpoint outside a job, leave it out: this rank then decides alone).
 
         `accept` checks the content (missing keys, say) and raises when it cannot be used.
-        Usually one all_reduce: ckpt_read.newest_agreed says how the ranks fall back together.
+        Usually one all_reduce: read.newest_agreed says how the ranks fall back together.
         """
 
         def load(step: int) -> Loaded:

@@ -33,7 +33,7 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from dist_jobs.train.crc import crc32_file
+from dist_jobs.train.checkpoint.crc import crc32_file
 
 SHARED = "shared.pt"
 RECORD = 64  # bytes per rank record; "rank-4294967295.pt" + a 20-digit size + 8 hex digits fit

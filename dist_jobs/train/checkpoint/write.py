@@ -1,5 +1,5 @@
 """The writer's machinery: state validation, durable file writes, reusable CPU snapshot buffers
-and the one writer thread. `dist_jobs.train.checkpoint` is the API; it re-exports CheckpointError.
+and the one writer thread. `checkpointer.py` is the API; it re-exports CheckpointError.
 
 Training may only be blocked for as long as it takes to copy its tensors somewhere the optimizer
 will not touch; serializing, checksumming and fsyncing then happen on a background thread. The
@@ -26,7 +26,7 @@ import torch
 
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.atomic import open_atomic
-from dist_jobs.train.crc import crc32_file
+from dist_jobs.train.checkpoint.crc import crc32_file
 
 # Leaf types torch.load(weights_only=True) accepts. Exact types: numpy scalars subclass float
 # but pickle as numpy objects, which weights_only refuses.

@@ -1,6 +1,6 @@
 """Sharded checkpoints (train.strategy fsdp): each rank writes its own shards through DCP.
 
-Same run-directory format and protocol as checkpoint.py: `.step-<N>.partial/` gets the DCP files
+Same run-directory format and protocol as checkpointer.py: `.step-<N>.partial/` gets the DCP files
 (`__<rank>_0.distcp` per rank, `.metadata` from rank 0) next to `shared.pt` (position, schedule,
 scaler, config: no tensors of the model) and each rank's `rank-<r>.pt` (its RNG, and the size and
 CRC32 of the DCP files it wrote: latest() checks them, so a torn or flipped shard makes the ranks
@@ -39,8 +39,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from dist_jobs.rundir.checkpoints import COMPLETE
 from dist_jobs.rundir.lock import LockLost
-from dist_jobs.train import ckpt_async as disk
-from dist_jobs.train.checkpoint import Agree, Checkpointer, CheckpointError
+from dist_jobs.train.checkpoint import write as disk
+from dist_jobs.train.checkpoint.checkpointer import Agree, Checkpointer, CheckpointError
 
 FORMAT = "dcp"
 METADATA = ".metadata"
@@ -144,7 +144,7 @@ def load_sharded(
     """Load a DCP checkpoint into a sharded (FSDP) or whole (DDP) model and its optimizer, in place.
 
     `keep(optimizer, saved_state)` rewrites the loaded optimizer state before it is set (to keep
-    this run's fused/foreach choice). Every rank calls it with `agree` (ckpt_read.Agree).
+    this run's fused/foreach choice). Every rank calls it with `agree` (read.Agree).
 
     Each rank plans and reads its part alone (DCP's no_dist): DCP's collective planning would
     only gather the plans and hand each rank back its own (DefaultLoadPlanner, FileSystemReader),
