@@ -160,11 +160,16 @@ def committed_steps(checkpoints: Path) -> list[int]:
 
 
 def resumed_step(root: Path, name: str, job_id: str) -> int:
-    """The step rank 0's second attempt (a requeue's, or a restart in place's) resumed from."""
+    """The step rank 0 first resumed from after its first attempt (a requeue's, or a restart in
+    place's). A later attempt that ended before it could resume (its rendezvous failed while a
+    link was still down) is passed over: the resume that counts is the first one logged."""
     files = attempt_files(root / "logs", name, job_id, 0)
     assert len(files) >= 2, f"rank 0 has no second attempt: {files}"
-    text = files[1].read_text(errors="replace")
-    match = re.search(rf"resumed from \S+/{name}/step-(\d+): .* step (\d+) overall", text)
-    assert match, f"{files[1].name} logged no resume:\n{text[-3000:]}"
+    pattern = rf"resumed from \S+/{name}/step-(\d+): .* step (\d+) overall"
+    found = [(f, m) for f in files[1:] if (m := re.search(pattern, f.read_text(errors="replace")))]
+    assert found, "no attempt after the first logged a resume:\n" + "\n".join(
+        f"{f.name}: {f.read_text(errors='replace')[-1000:]}" for f in files[1:]
+    )
+    match = found[0][1]
     assert match.group(1) == match.group(2)
     return int(match.group(1))
