@@ -40,19 +40,24 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option})")
 
 
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...); None when the
+    process is gone. The name, in parentheses, may hold spaces and parentheses itself."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def _children() -> dict[int, list[int]]:
     """Parent pid -> child pids, for every process this user can see."""
     tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None:
+            tree.setdefault(int(fields[1]), []).append(int(entry))
     return tree
 
 
@@ -95,12 +100,8 @@ def kill_tree(child: int, status: list[int], timeout: float = 10.0) -> None:
 
 def parent_stopped() -> bool:
     """Whether the launcher (this keeper's parent) is stopped by a signal (state T)."""
-    try:
-        with open(f"/proc/{os.getppid()}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"T"
+    fields = _stat(os.getppid())
+    return fields is not None and fields[0] == b"T"
 
 
 def signal_tree(sig: int) -> None:
