@@ -83,6 +83,7 @@ def run_script(
     }
     proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
     calls = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    assert "Warning:" not in proc.stderr, proc.stderr  # the job's log shows no tool's Python warning
     return proc, calls
 
 
@@ -103,7 +104,9 @@ def run_pod_entrypoint(
         **env,
     }
     argv = [*command[:4], "sh", "-c", program]
-    return subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60, cwd=cwd)
+    proc = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60, cwd=cwd)
+    assert "Warning:" not in proc.stderr, proc.stderr  # the pod's log shows no tool's Python warning
+    return proc
 
 
 def clean_env() -> dict[str, str]:
