@@ -17,7 +17,8 @@ from support.paths import REPO
 from support.tiers import require_tool, requires
 
 # The tutorials train (torch); the build takes a while on 2 cores.
-pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(600)]
+# One worker: the module's tests share one build (`site`), which a second worker would redo.
+pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("test_site")]
 
 # Chromium as a probe on a closed network: no first-run work, no background connections.
 CHROMIUM_FLAGS = [
