@@ -208,7 +208,9 @@ def test_restart_cap_counted_in_the_run_directory(tmp_path) -> None:
     """Requeues from outside the script (scontrol requeue, preemption) count too: past max_requeues
     the script refuses to start with REQUEUE_LIMIT_EXIT_CODE; a new submission starts afresh."""
     stubs = make_stubs(tmp_path / "bin", sys.executable)
-    script = render(load_spec(data={**SEED, "preemption": {"max_requeues": 1}}), "slurm")
+    # no restarts in place: each step's end (a peer lost, as no marker says preempted) requeues at once
+    preemption = {"max_requeues": 1, "max_restarts": 0}
+    script = render(load_spec(data={**SEED, "preemption": preemption}), "slurm")
     for attempt in range(2):  # the first start and one requeue, as SLURM_RESTART_COUNT never says
         proc, calls = run_script(script, tmp_path, stubs, rc=200)
         assert proc.returncode == 200 and [c for c in calls if c["prog"] == "srun"], proc.stderr
