@@ -60,6 +60,8 @@ _expose_pyenv_versions(PYTHONS)
 # The figures behind these numbers are in the README's Tests section.
 FULL_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "3")
 TORCH_FREE_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "2")
+# The share of each property test's examples the torch-free sessions try (tests/support/props.py).
+PROPERTY_SHARE = "0.25"
 
 
 @nox.session(venv_backend="none")
@@ -79,4 +81,5 @@ def torch_free(session: nox.Session) -> None:
     tiers = "not slurm and not pods and not realpods and not gpu"
     xdist = ["-n", TORCH_FREE_WORKERS, "--dist", "loadgroup"]
     argv = ["python", "-m", "pytest", "-q", *xdist, "--torch-free", "-m", tiers, *session.posargs]
-    session.run(*argv, success_codes=[0, 5])
+    # Each property runs here to prove the code on this Python; the full session does the search.
+    session.run(*argv, success_codes=[0, 5], env={"DIST_JOBS_PROPERTY_SHARE": PROPERTY_SHARE})

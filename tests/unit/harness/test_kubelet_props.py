@@ -18,6 +18,7 @@ from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.reserved import reserved
 from support import kubelet
 from support.operator_harness import pods
+from support.props import examples
 from support.specs import direct_pods_spec
 
 text = st.text(st.characters(blacklist_characters="\x00\r", blacklist_categories=("Cs",)), max_size=40)
@@ -37,7 +38,7 @@ label_keys = st.from_regex(
 ).filter(lambda k: k not in ("dist-jobs/run", "app.kubernetes.io/managed-by", "dist-jobs/submission"))
 label_values = st.from_regex(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
 names = text.filter(lambda s: bool(run_id(s)) and bool(dns1035(s)))
-PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPS
@@ -92,7 +93,7 @@ def test_values_the_kubelet_would_rewrite_arrive_as_written() -> None:
     assert pod.command[-4:] == ["--x=$(DIST_JOBS_RUN)", "$$", "$(", "é$é"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=text)
 def test_kubelet_literal_round_trip(value: str) -> None:
     mapping = {"A": "x", "DIST_JOBS_RUN": "run", "": "empty"}

@@ -13,6 +13,7 @@ from dist_jobs.errors import SpecError
 from dist_jobs.render import render
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import admission_errors, crd_path, validate
+from support.props import examples
 from support.specs import K8S_SEED as SEED
 
 
@@ -156,7 +157,7 @@ def test_validator_catches_a_broken_manifest() -> None:
     assert "volumeMount" in errors and "replicas" in errors
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     nodes=st.integers(1, 6),
     gpus=st.integers(0, 8),

@@ -31,6 +31,7 @@ from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED, reserved
 from dist_jobs.spec.train import TrainConfig
 from support import kubelet
+from support.props import examples
 from support.render_helpers import make_stubs, run_script
 from support.specs import direct_pods_spec
 from support.yaml11 import KubectlRefused, read_like_kubectl, require_kubectl
@@ -68,13 +69,13 @@ env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True).filter(
     )
 ) | st.sampled_from(["Y", "N", "ON", "NO", "TRUE", "NULL"])
 names = hostile.filter(lambda s: bool(run_id(s)) and bool(dns1035(s)))
-PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _STUBS = Path(tempfile.mkdtemp(prefix="dj-stubs-"))
 make_stubs(_STUBS, sys.executable)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(value=hostile)
 def test_sh_round_trip(value: str) -> None:
     word = sh(value)
@@ -83,7 +84,7 @@ def test_sh_round_trip(value: str) -> None:
     assert out.decode("utf-8", "surrogateescape") == value
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     value=st.recursive(
         hostile | st.integers() | st.booleans(),
@@ -97,7 +98,7 @@ def test_yaml_value_round_trip(value: object) -> None:
 
 # Each example runs the whole batch script under bash with its stubbed srun (a python start-up a
 # call): 30 of them, half of PROPS, keep the suite's slowest unit test near 20 s.
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=names,
     env=st.dictionaries(env_names, hostile, max_size=3),
@@ -213,7 +214,7 @@ def test_manifest_reads_back_the_same_in_yaml_1_1_and_1_2(
         assert tmpl["metadata"].get("annotations", {}) == annotations
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     prefix=st.text(min_size=100, max_size=300),
     a=hostile,
@@ -230,7 +231,7 @@ def test_names_that_differ_late_stay_distinct(prefix: str, a: str, b: str, separ
     assert len(run_id(first)) <= 128 and len(dns1035(first, 50)) <= 50
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data_root=hostile, ckpt=hostile, model=st.sampled_from(["resnet18", "pkg.models:build"]))
 def test_train_flags_carry_any_value(data_root: str, ckpt: str, model: str) -> None:
     """A value starting with '-' (or holding '=', ',' or a newline) survives the entrypoint's argv."""

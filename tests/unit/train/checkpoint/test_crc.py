@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dist_jobs.train.checkpoint import crc
+from support.props import examples
 
 
 @given(st.binary(max_size=3000), st.binary(max_size=3000))
@@ -18,7 +19,7 @@ def test_combine_matches_zlib(a: bytes, b: bytes) -> None:
     assert crc.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.binary(max_size=20_000), cpus=st.integers(1, 12))
 def test_file_in_slices_matches_zlib(data: bytes, cpus: int) -> None:
     with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryFile() as f:
