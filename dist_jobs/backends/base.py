@@ -3,8 +3,8 @@
 `prepare()` is pure and IS the dry run: it returns the exact bytes `submit()` hands to the
 scheduler (`submit = schedule(prepare(spec))`). The I/O verbs go through an object given to the
 backend's constructor (a command runner, an API client), so tests inject fakes. A backend also
-declares what the CLI and the API need to know of it (its options, its handles' fields, how its
-sweeps run), so neither names a backend.
+declares what the CLI and the API need to know of it (its options, the flags of its spec section,
+its handles' fields, how its sweeps run), so neither names a backend.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.errors import BackendError, DistJobsError, Problem, UsageError
 from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.rundir.place import RunDir
+from dist_jobs.spec.flags import SpecFlag
 from dist_jobs.spec.paths import checkpoint_root, expand_home
 
 if TYPE_CHECKING:
@@ -134,6 +135,9 @@ class Backend(abc.ABC):
     renders: ClassVar[bool] = True  # `render` prints its payload for the user to submit by hand
     runs_here: ClassVar[bool] = False  # `run` starts the job in the foreground, in this process
     sweep_summary: ClassVar[str] = "a job per trial"  # how it runs a sweep, for `sweep --backend`'s help
+    # the fields of its own spec section as command-line flags, and their section of the help
+    spec_flags: ClassVar[tuple[SpecFlag, ...]] = ()
+    spec_flags_title: ClassVar[str] = ""
 
     @abc.abstractmethod
     def prepare(self, spec: JobSpec) -> Prepared:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep
 from dist_jobs.backends.handle import Handle
+from dist_jobs.backends.slurm.flags import SPEC_FLAGS
 from dist_jobs.backends.slurm.logs import attempt_files, log_location, rank_lines, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
 from dist_jobs.backends.slurm.output import (
@@ -95,6 +96,7 @@ class SlurmBackend(Backend):
     options = (
         Option("--jobs-dir", "jobs_dir", "SLURM: where job directories go (default: ./dist-jobs-runs)", kind=Path),
     )
+    spec_flags, spec_flags_title = SPEC_FLAGS, "SLURM flags"
     handle_fields = ("cluster",)
     sweep_summary = "one job array"
 
