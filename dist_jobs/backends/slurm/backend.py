@@ -38,7 +38,6 @@ from dist_jobs.backends.slurm.output import (
 )
 from dist_jobs.backends.slurm.sbatch import check_controller
 from dist_jobs.errors import BackendError, DistJobsError
-from dist_jobs.rundir.lock import check_knobs
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
     from dist_jobs.backends.preflight import MissingPackages
@@ -138,7 +137,6 @@ class SlurmBackend(Backend):
         from dist_jobs.backends.preflight import missing_packages
         from dist_jobs.backends.slurm.submit import job_python_export, submit
 
-        check_knobs({**os.environ, **prepared.spec.env})  # the job inherits this environment, then the spec's
         export = job_python_export(prepared.spec, self.python, self.missing_packages or missing_packages)
         return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir, export))
 
@@ -430,7 +428,7 @@ class SlurmBackend(Backend):
 
         return prepare_array(name, params, specs, max_parallel)
 
-    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+    def schedule_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
         assert plan.head is not None  # one sbatch of the array; trial i is its task i
         array = self.schedule(Prepared("slurm", plan.head, plan.payloads[0][1], plan.payloads[0][0]))
         record_trials(self.jobs_dir, array.job_id, [s.run_id for s in plan.specs])
