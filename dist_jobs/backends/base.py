@@ -22,13 +22,12 @@ from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.state import JobState, normalise
 from dist_jobs.errors import BackendError, DistJobsError, Problem, UsageError
 from dist_jobs.rundir.ledger import Ledger
-from dist_jobs.rundir.lock import check_knobs
 from dist_jobs.rundir.place import RunDir
-from dist_jobs.spec.flags import SpecFlag
 from dist_jobs.spec.paths import checkpoint_root, expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
+    from dist_jobs.spec.flags import SpecFlag
 
 
 def run_dir_of(spec: JobSpec, workdir: Path) -> RunDir:
@@ -191,6 +190,8 @@ class Backend(abc.ABC):
     def check_environment(self, spec: JobSpec) -> None:
         """Refuse lock knobs that do not fit together in the environment the job will have
         (rundir.lock.check_knobs): at submit, not after the job waited in a queue to be refused."""
+        from dist_jobs.rundir.lock import check_knobs  # submit's alone: env and schema load no lock module
+
         check_knobs({**os.environ, **spec.env} if self.inherits_environment else spec.env)
 
     def render(self, spec: JobSpec) -> str:

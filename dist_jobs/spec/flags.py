@@ -6,16 +6,16 @@ Plain data, no argparse: a backend declares its flags without importing the CLI.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 # value: `--flag VALUE`; true: `--flag` alone sets true; append: repeatable, a list;
 # env: repeatable KEY=VALUE into env.KEY; set: repeatable PATH=VALUE into any field
 Kind = Literal["value", "true", "append", "env", "set"]
 
 
-@dataclass(frozen=True)
-class SpecFlag:
+# A NamedTuple, not a dataclass: every backend class declares some, so each verb that reads the
+# registry (status included) builds them at start-up, where a dataclass costs a millisecond.
+class SpecFlag(NamedTuple):
     flag: str  # --partition
     path: str  # the dotted spec path it sets: slurm.partition ("" for --set, which names its own)
     help: str  # plain text: the CLI escapes what argparse would read as a format
