@@ -1,6 +1,6 @@
 """`dist-jobs sweep`: submit one spec as many trials; `dist-jobs sweep status NAME`: their table.
 
-    dist-jobs sweep --backend slurm job.yaml --grid train.lr=0.1,0.03 --grid train.batch_size=64,128 --max-parallel 2
+    dist-jobs sweep --backend NAME job.yaml --grid train.lr=0.1,0.03 --grid train.batch_size=64,128 --max-parallel 2
     dist-jobs sweep status NAME [--metric eval_loss --mode min]
     dist-jobs sweep cancel NAME
 
@@ -37,7 +37,7 @@ def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_opti
     p = sub.add_parser("sweep", help=help_text, epilog=f"Then: {USAGE_STATUS}")
     names = api.Names([cls.name for cls in api.backend_classes()])
     ways = "; ".join(f"{cls.name}: {cls.sweep_summary}" for cls in api.backend_classes())
-    p.add_argument("--backend", choices=names, help=ways)
+    p.add_argument("--backend", choices=names, help=ways.replace("%", "%%"))  # argparse formats help with %
     p.add_argument(
         "--grid",
         action="append",
@@ -48,7 +48,7 @@ def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_opti
     )
     p.add_argument("--random", type=int, metavar="N", help="N trials drawn at random from the --grid values")
     p.add_argument("--seed", type=int, default=0, help="the seed of --random (default 0): the same trials each time")
-    p.add_argument("--max-parallel", type=int, metavar="K", help="run at most K trials at once (SLURM: %%K)")
+    p.add_argument("--max-parallel", type=int, metavar="K", help="run at most K trials at once (how: see --backend)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
     p.add_argument(
         "--wait",

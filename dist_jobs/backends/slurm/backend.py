@@ -97,7 +97,7 @@ class SlurmBackend(Backend):
     )
     spec_flags, spec_flags_title = SPEC_FLAGS, "SLURM flags"
     handle_fields = ("cluster",)
-    sweep_summary = "one job array"
+    sweep_summary = "one job array (--max-parallel K: its %K)"
 
     def __init__(
         self,
