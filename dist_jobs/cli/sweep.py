@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from dist_jobs import api
 from dist_jobs.api import sweep_submit as api_sweep
-from dist_jobs.api.sweep_status import Sweep
-from dist_jobs.backends.sweep_manifest import SWEEPS_DIR
+from dist_jobs.api.sweep_status import Sweep, manifest_path
 from dist_jobs.cli.argv import Parser
 from dist_jobs.cli.flags import _scalar, add_spec_flags, overrides_from
 from dist_jobs.cli.output import columns, emit
@@ -105,13 +103,19 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
 def _submitted_table(submitted: Any) -> str:
     rows = [[str(t["index"]), t["name"], str(t["handle"]), _params(t["params"])] for t in submitted.trials]
     table = columns(["TRIAL", "NAME", "HANDLE", "PARAMS"], rows)
-    root = submitted.path.parent.parent
-    known = (Path("checkpoints").resolve(), Path(SWEEPS_DIR).resolve())  # where `sweep status` looks anyway
-    where = "" if root in known else f" --checkpoint-dir {root}"
+    where = "" if _found_by_name(submitted) else f" --checkpoint-dir {submitted.path.parent.parent}"
     return (
         table
         + f"\nsweep {submitted.name}: {len(rows)} trials; see them: dist-jobs sweep status {submitted.name}{where}"
     )
+
+
+def _found_by_name(submitted: Any) -> bool:
+    """Whether `sweep status NAME`, run here without --checkpoint-dir, finds this sweep."""
+    try:
+        return manifest_path(submitted.name) == submitted.path.resolve()
+    except UsageError:
+        return False
 
 
 def cmd_sweep_sub(verb: str, argv: list[str]) -> int:
