@@ -215,7 +215,9 @@ def _options(parser: argparse.ArgumentParser) -> str:
         names = ", ".join(f"`{n}`" for n in action.option_strings) or f"`{action.metavar or action.dest}`"
         values = " \\| ".join(f"`{c}`" for c in action.choices) if action.choices else _metavar(action)
         default = "required" if action.required else _default(action)
-        rows.append(f"| {names} | {values} | {default} | {_cell(action.help or '')} |")
+        # as `--help` shows it: argparse's `%%` (its escape of a `%`) as `%`
+        text = parser._get_formatter()._expand_help(action) if action.help else ""
+        rows.append(f"| {names} | {values} | {default} | {_cell(text)} |")
     return "\n".join(rows)
 
 

@@ -1,16 +1,18 @@
 """The one backend interface: `Backend`, an abstract base class in the manner of torchx's Scheduler.
 
 `prepare()` is pure and IS the dry run: it returns the exact bytes `submit()` hands to the
-scheduler (`submit = schedule(prepare(spec))`). The I/O verbs go through an object given to the
-backend's constructor (a command runner, an API client), so tests inject fakes. A backend also
-declares what the CLI and the API need to know of it (its options, its handles' fields, how its
-sweeps run), so neither names a backend.
+scheduler (`submit = schedule(prepare(spec))`, with the checks every backend's submit makes in
+between). The I/O verbs go through an object given to the backend's constructor (a command
+runner, an API client), so tests inject fakes. A backend also declares what the CLI and the API need
+to know of it (its options, the flags of its spec section, its handles' fields, how its sweeps
+run, the environment its jobs start with), so neither names a backend.
 """
 
 from __future__ import annotations
 
 import abc
 import builtins
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from dist_jobs.spec.paths import checkpoint_root, expand_home
 
 if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec  # status, list, cancel and logs need no spec classes (msgspec)
+    from dist_jobs.spec.flags import SpecFlag
 
 
 def run_dir_of(spec: JobSpec, workdir: Path) -> RunDir:
@@ -134,6 +137,12 @@ class Backend(abc.ABC):
     renders: ClassVar[bool] = True  # `render` prints its payload for the user to submit by hand
     runs_here: ClassVar[bool] = False  # `run` starts the job in the foreground, in this process
     sweep_summary: ClassVar[str] = "a job per trial"  # how it runs a sweep, for `sweep --backend`'s help
+    # the fields of its own spec section as command-line flags, and their section of the help
+    spec_flags: ClassVar[tuple[SpecFlag, ...]] = ()
+    spec_flags_title: ClassVar[str] = ""
+    # whether its jobs start with the submitter's environment (then spec.env over it), or with
+    # spec.env alone (a pod's)
+    inherits_environment: ClassVar[bool] = True
 
     @abc.abstractmethod
     def prepare(self, spec: JobSpec) -> Prepared:
@@ -174,7 +183,16 @@ class Backend(abc.ABC):
 
     def submit(self, spec: JobSpec) -> Handle:
         """Submit `spec`: the bytes of its dry run, handed over (torchx's schedule(dryrun(...)))."""
-        return self.schedule(self.prepare(spec))
+        prepared = self.prepare(spec)
+        self.check_environment(prepared.spec)
+        return self.schedule(prepared)
+
+    def check_environment(self, spec: JobSpec) -> None:
+        """Refuse lock knobs that do not fit together in the environment the job will have
+        (rundir.lock.check_knobs): at submit, not after the job waited in a queue to be refused."""
+        from dist_jobs.rundir.lock import check_knobs  # submit's alone: env and schema load no lock module
+
+        check_knobs({**os.environ, **spec.env} if self.inherits_environment else spec.env)
 
     def render(self, spec: JobSpec) -> str:
         """What `dist-jobs render` prints: the payload, to submit by hand."""
@@ -262,7 +280,14 @@ class Backend(abc.ABC):
         return root, str(root)
 
     def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
-        """Submit every trial, each as its own job; each trial's handle, in order."""
+        """Submit the sweep its dry run planned (submit_sweep = schedule_sweep(prepare_sweep)):
+        every trial's environment checked first, as submit() checks a job's; each trial's handle."""
+        for spec in plan.specs:
+            self.check_environment(spec)
+        return self.schedule_sweep(plan, manifest, root)
+
+    def schedule_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+        """Hand the trials to the scheduler, each as its own job; each trial's handle, in order."""
         return [str(self.schedule(trial)) for trial in plan.trials()]
 
     def cancel_sweep(self, folder: Path, handles: builtins.list[str]) -> builtins.list[str] | None:

@@ -200,8 +200,8 @@ def cmd_cancel(args: argparse.Namespace, _: Any) -> int:
 
 
 def _gone_or_finished(job: Any) -> bool:
-    """After a cancel: whether the job has ended, or is gone (a deleted Kubernetes job may no
-    longer be found at all)."""
+    """After a cancel: whether the job has ended, or is gone (a scheduler that deletes a
+    cancelled job may no longer find it at all)."""
     try:
         return bool(job.status().finished)
     except DistJobsError:

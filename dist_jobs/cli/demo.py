@@ -1,10 +1,11 @@
-"""The README demo (`make demo`): train 2 nodes x 2 processes locally, interrupt, resume, learn.
+"""The README demo (`make demo`): train 2 nodes x 2 processes on this machine, interrupt, resume, learn.
 
-It runs the real CLI, `dist-jobs run --backend local --nodes 2 --gpus 2`, so what you see is
-what a user gets: on a machine without GPUs it says so and uses gloo on the CPU. Once the first
-checkpoint is committed it presses Ctrl-C on the run (the ranks checkpoint at the next step
-boundary and stop), then starts the same command again, which resumes from the latest checkpoint.
-A command-line program, so it prints.
+It runs the real CLI, `dist-jobs run --backend NAME --nodes 2 --gpus 2`, NAME the registry's
+backend that runs jobs here (Backend.runs_here), so what you see is what a user gets: on a
+machine without GPUs it says so and uses gloo on the CPU. Once the first checkpoint is committed
+it presses Ctrl-C on the run (the ranks checkpoint at the next step boundary and stop), then
+starts the same command again, which resumes from the latest checkpoint. A command-line
+program, so it prints.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+from dist_jobs import api
+
 WORKDIR = Path("dist-jobs-demo")
 RUN = "demo"
+# the registry's first backend that runs a job here, as `dist-jobs run` picks by default
+HERE = next(cls.name for cls in api.backend_classes() if cls.runs_here)
 # The built-in character-level GPT on its generated English-like corpus: a task it can learn, so
 # the held-out loss falls and next-character accuracy rises epoch by epoch (on random labels
 # nothing is learnt). Sized for about two minutes on 2 CPU cores, interruption and resume included.
@@ -28,7 +33,7 @@ COMMAND = [
     "dist_jobs",
     "run",
     "--backend",
-    "local",
+    HERE,
     "--nodes",
     "2",
     "--gpus",
@@ -93,7 +98,7 @@ def main() -> int:
         shutil.rmtree(WORKDIR)
     WORKDIR.mkdir()
     ckpt = WORKDIR / "checkpoints" / RUN
-    _say("training a small character-level GPT on generated text, 2 nodes x 2 processes, as local processes")
+    _say(f"training a small character-level GPT on generated text, 2 nodes x 2 processes, as {HERE} processes")
     print("    " + " ".join(COMMAND[1:]), flush=True)
     code = _first_run(ckpt)
     saved = ", ".join(_committed(ckpt)) or "none"

@@ -1,75 +1,65 @@
-"""Job-spec flags shared by `render`, `submit` and `run`: each maps to one dotted spec path."""
+"""Job-spec flags shared by `render`, `submit`, `run`, `sweep` and `config`: each sets one
+dotted spec path. The job's are declared here, each backend's by its class (Backend.spec_flags)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import Any
 
+from dist_jobs import api
 from dist_jobs.errors import MISSING, Problem, SpecError
+from dist_jobs.spec.flags import SpecFlag
 
+JOB = "job flags (override job.yaml)"
+TRAINING = "training flags (NCCL, any spec field)"
+PREEMPTION = "preemption flags"
 
-@dataclass(frozen=True)
-class Flag:
-    flag: str
-    path: str
-    help: str
-    kind: str = "value"  # value | true | append | env
-
-
-FLAGS: tuple[Flag, ...] = (
-    Flag("--name", "name", "job name"),
-    Flag("--nodes", "nodes", "number of nodes"),
-    Flag("--gpus", "gpus_per_node", "GPUs per node"),
-    Flag("--procs-per-node", "procs_per_node", "processes per node (default: --gpus; required without GPUs)"),
-    Flag("--cpus-per-task", "cpus_per_task", "CPUs per process"),
-    Flag("--mem", "memory", "memory per node, e.g. 64G"),
-    Flag("--time", "time", "time limit: minutes, HH:MM:SS or D-HH:MM:SS"),
-    Flag("--launcher", "launcher", "srun (one task per process) or torchrun (one task per node)"),
-    Flag("--workdir", "workdir", "working directory of the job"),
-    Flag("--snapshot", "snapshot", "run a copy of the code as it is now, on every attempt", "true"),
-    Flag("--checkpoint-dir", "checkpoint_dir", "shared checkpoint root"),
-    Flag("--log-dir", "log_dir", "log folder"),
-    Flag("--master-port", "master_port", "fixed master port (default: derived from the job id)"),
-    Flag("--image", "image", "container image"),
-    Flag("--env", "env", "KEY=VALUE environment variable (repeatable)", "env"),
-    Flag("--setup", "setup", "shell line run before launch (repeatable)", "append"),
-    Flag("--partition", "slurm.partition", "SLURM partition"),
-    Flag("--account", "slurm.account", "SLURM account"),
-    Flag("--qos", "slurm.qos", "SLURM QOS"),
-    Flag("--constraint", "slurm.constraint", "SLURM node features"),
-    Flag("--exclusive", "slurm.exclusive", "SLURM exclusive node access", "true"),
-    Flag("--nodelist", "slurm.nodelist", "SLURM nodes to use"),
-    Flag("--exclude", "slurm.exclude", "SLURM nodes to avoid"),
-    Flag("--reservation", "slurm.reservation", "SLURM reservation"),
-    Flag("--dependency", "slurm.dependency", "SLURM dependency, e.g. afterok:123"),
-    Flag("--array", "slurm.array", "SLURM array, e.g. 0-9%%2 (at most 2 at once)"),
-    Flag("--mail-user", "slurm.mail_user", "SLURM mail address"),
-    Flag("--mail-type", "slurm.mail_type", "SLURM mail events, e.g. END,FAIL"),
-    Flag("--sbatch", "slurm.extra_sbatch", "raw extra #SBATCH flag (repeatable)", "append"),
-    Flag("--container", "slurm.container", "SLURM container runtime: none, pyxis or apptainer"),
-    Flag("--namespace", "k8s.namespace", "Kubernetes namespace"),
-    Flag("--pvc", "k8s.pvc", "Kubernetes PVC holding the checkpoint directory"),
-    Flag("--api", "k8s.api", "Kubernetes API: pytorchjob or trainjob"),
-    Flag("--nccl-socket-ifname", "nccl.socket_ifname", "NCCL_SOCKET_IFNAME"),
-    Flag("--nccl-ib-disable", "nccl.ib_disable", "set NCCL_IB_DISABLE=1", "true"),
-    Flag("--nccl-debug", "nccl.debug", "NCCL_DEBUG level"),
-    Flag("--signal", "preemption.signal", "preemption signal: USR1, USR2 or TERM"),
-    Flag("--grace", "preemption.grace_seconds", "seconds of warning before the time limit"),
-    Flag("--max-requeues", "preemption.max_requeues", "requeues allowed after preemption"),
-    Flag("--max-restarts", "preemption.max_restarts", "restarts in place after a fault, per allocation"),
-    Flag("--set", "", "any spec field: PATH=VALUE, e.g. --set train.epochs=5 (repeatable)", "set"),
+# The job's own flags, first in the help; then each backend's, for its spec section
+# (Backend.spec_flags); then the training and preemption flags.
+JOB_FLAGS = (
+    SpecFlag("--name", "name", "job name"),
+    SpecFlag("--nodes", "nodes", "number of nodes"),
+    SpecFlag("--gpus", "gpus_per_node", "GPUs per node"),
+    SpecFlag("--procs-per-node", "procs_per_node", "processes per node (default: --gpus; required without GPUs)"),
+    SpecFlag("--cpus-per-task", "cpus_per_task", "CPUs per process"),
+    SpecFlag("--mem", "memory", "memory per node, e.g. 64G"),
+    SpecFlag("--time", "time", "time limit: minutes, HH:MM:SS or D-HH:MM:SS"),
+    SpecFlag("--launcher", "launcher", "srun (one task per process) or torchrun (one task per node)"),
+    SpecFlag("--workdir", "workdir", "working directory of the job"),
+    SpecFlag("--snapshot", "snapshot", "run a copy of the code as it is now, on every attempt", "true"),
+    SpecFlag("--checkpoint-dir", "checkpoint_dir", "shared checkpoint root"),
+    SpecFlag("--log-dir", "log_dir", "log folder"),
+    SpecFlag("--master-port", "master_port", "fixed master port (default: derived from the job id)"),
+    SpecFlag("--image", "image", "container image"),
+    SpecFlag("--env", "env", "KEY=VALUE environment variable (repeatable)", "env"),
+    SpecFlag("--setup", "setup", "shell line run before launch (repeatable)", "append"),
 )
+TRAINING_FLAGS = (
+    SpecFlag("--nccl-socket-ifname", "nccl.socket_ifname", "NCCL_SOCKET_IFNAME"),
+    SpecFlag("--nccl-ib-disable", "nccl.ib_disable", "set NCCL_IB_DISABLE=1", "true"),
+    SpecFlag("--nccl-debug", "nccl.debug", "NCCL_DEBUG level"),
+)
+PREEMPTION_FLAGS = (
+    SpecFlag("--signal", "preemption.signal", "preemption signal: USR1, USR2 or TERM"),
+    SpecFlag("--grace", "preemption.grace_seconds", "seconds of warning before the time limit"),
+    SpecFlag("--max-requeues", "preemption.max_requeues", "requeues allowed after preemption"),
+    SpecFlag("--max-restarts", "preemption.max_restarts", "restarts in place after a fault, per allocation"),
+)
+# In the training section, as the trainer's own fields are given with it; last in the usage line.
+SET = SpecFlag("--set", "", "any spec field: PATH=VALUE, e.g. --set train.epochs=5 (repeatable)", "set")
 
 
-# The help's sections, by the spec path's first part: `dist-jobs submit --help` reads by topic.
-GROUPS = {
-    "slurm": "SLURM flags",
-    "k8s": "Kubernetes flags",
-    "nccl": "training flags (NCCL, any spec field)",
-    "": "training flags (NCCL, any spec field)",  # --set: train.* and every other field
-    "preemption": "preemption flags",
-}
+def sectioned() -> list[tuple[str, SpecFlag]]:
+    """Every spec flag with its section of the help, in the help's order: the job's, each
+    backend's under its own title (the registry's order), then the training and preemption flags."""
+    owned = [(cls.spec_flags_title or f"{cls.name} flags", f) for cls in api.backend_classes() for f in cls.spec_flags]
+    later = [*((TRAINING, f) for f in TRAINING_FLAGS), *((PREEMPTION, f) for f in PREEMPTION_FLAGS), (TRAINING, SET)]
+    return [*((JOB, f) for f in JOB_FLAGS), *owned, *later]
+
+
+def spec_flags() -> list[SpecFlag]:
+    """Every spec flag, in the help's order."""
+    return [f for _, f in sectioned()]
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
@@ -79,18 +69,19 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
         help="a profile of ~/.config/dist-jobs/config.yaml (default: $DIST_JOBS_PROFILE, else the file's `default:`)",
     )
     groups: dict[str, Any] = {}
-    for f in FLAGS:
-        title = GROUPS.get(
-            f.path.split(".")[0] if "." in f.path or not f.path else "job", "job flags (override job.yaml)"
-        )
+    for title, f in sectioned():
         group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
-        dest = "flag_" + f.flag.lstrip("-").replace("-", "_")
+        dest, text = _dest(f), f.help.replace("%", "%%")  # argparse formats help with %
         if f.kind == "true":
-            group.add_argument(f.flag, dest=dest, action="store_const", const=True, help=f.help)
+            group.add_argument(f.flag, dest=dest, action="store_const", const=True, help=text)
         elif f.kind in ("append", "env", "set"):
-            group.add_argument(f.flag, dest=dest, action="append", metavar="VALUE", help=f.help)
+            group.add_argument(f.flag, dest=dest, action="append", metavar="VALUE", help=text)
         else:
-            group.add_argument(f.flag, dest=dest, metavar="VALUE", help=f.help)
+            group.add_argument(f.flag, dest=dest, metavar="VALUE", help=text)
+
+
+def _dest(f: SpecFlag) -> str:
+    return "flag_" + f.flag.lstrip("-").replace("-", "_")
 
 
 def overrides_from(
@@ -100,8 +91,8 @@ def overrides_from(
     collected, then raised, or added to `deferred` (to be raised with the spec's own problems)."""
     out: dict[str, Any] = {}
     problems: list[Problem] = []
-    for f in FLAGS:
-        value = getattr(args, "flag_" + f.flag.lstrip("-").replace("-", "_"), None)
+    for f in spec_flags():
+        value = getattr(args, _dest(f), None)
         if value is None:
             continue
         if f.kind in ("env", "set"):
@@ -147,7 +138,7 @@ def _set(out: dict[str, Any], key: str, val: str, flag: str) -> list[Problem]:
 
 
 def _scalar(text: str, flag: str) -> Any:
-    # `--set train.epochs=5` should give an int and `--set slurm.exclusive=true` a bool, as in YAML;
+    # `--set train.epochs=5` should give an int and `--set train.progress=false` a bool, as in YAML;
     # text that is not YAML stays text, but a value too big, deep or alias-expanding is refused.
     # here: the query verbs (status, list, ...) load no yaml (tests/unit/test_imports.py)
     import yaml
@@ -169,7 +160,7 @@ def trainer_flag_fixes(argv: list[str]) -> list[str]:
     from dist_jobs.spec.validate import plain_type
 
     fields = {f.name: plain_type(f.type) is bool for f in structs.fields(TrainConfig)}
-    own = {f.flag for f in FLAGS}
+    own = {f.flag for f in spec_flags()}
     fixes = []
     for i, arg in enumerate(argv):
         flag, eq, value = arg.partition("=")

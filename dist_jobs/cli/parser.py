@@ -17,9 +17,9 @@ from dist_jobs.constants import VERSION
 
 OUTPUT = ("table", "json", "yaml")
 HELP = {  # each verb's line in `dist-jobs --help`, in this order
-    "render": "print the sbatch script or Kubernetes manifest",
+    "render": "print the job's script or manifest, to submit by hand",
     "submit": "submit the job (--dry-run prints what would be submitted)",
-    "run": "run the job here as local processes (gloo on CPU without GPUs)",
+    "run": "run the job here, in the foreground (gloo on CPU without GPUs)",
     "status": "show a job's state (normalised and the scheduler's word), which rank failed, and its progress",
     "cancel": "cancel a job",
     "logs": "print a job's logs",
@@ -39,7 +39,9 @@ def build(verb: str | None = None) -> Parser:
     """Every verb, with the arguments of `verb` only (of all, when None)."""
     parser = Parser(
         prog="dist-jobs",
-        description="One job spec: SLURM sbatch script, Kubeflow PyTorchJob, or local processes.",
+        # read from the registry only where every verb is built (help, completion, an unknown
+        # verb), which reads it anyway: one verb's parser shows no description
+        description=_description() if verb not in HELP else None,
         epilog="A command after `--` replaces the default training entrypoint.",
     )
     parser.add_argument("--version", action="version", version=f"dist-jobs {VERSION}")
@@ -61,9 +63,15 @@ def build(verb: str | None = None) -> Parser:
     return parser
 
 
+def _description() -> str:
+    """What one job spec becomes on each backend: `dist-jobs --help`'s first line."""
+    kinds = "; ".join(f"{cls.name}: {cls.summary}" for cls in api.backend_classes())
+    return f"One job spec, for every backend ({kinds})."
+
+
 def backend_choice(p: argparse.ArgumentParser, help: str, which: Callable[[Any], bool] = bool, **kwargs: Any) -> None:
     """--backend, its choices the registry's backends (`which` of their classes); `{summaries}` in
-    `help` is each one's name and summary, as `slurm: sbatch script; k8s: manifest`."""
+    `help` is each one's name and summary, as `NAME: SUMMARY; NAME: SUMMARY`."""
     chosen = [cls for cls in api.backend_classes() if which(cls)]
     summaries = "; ".join(f"{cls.name}: {cls.summary}" for cls in chosen)
     choices = api.Names([cls.name for cls in chosen])  # another package's backend, by its name too

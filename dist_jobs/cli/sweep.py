@@ -1,6 +1,6 @@
 """`dist-jobs sweep`: submit one spec as many trials; `dist-jobs sweep status NAME`: their table.
 
-    dist-jobs sweep --backend slurm job.yaml --grid train.lr=0.1,0.03 --grid train.batch_size=64,128 --max-parallel 2
+    dist-jobs sweep --backend NAME job.yaml --grid train.lr=0.1,0.03 --grid train.batch_size=64,128 --max-parallel 2
     dist-jobs sweep status NAME [--metric eval_loss --mode min]
     dist-jobs sweep cancel NAME
 
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from dist_jobs import api
 from dist_jobs.api import sweep_submit as api_sweep
-from dist_jobs.api.sweep_status import Sweep
-from dist_jobs.backends.sweep_manifest import SWEEPS_DIR
+from dist_jobs.api.sweep_status import Sweep, manifest_path
 from dist_jobs.cli.argv import Parser
 from dist_jobs.cli.flags import _scalar, add_spec_flags, overrides_from
 from dist_jobs.cli.output import columns, emit
@@ -37,7 +35,7 @@ def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_opti
     p = sub.add_parser("sweep", help=help_text, epilog=f"Then: {USAGE_STATUS}")
     names = api.Names([cls.name for cls in api.backend_classes()])
     ways = "; ".join(f"{cls.name}: {cls.sweep_summary}" for cls in api.backend_classes())
-    p.add_argument("--backend", choices=names, help=ways)
+    p.add_argument("--backend", choices=names, help=ways.replace("%", "%%"))  # argparse formats help with %
     p.add_argument(
         "--grid",
         action="append",
@@ -48,7 +46,7 @@ def add_sweep_parser(sub: Any, help_text: str, backend_options: Any, output_opti
     )
     p.add_argument("--random", type=int, metavar="N", help="N trials drawn at random from the --grid values")
     p.add_argument("--seed", type=int, default=0, help="the seed of --random (default 0): the same trials each time")
-    p.add_argument("--max-parallel", type=int, metavar="K", help="run at most K trials at once (SLURM: %%K)")
+    p.add_argument("--max-parallel", type=int, metavar="K", help="run at most K trials at once (how: see --backend)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
     p.add_argument(
         "--wait",
@@ -105,13 +103,19 @@ def cmd_sweep(args: argparse.Namespace, command: list[str] | None, options: dict
 def _submitted_table(submitted: Any) -> str:
     rows = [[str(t["index"]), t["name"], str(t["handle"]), _params(t["params"])] for t in submitted.trials]
     table = columns(["TRIAL", "NAME", "HANDLE", "PARAMS"], rows)
-    root = submitted.path.parent.parent
-    known = (Path("checkpoints").resolve(), Path(SWEEPS_DIR).resolve())  # where `sweep status` looks anyway
-    where = "" if root in known else f" --checkpoint-dir {root}"
+    where = "" if _found_by_name(submitted) else f" --checkpoint-dir {submitted.path.parent.parent}"
     return (
         table
         + f"\nsweep {submitted.name}: {len(rows)} trials; see them: dist-jobs sweep status {submitted.name}{where}"
     )
+
+
+def _found_by_name(submitted: Any) -> bool:
+    """Whether `sweep status NAME`, run here without --checkpoint-dir, finds this sweep."""
+    try:
+        return manifest_path(submitted.name) == submitted.path.resolve()
+    except UsageError:
+        return False
 
 
 def cmd_sweep_sub(verb: str, argv: list[str]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from support import layers
 from support.paths import REPO
@@ -105,3 +106,18 @@ def test_the_local_keeper_imports_nothing_of_dist_jobs() -> None:
         and any(a.name.startswith("dist_jobs") for a in node.names)
     ]
     assert not found, f"keeper.py imports dist_jobs at lines {found}"
+
+
+def test_the_cli_names_no_backend_and_reads_them_through_the_api() -> None:
+    """Every backend-shaped thing (its flags, help, sweeps, what runs here) is its Backend class's,
+    read from the registry: a new backend needs no line in dist_jobs/cli."""
+    names = re.compile(r"slurm|k8s|kubernetes|local|submitit", re.IGNORECASE)
+    shell_local = "    local cur="  # bash's keyword, in the completion script's shell code
+    found = []
+    for path in sorted((REPO / "dist_jobs" / "cli").glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if names.search(line) and not line.startswith(shell_local):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert not found, "backend names in the CLI:\n" + "\n".join(found)
+    direct = [e for e in layers.edges() if e.source.startswith("dist_jobs.cli") and ".backends" in e.target]
+    assert not direct, f"the CLI imports backends directly: {direct}"

@@ -24,7 +24,7 @@ from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, no
 from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
 from dist_jobs.backends.k8s.ranks import completion_index, job_status, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, Problem, UsageError
-from dist_jobs.rundir.lock import check_knobs
+from dist_jobs.spec.flags import SpecFlag
 
 # The CLI reads every backend's class for its flags: what only submit, render and a snapshot
 # use (yaml, the renderer, the spec classes) is imported where used (tests/unit/test_imports.py).
@@ -67,6 +67,13 @@ class K8sBackend(Backend):
         Option("--context", "context", "kubeconfig context"),
         Option("--kubeconfig", "kubeconfig", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"),
     )
+    spec_flags = (
+        SpecFlag("--namespace", "k8s.namespace", "Kubernetes namespace"),
+        SpecFlag("--pvc", "k8s.pvc", "Kubernetes PVC holding the checkpoint directory"),
+        SpecFlag("--api", "k8s.api", "Kubernetes API: pytorchjob or trainjob"),
+    )
+    spec_flags_title = "Kubernetes flags"
+    inherits_environment = False  # a pod's environment is the spec's alone
     handle_fields = ("namespace", "kind")
     handle_id = "NAME"
     sweep_summary = "a PyTorchJob per trial"
@@ -177,7 +184,6 @@ class K8sBackend(Backend):
         return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
 
     def schedule(self, prepared: Prepared) -> Handle:
-        check_knobs(prepared.spec.env)  # a pod's environment is the spec's alone
         created = self._create(prepared, dry_run=False)
         if prepared.spec.snapshot:
             self._create_code(prepared, created, dry_run=False)

@@ -34,7 +34,7 @@ from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
-from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, check_knobs, current, stale_seconds
+from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, current, stale_seconds
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -95,7 +95,6 @@ class LocalBackend(Backend):
 
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
-        check_knobs({**os.environ, **spec.env})  # the launcher's and the ranks' environment
         folder = (prepared.run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with _claimed(folder, spec.run_id):
@@ -239,9 +238,9 @@ class LocalBackend(Backend):
         root = run_dir_of(first, here).root  # the trials' run directories are below it
         return root, str(root)
 
-    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+    def schedule_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
         if not plan.max_parallel or plan.max_parallel >= len(plan.specs):
-            return super().submit_sweep(plan, manifest, root)
+            return super().schedule_sweep(plan, manifest, root)
         from dist_jobs.backends.local.sweep import submit_driven  # a sweep's alone (as above)
 
         return submit_driven(plan, manifest, root, self, self.workdir)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep
 from dist_jobs.backends.handle import Handle
+from dist_jobs.backends.slurm.flags import SPEC_FLAGS
 from dist_jobs.backends.slurm.logs import attempt_files, log_location, rank_lines, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
 from dist_jobs.backends.slurm.output import (
@@ -37,7 +38,6 @@ from dist_jobs.backends.slurm.output import (
 )
 from dist_jobs.backends.slurm.sbatch import check_controller
 from dist_jobs.errors import BackendError, DistJobsError
-from dist_jobs.rundir.lock import check_knobs
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
     from dist_jobs.backends.preflight import MissingPackages
@@ -95,8 +95,9 @@ class SlurmBackend(Backend):
     options = (
         Option("--jobs-dir", "jobs_dir", "SLURM: where job directories go (default: ./dist-jobs-runs)", kind=Path),
     )
+    spec_flags, spec_flags_title = SPEC_FLAGS, "SLURM flags"
     handle_fields = ("cluster",)
-    sweep_summary = "one job array"
+    sweep_summary = "one job array (--max-parallel K: its %K)"
 
     def __init__(
         self,
@@ -136,7 +137,6 @@ class SlurmBackend(Backend):
         from dist_jobs.backends.preflight import missing_packages
         from dist_jobs.backends.slurm.submit import job_python_export, submit
 
-        check_knobs({**os.environ, **prepared.spec.env})  # the job inherits this environment, then the spec's
         export = job_python_export(prepared.spec, self.python, self.missing_packages or missing_packages)
         return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir, export))
 
@@ -428,7 +428,7 @@ class SlurmBackend(Backend):
 
         return prepare_array(name, params, specs, max_parallel)
 
-    def submit_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
+    def schedule_sweep(self, plan: PreparedSweep, manifest: dict[str, Any], root: Path) -> builtins.list[str]:
         assert plan.head is not None  # one sbatch of the array; trial i is its task i
         array = self.schedule(Prepared("slurm", plan.head, plan.payloads[0][1], plan.payloads[0][0]))
         record_trials(self.jobs_dir, array.job_id, [s.run_id for s in plan.specs])

@@ -126,6 +126,7 @@ def test_the_cli_reference_has_every_verb_and_option() -> None:
                 if action.help != "==SUPPRESS==":
                     assert f"`{flag}`" in page, (verb, flag)
     assert "## `dist-jobs sweep status`" in page and "`--metric`" in page
+    assert "0-9%2 (at most 2 at once)" in page and "%%" not in page  # as --help prints it
 
 
 def test_the_exit_code_table_comes_from_the_constants_module() -> None:

@@ -130,6 +130,47 @@ def test_a_sweep_runs_one_job_per_trial_by_default(capsys: pytest.CaptureFixture
     assert [r.state for r in Sweep.load("fk").status()] == ["cancelled", "cancelled"]
 
 
+KNOBS = {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "20"}  # more than a third of the stale limit below
+
+
+class PodLike(FakeBackend):
+    """Its jobs start with spec.env alone, as a pod does."""
+
+    inherits_environment = False
+
+
+def test_its_submit_refuses_lock_knobs_that_do_not_fit_together(
+    spec_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is the base class's submit: a backend gets it without a line of its own."""
+    monkeypatch.setenv("DIST_JOBS_LOCK_STALE_SECONDS", "30")  # its jobs inherit this environment
+    spec = dist_jobs.load_spec(spec_file, overrides={f"env.{k}": v for k, v in KNOBS.items()})
+    with pytest.raises(UsageError, match="DIST_JOBS_LOCK_HEARTBEAT_SECONDS=20 is more than a third of") as caught:
+        FakeBackend(pool="knobs").submit(spec)
+    assert caught.value.exit_code == 2 and "DIST_JOBS_LOCK_STALE_SECONDS=30" in str(caught.value)
+    assert FakeBackend.queues["knobs"] == {}  # nothing handed to the scheduler
+    assert str(PodLike(pool="pods").submit(spec)) == "fake://pods/1"  # the submitter's 30 s is not its jobs'
+
+
+def test_a_sweep_checks_every_trials_environment_before_any_is_submitted(
+    capsys: pytest.CaptureFixture[str], spec_file: Path
+) -> None:
+    """Trial 1's knobs do not fit together: no trial is submitted, though trial 0's do."""
+    argv = [
+        "sweep",
+        "--backend",
+        "fake",
+        "--fake-pool",
+        "k",
+        str(spec_file),
+        "--env",
+        "DIST_JOBS_LOCK_STALE_SECONDS=30",
+    ]
+    code, _, err = run(capsys, *argv, "--grid", "env.DIST_JOBS_LOCK_HEARTBEAT_SECONDS=10,20")
+    assert code == 2 and "DIST_JOBS_LOCK_HEARTBEAT_SECONDS=20 is more than a third of" in err
+    assert FakeBackend.queues.get("k", {}) == {}
+
+
 def test_a_package_declares_it_in_the_entry_point_group(monkeypatch: pytest.MonkeyPatch) -> None:
     import dist_jobs.backends as registry
 

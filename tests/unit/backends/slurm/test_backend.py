@@ -631,7 +631,8 @@ def test_lock_knobs_that_do_not_fit_together_are_refused_at_submit(
     """Refused here (exit 2), not after the job waited in the queue to be refused at its start."""
     monkeypatch.setenv("DIST_JOBS_LOCK_STALE_SECONDS", "30")  # the job inherits the submitter's environment
     runner = FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), ""))
+    slurm = backend(tmp_path, runner)
     with pytest.raises(UsageError, match="DIST_JOBS_LOCK_HEARTBEAT_SECONDS=20 is more than a third of") as caught:
-        submit(tmp_path, runner, env={"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "20"})
+        slurm.submit(load_spec(data={**SPEC, "env": {"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "20"}}))
     assert caught.value.exit_code == 2 and "DIST_JOBS_LOCK_STALE_SECONDS=30" in str(caught.value)
     assert runner.calls == [] and not (tmp_path / "runs").exists()
