@@ -292,7 +292,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
     so the warning lands mid-training.
     Slow by nature: the warning can only come from SLURM's own time-limit check (`time: 2`, `grace_seconds:
     60`), which fires 30-60 s after the start, so attempt 0 must still be training then; the requeued attempt
-    waits out the credential hold (cred_expire, 10 s) and trains the rest, starting torch in every rank again."""
+    waits out the credential hold (cred_expire, 5 s) and trains the rest, starting torch in every rank again."""
     name = f"warned-{launcher}"
     data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
     job_id = submit_api(tmp_path, data, cleanup, slow_first="3.0")

@@ -415,6 +415,12 @@ def test_a_killed_node_is_kept_away_from_the_next_attempt_even_once_it_answers_a
     assert assert_every_checkpoint_intact(run_dir, world_size=4)[-1] == 24
 
 
+# How long n2's link stays down: shorter than the cluster's SlurmdTimeout (slurm/cluster/up.sh), so no
+# node failure. (With 30 s, srun heard of no task's end once the link was back and the job ran into its
+# time limit: an open fault of issue 35, not this test's.)
+OUTAGE = 60
+
+
 def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
     tmp_path: Path, cleanup: list[str], node_fault: None
 ) -> None:
@@ -425,7 +431,7 @@ def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
     it resumes from the newest committed checkpoint.
     Slow by nature: the link stays down for the fixed 60 s outage (shorter than the cluster's SlurmdTimeout
     of 90 s, so it is a link fault, not a node failure), the requeued job waits out the cluster's credential
-    hold (cred_expire, 10 s) before it may start again, and then trains to the end; restoring the cluster
+    hold (cred_expire, 5 s) before it may start again, and then trains to the end; restoring the cluster
     afterwards reruns slurm/cluster/up.sh."""
     name = "linkdrop"
     watchdog = {"hang_min_seconds": 10, "hang_factor": 5, "collective_timeout": 120}
@@ -435,13 +441,13 @@ def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
         dropped = time.monotonic()
         rank0 = tmp_path / "logs" / f"{name}-{job}-attempt0-rank0.out"
         until("rank 0's stack dump", lambda: "end of the stacks" in rank0.read_text(), 60, timeline, job)
-        until("the end of the 60 s outage", lambda: time.monotonic() - dropped >= 60, 90, timeline, job)
+        until(f"the end of the {OUTAGE} s outage", lambda: time.monotonic() - dropped >= OUTAGE, 90, timeline, job)
     finally:
         subprocess.run(["ip", "link", "set", "slrm-n2", "up"], check=True)
     saved = committed_steps(run_dir)[-1]
     status = wait_finished(tmp_path, name, job, timeout=300)
     timeline.look(job)
-    print(f"\n--- timeline (job {job}, link of n2 down for 60 s):\n{timeline}")
+    print(f"\n--- timeline (job {job}, link of n2 down for {OUTAGE} s):\n{timeline}")
     assert status.state == "COMPLETED", batch_log(tmp_path, name, job)
     text = rank0.read_text()
     assert "hang watchdog: no optimizer step completed" in text and "end of the stacks" in text, text[-3000:]

@@ -123,7 +123,7 @@ def wait_for(what: str, ready: Any, timeout: float, job_id: str, root: Path, nam
 
 def wait_finished(root: Path, name: str, job_id: str, timeout: float = 150) -> JobStatus:
     """The job's final status. A requeued job is held PENDING (Reason=BeginTime) for the cluster's
-    credential lifetime (cred_expire=10 here): pushing it with `scontrol update StartTime=now`
+    credential lifetime (cred_expire=5 here): pushing it with `scontrol update StartTime=now`
     sooner gets it killed ("Killing non-startable batch job: Job credential revoked"), so wait."""
     slurm = backend(root)
 
