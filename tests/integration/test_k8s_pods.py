@@ -552,7 +552,8 @@ def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_k
     holder must train long enough to outlast the refusal and still be mid-run when it is killed, so that the
     resume from its checkpoint is seen."""
     data = job_spec("rp-lock", claim)
-    data["train"].update(fake_samples=4096, epochs=1, eval_every_epoch=False)
+    # a checkpoint every 4 of its 128 steps, not every step: the resume is seen all the same
+    data["train"].update(fake_samples=4096, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
     data["env"].update({"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"})
     holder = submit({**data, "k8s": {**data["k8s"], "api": "trainjob"}})
     run_dir = realpods_tier.volume(claim) / "ckpt" / holder
