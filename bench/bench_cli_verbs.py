@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dist_jobs.backends.slurm.output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG  # noqa: E402
+from dist_jobs.backends.slurm.squeue_sacct import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG  # noqa: E402
 
 # The children import this checkout, from bytecode as an installed package would (an inherited
 # PYTHONDONTWRITEBYTECODE would make every run compile dist_jobs from source); the .pyc files go

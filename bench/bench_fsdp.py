@@ -277,7 +277,7 @@ def main() -> None:
 
         bench_fsdp.worker(args)
         return
-    from dist_jobs.backends.local.launch import free_port
+    from dist_jobs.backends.local.runner import free_port
 
     scratch = args.scratch or tempfile.gettempdir()
     env = {

@@ -23,7 +23,7 @@ from dist_jobs.backends import backend_names as backend_names
 from dist_jobs.backends import or_list as or_list
 from dist_jobs.backends import parse_handle as parse_handle  # the CLI reads handles through the API
 from dist_jobs.backends.handle import is_handle
-from dist_jobs.backends.state import JobState
+from dist_jobs.backends.jobstate import JobState
 from dist_jobs.errors import DistJobsError, Preempted, UsageError
 
 if TYPE_CHECKING:  # the query verbs load no sweep modules and no spec classes (msgspec)
@@ -218,6 +218,6 @@ def _call_failed(name: str, code: int) -> DistJobsError:
 
 def run_local(spec: JobSpec, workdir: Path | None = None) -> int:
     """Run the job here as local processes, to the end; the launcher's exit code."""
-    from dist_jobs.backends.local.launch import Launcher  # msgspec: not for the query verbs
+    from dist_jobs.backends.local.runner import LocalRunner  # msgspec: not for the query verbs
 
-    return Launcher(workdir=workdir).run(spec)
+    return LocalRunner(workdir=workdir).run(spec)

@@ -22,7 +22,7 @@ from dist_jobs.api.plot import plot_run
 from dist_jobs.api.polling import poll_until
 from dist_jobs.backends import Backend, JobStatus
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.state import JobState
+from dist_jobs.backends.jobstate import JobState
 from dist_jobs.constants import WAIT_EXIT_CODES
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.checkpoints import newest_committed
@@ -225,17 +225,23 @@ class Job:
     def cancel(self) -> None:
         self._backend.cancel(self.id)
 
+    @property
+    def run_dir(self) -> Path:
+        """The run directory, `<checkpoint_dir>/<run>`, as this host sees it (its checkpoints,
+        progress and ledger): BackendError where the backend cannot say."""
+        return self._backend.run_dir(self.id)
+
     def result(self, timeout: float | None = None) -> dict[str, float]:
         """Rank 0's final metrics, from `<run dir>/result.json` (written when fit() ends), once
         the job has ended: waits for it (WaitTimeout after `timeout` seconds), and raises
         JobFailed if it failed or was cancelled, so no earlier run's result passes for its own."""
         self.wait(timeout, raise_on_failure=True)
-        return read_result(self._backend.run_dir(self.id))
+        return read_result(self.run_dir)
 
     def plot(self, path: str | Path) -> Path:
         """Draw the run into `path` (a PNG): loss, throughput and accuracy per step, each attempt
         in its colour, where it resumed and which faults ended attempts (needs dist-jobs[plot])."""
-        return plot_run(self._backend.run_dir(self.id), Path(path), self.handle).path
+        return plot_run(self.run_dir, Path(path), self.handle).path
 
 
 def wait_all(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.state import JobState, normalise
+from dist_jobs.backends.jobstate import JobState, normalise
 from dist_jobs.errors import BackendError, DistJobsError, Problem, UsageError
 from dist_jobs.rundir.ledger import Ledger
 from dist_jobs.rundir.place import RunDir
@@ -99,7 +99,7 @@ class JobStatus:
 
     @property
     def job_state(self) -> JobState:
-        """The word in the one vocabulary (dist_jobs.backends.state)."""
+        """The word in the one vocabulary (dist_jobs.backends.jobstate)."""
         return JobState(self.normal) if self.normal else normalise(self.state)
 
     @property

@@ -256,7 +256,9 @@ def cmd_export(args: argparse.Namespace, _: Any) -> int:
     """In a child process: reading a checkpoint needs torch, which the CLI never imports."""
     import subprocess  # `export` alone: render, which imports this module, runs no command (bench_render)
 
-    argv = [sys.executable, "-m", "dist_jobs.train.checkpoint.export", args.run_dir, "-o", args.output]
+    # a handle (or a bare id with --backend) names its run directory through its backend
+    run_dir = str(_job(args).run_dir) if api.is_handle(args.job) or args.backend else args.job
+    argv = [sys.executable, "-m", "dist_jobs.train.checkpoint.export", run_dir, "-o", args.output]
     argv += ["--step", str(args.step)] if args.step is not None else []
     # Its lines pass through this process, where the CLI's own output goes (a notebook, a capture).
     done = subprocess.run(argv, check=False, capture_output=True, text=True)

@@ -154,7 +154,13 @@ def _env(p: argparse.ArgumentParser) -> None:
 
 
 def _export(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory: <checkpoint_dir>/<run name>")
+    p.add_argument(
+        "job",
+        metavar="HANDLE_OR_RUN_DIR",
+        help=f"the job's handle ({api.handle_forms()}), a bare id with --backend, or its run directory",
+    )
+    backend_choice(p, "the scheduler of a bare job id")
+    backend_options(p)
     p.add_argument("--step", type=int, help="the checkpoint step-N to export (default: the newest committed)")
     p.add_argument("-o", "--output", required=True, help="model.pt (or model.safetensors, with that package)")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.local.launch import plan
+from dist_jobs.backends.local.runner import plan
 from dist_jobs.ranks import resolve
 from dist_jobs.spec.load import load_spec
 from support.paths import PYTHON
@@ -225,10 +225,10 @@ def test_ctrl_c_stops_everything(tmp_path) -> None:
 
 
 def test_dry_run_plan_names_every_process(tmp_path) -> None:
-    from dist_jobs.backends.local.launch import Launcher
+    from dist_jobs.backends.local.runner import LocalRunner
 
     spec = load_spec(data={"name": "x", "nodes": 2, "procs_per_node": 2})
-    payload = Launcher(workdir=tmp_path).prepare(spec).payload
+    payload = LocalRunner(workdir=tmp_path).prepare(spec).payload
     assert payload.count("# rank ") == 4 and "SLURM_PROCID=3" in payload
 
 

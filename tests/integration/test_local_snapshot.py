@@ -19,7 +19,7 @@ import yaml
 
 import dist_jobs
 from dist_jobs.backends.local.jobs import LocalBackend
-from dist_jobs.backends.local.launch import Launcher
+from dist_jobs.backends.local.runner import LocalRunner
 from support.git_project import git
 from support.paths import PYTHON, REPO, TESTS
 from support.waiting import eventually
@@ -145,7 +145,7 @@ def test_the_dry_run_of_a_snapshot_is_the_spec_submit_runs_and_its_copy_is_where
     assert ended.state == "COMPLETED", ended
     recorded = dist_jobs.load_spec(data=yaml.safe_load((Path(run_dir) / "local" / "spec.yaml").read_text()))
     assert recorded == dry.spec and recorded.workdir == str(copy)  # the launcher runs the dry run's spec
-    assert Launcher(workdir=proj).prepare(recorded).payload == dry.payload  # and plans the same processes
+    assert LocalRunner(workdir=proj).prepare(recorded).payload == dry.payload  # and plans the same processes
     assert sorted(p.name for p in copy.parent.iterdir()) == [copy.name]  # the copy, exactly there
     logs = "\n".join(local.logs(run_dir))
     assert f"[rank 0] cwd {copy}\n" in logs + "\n" and "submitted version lib as submitted" in logs

@@ -490,7 +490,7 @@ def wait_submitit(job: Any, folder: Path, what: str, ready: Any, timeout: float)
 
 def test_submitit_job_from_a_spec_returns_the_metrics(tmp_path: Path) -> None:
     require_module("submitit")
-    from dist_jobs.backends.submitit_backend import make_executor
+    from dist_jobs.backends.submitit_executor import make_executor
     from dist_jobs.train.task import TrainTask
 
     spec = load_spec(data=spec_data(tmp_path, "submitit", train={**TRAIN, "epochs": 1}))
@@ -521,7 +521,7 @@ def test_submitit_job_preempted_by_its_signal_requeues_and_resumes_bit_identical
     the requeued attempt, which waits out the cluster's 10 s credential hold), and every rank starts torch and
     unpickles submitit's task in each."""
     require_module("submitit")
-    from dist_jobs.backends.submitit_backend import make_executor
+    from dist_jobs.backends.submitit_executor import make_executor
     from dist_jobs.train.task import TrainTask
 
     name = "submitit-preempted"

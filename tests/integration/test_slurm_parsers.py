@@ -1,11 +1,12 @@
 """The sbatch/squeue/sacct parsers on the live local cluster: the same commands as the captured
-fixtures of tests/unit/backends/slurm/test_output.py (tests/fixtures/slurm/INDEX.md), run for real."""
+fixtures of tests/unit/backends/slurm/test_squeue_sacct.py (tests/fixtures/slurm/INDEX.md), run for real."""
 
 from __future__ import annotations
 
 import subprocess
 
-from dist_jobs.backends.slurm.output import (
+from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, sbatch_error
+from dist_jobs.backends.slurm.squeue_sacct import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
@@ -14,7 +15,6 @@ from dist_jobs.backends.slurm.output import (
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, sbatch_error
 from support.tiers import requires
 from support.waiting import eventually
 

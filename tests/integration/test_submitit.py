@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dist_jobs.backends.submitit_backend import executor_parameters, make_executor
+from dist_jobs.backends.submitit_executor import executor_parameters, make_executor
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import derive_port
 from dist_jobs.spec import run_id

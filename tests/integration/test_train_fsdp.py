@@ -229,8 +229,10 @@ def test_a_ddp_checkpoint_resumes_under_fsdp(reference: dict[str, Any], tmp_path
 
 
 def test_export_gives_a_plain_model_the_trained_outputs(reference: dict[str, Any], tmp_path: Path) -> None:
+    """Named by the job's handle (a local run's is its run directory; the damaged-shard test below
+    names the folder itself)."""
     out = tmp_path / "model.pt"
-    cli = [PYTHON, "-m", "dist_jobs", "export", str(reference["dir"]), "-o", str(out)]
+    cli = [PYTHON, "-m", "dist_jobs", "export", f"local://{reference['dir']}", "-o", str(out)]
     done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert f"step-{TOTAL}" in done.stdout

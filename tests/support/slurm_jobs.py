@@ -19,7 +19,7 @@ import yaml
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.slurm.logs import attempt_files
-from dist_jobs.backends.slurm.output import SACCT_FIELDS, SacctJobState, parse_sacct, sacct_job_state
+from dist_jobs.backends.slurm.squeue_sacct import SACCT_FIELDS, SacctJobState, parse_sacct, sacct_job_state
 from support.paths import REPO, TESTS
 from support.specs import PREEMPTIBLE_TRAIN
 from support.waiting import eventually

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.state import describe_exit
+from dist_jobs.backends.jobstate import describe_exit
 
 OP = "training.kubeflow.org/"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from dist_jobs.backends import records
 from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, SnapshotPlan, run_dir_of
 from dist_jobs.backends.handle import Handle
+from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.backends.snapshot import describe, plan, read, take
-from dist_jobs.backends.state import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
@@ -51,7 +51,7 @@ REFUSED = "refused"  # why the launcher refused to start the run (the lock's ref
 
 
 class LocalBackend(Backend):
-    """The local backend's queue verbs; prepare and the foreground run are Launcher's."""
+    """The local backend's queue verbs; prepare and the foreground run are LocalRunner's."""
 
     name = "local"
     summary = "detached processes"
@@ -75,19 +75,19 @@ class LocalBackend(Backend):
         self.clock = clock
 
     def prepare(self, spec: JobSpec) -> Prepared:
-        from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
+        from dist_jobs.backends.local.runner import LocalRunner  # the renderer's helpers, msgspec
 
-        return Launcher(self.out, self.workdir, clock=self.clock).prepare(spec)
+        return LocalRunner(self.out, self.workdir, clock=self.clock).prepare(spec)
 
     def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
         """In the foreground; `record`: the detached run `submit` started, its exit code to that folder."""
-        from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
+        from dist_jobs.backends.local.runner import LocalRunner  # the renderer's helpers, msgspec
 
         if record is not None:
             return run_recorded(spec, record)
         if self.missing is None:
-            return Launcher(self.out, self.workdir, clock=self.clock).run(spec)
-        return Launcher(self.out, self.workdir, self.missing, self.clock).run(spec)
+            return LocalRunner(self.out, self.workdir, clock=self.clock).run(spec)
+        return LocalRunner(self.out, self.workdir, self.missing, self.clock).run(spec)
 
     def schedule(self, prepared: Prepared) -> Handle:
         # submit's alone: status, logs and cancel load no spec classes (msgspec)
@@ -324,10 +324,10 @@ def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> in
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    from dist_jobs.backends.local.launch import Launcher  # the renderer's helpers, msgspec
+    from dist_jobs.backends.local.runner import LocalRunner  # the renderer's helpers, msgspec
 
     code = 130
-    backend = Launcher(workdir=workdir)
+    backend = LocalRunner(workdir=workdir)
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         code = backend.run(spec)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TextIO
 
-from dist_jobs.backends.state import describe_exit
+from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.verdict import Action, Evidence, Failure, Verdict, decide
 

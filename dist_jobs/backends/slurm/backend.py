@@ -23,20 +23,20 @@ from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.flags import SPEC_FLAGS
 from dist_jobs.backends.slurm.logs import attempt_files, log_location, rank_lines, ranks_logged, stitch, stitch_all
 from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
-from dist_jobs.backends.slurm.output import (
+from dist_jobs.backends.slurm.sbatch import check_controller
+from dist_jobs.backends.slurm.squeue_sacct import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_FORMAT_LONG,
+    QueuedJob,
     SacctJobState,
     SacctRow,
-    SlurmJob,
     cluster_name_in,
     conf_cluster_name,
     parse_sacct,
     parse_squeue,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm.sbatch import check_controller
 from dist_jobs.errors import BackendError, DistJobsError
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
@@ -62,7 +62,7 @@ def run_command(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedP
         ) from None
 
 
-def _queued(job: SlurmJob) -> JobStatus:
+def _queued(job: QueuedJob) -> JobStatus:
     """A job squeue lists (pending, running)."""
     return JobStatus(
         job.job_id,
@@ -261,7 +261,7 @@ class SlurmBackend(Backend):
         verdicts = recorded(Path(meta["run_dir"]), job_id) if meta.get("run_dir") else []
         return finished_status(state, meta.get("run", ""), text, meta.get("launcher", "srun"), started, hang, verdicts)
 
-    def _squeue_many(self, job_ids: list[str]) -> dict[str, SlurmJob]:
+    def _squeue_many(self, job_ids: list[str]) -> dict[str, QueuedJob]:
         """One squeue for every job (an array task by its array's id): the jobs it lists, by id."""
         query = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
         proc = self.run(["squeue", "--noheader", "--jobs", query, "--Format", SQUEUE_FORMAT_LONG])
@@ -283,7 +283,7 @@ class SlurmBackend(Backend):
             )
         return parse_sacct(acct.stdout)
 
-    def _completing(self, job_id: str, job: SlurmJob, acct: SacctJobState | None = None) -> JobStatus:
+    def _completing(self, job_id: str, job: QueuedJob, acct: SacctJobState | None = None) -> JobStatus:
         """A job whose nodes are being cleaned up: requeued or ended (sacct, unless `acct` is
         given), and which node holds it up (sinfo). Either answer may be missing: the status is
         still told."""
@@ -327,7 +327,7 @@ class SlurmBackend(Backend):
                 return state
         return None
 
-    def _squeue_job(self, job_id: str) -> SlurmJob | None:
+    def _squeue_job(self, job_id: str) -> QueuedJob | None:
         """The job as squeue sees it, None once squeue forgot it (MinJobAge after the end)."""
         # --Format (long): only it has the restart count, which says a requeued job came back.
         proc = self.run(["squeue", "--noheader", "--jobs", job_id, "--Format", SQUEUE_FORMAT_LONG])

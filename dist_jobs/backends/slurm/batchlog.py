@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm.output import SacctJobState, sacct_exit
-from dist_jobs.backends.state import describe_exit
+from dist_jobs.backends.jobstate import describe_exit
+from dist_jobs.backends.slurm.squeue_sacct import SacctJobState, sacct_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HangRecord
 from dist_jobs.rundir.verdict import Action, Failure, Verdict

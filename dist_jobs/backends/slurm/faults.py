@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dist_jobs.backends.base import JobStatus
-from dist_jobs.backends.slurm.output import SacctJobState, SlurmJob
+from dist_jobs.backends.slurm.squeue_sacct import QueuedJob, SacctJobState
 from dist_jobs.ranks.nodelist import expand
 
 # For `sinfo --noheader --Node --nodes NODES --format SINFO_NODE_STATES`: one line per node.
@@ -51,7 +51,7 @@ def parse_node_states(stdout: str) -> dict[str, NodeState]:
     return nodes
 
 
-def completing_status(job: SlurmJob, acct: SacctJobState | None, nodes: Mapping[str, NodeState]) -> JobStatus:
+def completing_status(job: QueuedJob, acct: SacctJobState | None, nodes: Mapping[str, NodeState]) -> JobStatus:
     """squeue's COMPLETING job, told with sacct's latest attempt (`acct`: None when sacct could
     not say) and the state of its nodes (`nodes`: those of the allocation, sacct's, and those
     still completing, squeue's). squeue lists only the nodes not yet released: once SLURM has

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.backends import records
-from dist_jobs.backends.slurm.output import SacctRow
+from dist_jobs.backends.slurm.squeue_sacct import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.place import RunDir
 

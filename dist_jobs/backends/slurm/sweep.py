@@ -1,5 +1,5 @@
 """A sweep on SLURM: ONE job array (`--array=0-(n-1)%K`), each task a whole multi-node job
-(render/sweep.py), every trial running from one snapshot of the code unless the spec says not
+(render/slurm_array.py), every trial running from one snapshot of the code unless the spec says not
 (SlurmBackend.snapshot)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from dist_jobs.backends.base import PreparedSweep
-from dist_jobs.render.sweep import head_overrides, sweep_script
+from dist_jobs.render.slurm_array import head_overrides, sweep_script
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.load import load_spec
 

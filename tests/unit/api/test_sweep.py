@@ -389,7 +389,7 @@ SACCT_CANCELLED_SWEEP = """\
 def test_an_array_task_that_never_started_is_found_in_the_arrays_record() -> None:
     from dist_jobs.backends.slurm.backend import SlurmBackend
     from dist_jobs.backends.slurm.meta import array_task_key
-    from dist_jobs.backends.slurm.output import parse_sacct
+    from dist_jobs.backends.slurm.squeue_sacct import parse_sacct
 
     rows = parse_sacct(SACCT_CANCELLED_SWEEP)
     assert [array_task_key(rows, f"492_{i}") for i in range(4)] == ["492_0", "492_[1-2%1]", "492_[1-2%1]", "492_3"]

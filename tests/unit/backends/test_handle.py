@@ -16,7 +16,7 @@ from dist_jobs.api.job import Job, JobInfo, WaitTimeout, info_of
 from dist_jobs.backends import parse_handle
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.state import JobState, describe_exit, normalise
+from dist_jobs.backends.jobstate import JobState, describe_exit, normalise
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.result import read_result, write_result
 from support.paths import PYTHON, REPO

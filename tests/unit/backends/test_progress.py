@@ -15,8 +15,8 @@ import pytest
 
 from dist_jobs.api.job import Job, JobInfo
 from dist_jobs.backends.handle import Handle
+from dist_jobs.backends.jobstate import JobState
 from dist_jobs.backends.local.jobs import LocalBackend
-from dist_jobs.backends.state import JobState
 from dist_jobs.cli.output import info_table
 from dist_jobs.rundir.progress import (
     HISTORY,

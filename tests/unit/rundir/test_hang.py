@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dist_jobs.backends.state import describe_exit
+from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.rundir.hang import HANG_RECORD, HangRecord, StoppedRank, describe_hang, read_hang, write_hang
 
 

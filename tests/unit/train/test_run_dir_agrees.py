@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dist_jobs.backends.k8s.backend import K8sBackend
-from dist_jobs.backends.local.launch import Launcher, plan
+from dist_jobs.backends.local.runner import LocalRunner, plan
 from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.resume import checkpoint_folder
@@ -26,7 +26,7 @@ SPEC = {"name": "agree", "nodes": 1, "procs_per_node": 2, "command": ["python3",
 def test_a_local_ranks_run_directory_is_the_one_prepare_names(tmp_path: Path, checkpoint_dir: str) -> None:
     workdir = tmp_path / "project"
     spec = load_spec(data={**SPEC, "checkpoint_dir": checkpoint_dir})
-    prepared = Launcher(workdir=workdir).prepare(spec)
+    prepared = LocalRunner(workdir=workdir).prepare(spec)
     assert prepared.run_dir is not None
     for proc in plan(spec, workdir, 29500, "1", use_gpus=False):
         assert checkpoint_folder(TrainConfig(), proc.env) == prepared.run_dir.path

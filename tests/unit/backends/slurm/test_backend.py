@@ -22,7 +22,7 @@ import yaml
 
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.backend import SlurmBackend, run_command
-from dist_jobs.backends.slurm.output import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
+from dist_jobs.backends.slurm.squeue_sacct import SACCT_FIELDS, SQUEUE_FORMAT, SQUEUE_FORMAT_LONG
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec import run_id
 from dist_jobs.spec.load import load_spec

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log, srun_failures
-from dist_jobs.backends.slurm.output import parse_sacct, sacct_job_state
+from dist_jobs.backends.slurm.squeue_sacct import parse_sacct, sacct_job_state
 from dist_jobs.rundir.verdict import Failure
 from support.paths import TESTS
 

@@ -13,11 +13,11 @@ import pytest
 
 from dist_jobs.api.job import Job
 from dist_jobs.backends.handle import Handle
+from dist_jobs.backends.jobstate import JobState, normalise
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log
 from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
-from dist_jobs.backends.slurm.output import parse_sacct, sacct_exit, sacct_job_state
-from dist_jobs.backends.state import JobState, normalise
+from dist_jobs.backends.slurm.squeue_sacct import parse_sacct, sacct_exit, sacct_job_state
 from dist_jobs.cli.output import info_table
 from dist_jobs.rundir.attempts import Attempts, starts
 from dist_jobs.rundir.progress import write_progress

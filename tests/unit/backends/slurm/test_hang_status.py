@@ -10,9 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.slurm.backend import SlurmBackend
-from dist_jobs.backends.state import describe_exit
 from dist_jobs.rundir.hang import HangRecord, StoppedRank, write_hang
 from support.paths import TESTS
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from dist_jobs.backends.state import describe_exit
+from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError
 from dist_jobs.spec.slurm_time import NO_LIMIT, parse_time
@@ -82,7 +82,7 @@ def parse_timestamp(text: str) -> datetime | None:
 
 
 @dataclass(frozen=True)
-class SlurmJob:
+class QueuedJob:
     """One squeue line: a pending or running (or completing) job."""
 
     job_id: str
@@ -132,7 +132,7 @@ def _split_columns(fmt: str) -> list[str]:
     return [col.split(":", 1)[0] for col in fmt.split(",")]
 
 
-def parse_squeue(stdout: str, fmt: str = SQUEUE_FORMAT) -> list[SlurmJob]:
+def parse_squeue(stdout: str, fmt: str = SQUEUE_FORMAT) -> list[QueuedJob]:
     """Jobs from `squeue --noheader` run with `fmt` (SQUEUE_FORMAT or SQUEUE_FORMAT_LONG)."""
     columns = [_SQUEUE_COLUMNS.get(col, col) for col in _split_columns(fmt)]
     jobs = []
@@ -148,7 +148,7 @@ def parse_squeue(stdout: str, fmt: str = SQUEUE_FORMAT) -> list[SlurmJob]:
         row = dict(zip(columns, values))
         restarts = row.get("restarts")
         jobs.append(
-            SlurmJob(
+            QueuedJob(
                 job_id=row["job_id"],
                 name=row["name"],
                 state=row["state"],

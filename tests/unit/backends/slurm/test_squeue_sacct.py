@@ -11,17 +11,17 @@ from datetime import datetime
 
 import pytest
 
-from dist_jobs.backends.slurm.output import (
+from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, parse_sbatch_test_only, sbatch_error
+from dist_jobs.backends.slurm.squeue_sacct import (
     SQUEUE_FORMAT_LONG,
+    QueuedJob,
     SacctJobState,
-    SlurmJob,
     parse_duration,
     parse_sacct,
     parse_squeue,
     parse_timestamp,
     sacct_job_state,
 )
-from dist_jobs.backends.slurm.sbatch import parse_sbatch_job_id, parse_sbatch_test_only, sbatch_error
 from dist_jobs.errors import BackendError
 from support.paths import TESTS
 
@@ -132,7 +132,7 @@ def test_squeue_long_format_has_restart_count() -> None:
     long = parse_squeue(fixture("squeue_format_long.txt"), SQUEUE_FORMAT_LONG)
     assert [j.restarts for j in long] == [0, 0, 0, 0]
 
-    def key(j: SlurmJob) -> tuple[str, str, str, str]:
+    def key(j: QueuedJob) -> tuple[str, str, str, str]:
         return (j.job_id, j.name, j.state, j.reason)
 
     assert [key(j) for j in long] == [key(j) for j in short]

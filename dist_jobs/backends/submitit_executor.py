@@ -1,7 +1,7 @@
 """submitit for notebooks: an executor built from the same job spec (the task is dist_jobs.train.task).
 
 from dist_jobs.spec import load_spec
-from dist_jobs.backends.submitit_backend import make_executor
+from dist_jobs.backends.submitit_executor import make_executor
 from dist_jobs.train.task import TrainTask
 spec = load_spec("job.yaml")
 job = make_executor(spec, "submitit-logs").submit(TrainTask(spec))

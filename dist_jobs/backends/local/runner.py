@@ -139,7 +139,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
     return procs
 
 
-class Launcher:
+class LocalRunner:
     name = "local"
 
     def __init__(
