@@ -219,3 +219,30 @@ def test_a_submit_while_another_submit_of_the_run_is_under_way_is_refused_and_wr
     assert (folder / "submitting").read_text() == ""  # released
     waited = dj("wait", "--timeout", "60", taken.stdout.strip(), cwd=tmp_path)
     assert waited.returncode == 0, waited.stdout + waited.stderr
+
+
+def test_a_foreground_run_is_a_job_other_shells_can_ask_about(tmp_path: Path) -> None:
+    """`dist-jobs run` records itself as `submit` does: while it runs, `status`, `logs` and `list`
+    from another process find it by its handle, and it ends with its exit code recorded."""
+    go = tmp_path / "go"
+    # the program waits for the test's word (the file `go`), polling as a user's program would
+    program = "import pathlib, time\nprint('waiting', flush=True)\n"
+    program += f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)"
+    argv = [PYTHON, "-m", "dist_jobs", "run", "--backend", "local", "--name", "fg", "--procs-per-node", "1"]
+    run = subprocess.Popen(
+        [*argv, "--", PYTHON, "-c", program], cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE, text=True
+    )
+    handle = f"local://{tmp_path.resolve()}/checkpoints/fg"
+    try:
+        logs = lambda: dj("logs", handle, cwd=tmp_path).stdout
+        shown = lambda out: "[rank 0] waiting" in out
+        eventually(logs, timeout=60, what="its output in `logs`", until=shown, give_up=run.poll)
+        status = json.loads(dj("status", handle, "-o", "json", cwd=tmp_path).stdout)
+        assert status["state"] == "running" and status["detail"] == f"pid {run.pid}", status
+        assert handle in dj("list", "--backend", "local", cwd=tmp_path).stdout
+    finally:
+        go.touch()
+        out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0 and "[rank 0] waiting" in out  # on the terminal too
+    ended = json.loads(dj("status", handle, "-o", "json", cwd=tmp_path).stdout)
+    assert (ended["state"], ended["detail"]) == ("succeeded", "exit 0"), ended

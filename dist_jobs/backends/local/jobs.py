@@ -12,7 +12,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import signal
@@ -28,26 +27,36 @@ from dist_jobs.backends import records
 from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, SnapshotPlan, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.jobstate import describe_exit
+from dist_jobs.backends.local.record import (
+    CANCELLED,
+    CODE,
+    EXIT,
+    FIRST,
+    FOLDER,
+    LOG,
+    PID,
+    REFUSED,
+    SPEC,
+    Tee,
+    alive,
+    claimed,
+    read_int,
+    run_recorded,
+    write,
+)
 from dist_jobs.backends.snapshot import describe, plan, read, take
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-from dist_jobs.errors import BackendError, DistJobsError, UsageError
-from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.rundir.hang import HangRecord, read_hang
 from dist_jobs.rundir.ledger import ledger
 from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, current, stale_seconds
+from dist_jobs.rundir.place import RunDir
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
 if TYPE_CHECKING:
     from dist_jobs.backends.preflight import MissingPackages
     from dist_jobs.spec import JobSpec
-
-FOLDER = "local"  # below the run directory
-PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
-CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
-CLAIM = "submitting"  # locked by the process submitting the run now (dist-jobs submit), its pid inside
-FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
-REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
 class LocalBackend(Backend):
@@ -80,14 +89,20 @@ class LocalBackend(Backend):
         return LocalRunner(self.out, self.workdir, clock=self.clock).prepare(spec)
 
     def foreground(self, spec: JobSpec, record: Path | None = None) -> int:
-        """In the foreground; `record`: the detached run `submit` started, its exit code to that folder."""
+        """In the foreground, this process the run's launcher. `record`: the folder of the
+        detached run `submit` started. Without one, the run records itself there as a submit does
+        (this process's pid, the spec, the output as printed, the exit code), so `status`, `logs`,
+        `wait` and `cancel` take its handle from another shell."""
         from dist_jobs.backends.local.runner import LocalRunner  # the renderer's helpers, msgspec
 
         if record is not None:
-            return run_recorded(spec, record)
-        if self.missing is None:
-            return LocalRunner(self.out, self.workdir, clock=self.clock).run(spec)
-        return LocalRunner(self.out, self.workdir, self.missing, self.clock).run(spec)
+            return run_recorded(spec, record, LocalRunner())
+        given = {} if self.missing is None else {"missing": self.missing}
+        runner = LocalRunner(self.out, self.workdir, clock=self.clock, **given)
+        folder = self._claim(spec, lambda folder: self._here(spec, folder))
+        with (folder / LOG).open("w", encoding="utf-8") as log:
+            runner.out = Tee(runner.out, log)
+            return run_recorded(spec, folder, runner)
 
     def schedule(self, prepared: Prepared) -> Handle:
         # submit's alone: status, logs and cancel load no spec classes (msgspec)
@@ -95,23 +110,30 @@ class LocalBackend(Backend):
 
         spec = prepared.spec
         check_trainer_packages(spec, sys.executable, self.missing or missing_packages)  # the ranks run this python
-        folder = (prepared.run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
+        folder = self._claim(spec, lambda folder: self._start(spec, prepared.snapshot, folder), prepared.run_dir)
+        return self.handle(str(folder.parent))
+
+    def _claim(self, spec: JobSpec, start: Callable[[Path], None], run_dir: RunDir | None = None) -> Path:
+        """The run's record folder, claimed by this process while `start` starts the run there
+        (refused while another launcher runs it, or a live process here holds its run directory),
+        and the run added to the records of this machine's jobs."""
+        folder = (run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
-        with _claimed(folder, spec.run_id):
-            if _alive(folder):
+        with claimed(folder, spec.run_id):
+            if alive(folder):
                 raise UsageError(
                     f"run {spec.run_id} is already running here (local://{folder.parent})",
                     "wait for it, cancel it, or pick another --name",
                 )
             _refuse_a_held_run_dir(folder.parent)
-            handle = self._start(spec, prepared.snapshot, folder)
-        records.record(records.Submitted("local", handle.job_id, str(folder.parent), str(folder)))
-        return handle
+            start(folder)
+        records.record(records.Submitted("local", str(folder.parent), str(folder.parent), str(folder)))
+        return folder
 
-    def _start(self, spec: JobSpec, code: SnapshotPlan | None, folder: Path) -> Handle:
-        """The detached launcher of a run whose record this process has claimed, from the copy of
-        the code `code` plans (made here) where it has one."""
-        import msgspec  # submit's alone: status, logs and cancel load no msgspec or yaml
+    def _begin(self, spec: JobSpec, code: SnapshotPlan | None, folder: Path) -> None:
+        """A new record in `folder`: the last run's end cleared, the spec (and the copy of the
+        code `code` plans, made here) written; the launcher's pid follows."""
+        import msgspec  # submit's and run's alone: status, logs and cancel load no msgspec or yaml
         import yaml
 
         if code is not None:  # first: a refused one leaves the last job's record
@@ -119,8 +141,18 @@ class LocalBackend(Backend):
         for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
-            _write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
+            write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
         (folder / SPEC).write_text(yaml.safe_dump(msgspec.to_builtins(spec), sort_keys=False))
+
+    def _here(self, spec: JobSpec, folder: Path) -> None:
+        """The record of a run whose launcher is this process (`dist-jobs run`)."""
+        self._begin(spec, None, folder)
+        write(folder / PID, str(os.getpid()))
+
+    def _start(self, spec: JobSpec, code: SnapshotPlan | None, folder: Path) -> None:
+        """The detached launcher of a run whose record this process has claimed, from the copy of
+        the code `code` plans (made here) where it has one."""
+        self._begin(spec, code, folder)
         argv = [sys.executable, "-m", "dist_jobs", "run", "--record", str(folder), str(folder / SPEC)]
         with (folder / LOG).open("wb") as log:
             proc = subprocess.Popen(
@@ -132,10 +164,9 @@ class LocalBackend(Backend):
                 start_new_session=True,  # a closed terminal or Ctrl-C in this shell must not reach it
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        _write(folder / PID, str(proc.pid))
+        write(folder / PID, str(proc.pid))
         # Reap it if this process outlives it (a notebook): no zombie that looks alive.
         threading.Thread(target=proc.wait, daemon=True).start()
-        return self.handle(str(folder.parent))
 
     def handle(self, job_id: str) -> Handle:
         """A local job's id is its run directory: the handle names it absolutely."""
@@ -165,14 +196,14 @@ class LocalBackend(Backend):
     def _status(self, job_id: str) -> JobStatus:
         folder = _folder(job_id)
         name = folder.parent.name
-        code = _read_int(folder / EXIT)
-        if code is None and _alive(folder):
+        code = read_int(folder / EXIT)
+        if code is None and alive(folder):
             if (folder / CANCELLED).exists():  # SIGTERM sent: the ranks checkpoint and stop, which takes a while
                 # COMPLETING, as SLURM says of a job scancel has ended and whose processes are going
-                return JobStatus(job_id, name, "COMPLETING", f"stopping: cancelled, pid {_read_int(folder / PID)}")
-            return JobStatus(job_id, name, "RUNNING", f"pid {_read_int(folder / PID)}")
+                return JobStatus(job_id, name, "COMPLETING", f"stopping: cancelled, pid {read_int(folder / PID)}")
+            return JobStatus(job_id, name, "RUNNING", f"pid {read_int(folder / PID)}")
         if code is None:  # read again: the launcher may have written it and left since the first read
-            code = _read_int(folder / EXIT)
+            code = read_int(folder / EXIT)
         if code is None:
             return JobStatus(job_id, name, "FAILED", f"the launcher died without an exit code; see {folder / LOG}")
         if code == 0:
@@ -191,13 +222,13 @@ class LocalBackend(Backend):
 
     def exists(self, job_id: str) -> bool:
         """Whether its launcher still runs."""
-        return _alive(_folder(job_id))
+        return alive(_folder(job_id))
 
     def stop(self, job_id: str) -> None:
         """SIGTERM to the launcher, which stops its ranks as Ctrl-C does."""
         folder = _folder(job_id)
-        _write(folder / CANCELLED, time.strftime("%Y-%m-%dT%H:%M:%S"))
-        pid = _read_int(folder / PID)
+        write(folder / CANCELLED, time.strftime("%Y-%m-%dT%H:%M:%S"))
+        pid = read_int(folder / PID)
         assert pid is not None  # _alive read it
         os.kill(pid, signal.SIGTERM)
 
@@ -208,7 +239,7 @@ class LocalBackend(Backend):
         prefixes = _prefixes(folder, rank)
         offset = 0
         while True:
-            running = follow and _alive(folder)  # asked before reading: no line written before the end is lost
+            running = follow and alive(folder)  # asked before reading: no line written before the end is lost
             # newline="\n": a line ends at "\n" alone, as the launcher wrote it behind its prefix;
             # universal newlines would cut a program's "\r" redraws into lines without a prefix.
             with (folder / LOG).open("r", errors="replace", newline="\n") as fh:
@@ -270,7 +301,7 @@ def _with_code(status: JobStatus, folder: Path) -> JobStatus:
 def _with_goodput(status: JobStatus, folder: Path) -> JobStatus:
     """The run's goodput ledger: this submission's (the launcher's pid names its verdicts), from
     when it was submitted (the pid file is written then) until it ended, or now."""
-    pid = _read_int(folder / PID)
+    pid = read_int(folder / PID)
     try:
         submitted = (folder / PID).stat().st_mtime
     except OSError:
@@ -318,31 +349,6 @@ def _refuse_a_held_run_dir(run_dir: Path) -> None:
         raise LockHeld(run_dir / LOCK_NAME, holder, 0.0, stale_seconds())
 
 
-def run_recorded(spec: JobSpec, folder: Path, workdir: Path | None = None) -> int:
-    """`dist-jobs run --record FOLDER`: run in the foreground, SIGTERM as Ctrl-C, exit code to FOLDER."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    from dist_jobs.backends.local.runner import LocalRunner  # the renderer's helpers, msgspec
-
-    code = 130
-    backend = LocalRunner(workdir=workdir)
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        code = backend.run(spec)
-    except DistJobsError as exc:  # refused before any rank started (the run directory's lock): say why
-        code = exc.exit_code
-        _write(folder / REFUSED, exc.message)  # before EXIT: a status that sees the code sees this too
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if backend.first_failure:  # before EXIT: a status that sees the code sees this too
-            _write(folder / FIRST, "\t".join(map(str, backend.first_failure)))
-        _write(folder / EXIT, str(code))
-    return code
-
-
 def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
     """FAILED, naming why the launcher refused the run, or the process that failed first (the
     launcher stopped the others)."""
@@ -368,45 +374,6 @@ def _hang(folder: Path) -> HangRecord | None:
     return found if found is not None and found.belongs_to(since=started) else None
 
 
-@contextlib.contextmanager
-def _claimed(folder: Path, run: str) -> Iterator[None]:
-    """This process alone submits the run until the new launcher's pid is recorded: two submits
-    at once would both find no live launcher, and the refused one's launcher would then write
-    its exit code into the live run's record. The claim is a kernel lock on the file (flock),
-    which ends with its process: a submitter that died leaves nothing to take over, and the
-    file is never removed, so no submitter can remove another's claim. It holds the pid, for
-    the refusal's words."""
-    with open(folder / CLAIM, "a+", encoding="ascii") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise UsageError(
-                f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
-                "wait for that submit to finish, or pick another --name",
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fh.seek(0)
-            fh.truncate()  # before the lock goes with the file's closing
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
 def _folder(job_id: str) -> Path:
     folder = Path(job_id) / FOLDER
     if not (folder / PID).exists():
@@ -415,26 +382,3 @@ def _folder(job_id: str) -> Path:
             "a local job's id is its run directory, <checkpoint_dir>/<run>, as `dist-jobs submit` printed it",
         )
     return folder
-
-
-def _alive(folder: Path) -> bool:
-    pid = _read_int(folder / PID)
-    if pid is None or _read_int(folder / EXIT) is not None:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return _pid_alive(pid)  # no /proc (macOS): a live pid is the best we know
-    return b"dist_jobs" in cmdline  # a recycled pid runs something else
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.lstrip("-").isdigit() else None
-
-
-def _write(path: Path, text: str) -> None:
-    write_atomic(path, text + "\n")

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dist_jobs.backends.local import jobs
+from dist_jobs.backends.local import record
 from dist_jobs.backends.local.jobs import LocalBackend
+from dist_jobs.backends.local.runner import LocalRunner
 from dist_jobs.errors import UsageError
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, acquire, new_token
@@ -34,8 +34,8 @@ def test_a_submit_of_a_run_a_live_process_here_holds_is_refused_and_writes_nothi
     with pytest.raises(LockHeld) as caught:
         backend.submit(spec(tmp_path))
     assert caught.value.exit_code == 2 and caught.value.holder == holder
-    assert [p.name for p in (run_dir / jobs.FOLDER).iterdir()] == [jobs.CLAIM]  # no record, no launcher
-    assert (run_dir / jobs.FOLDER / jobs.CLAIM).read_text() == ""  # the claim, released
+    assert [p.name for p in (run_dir / record.FOLDER).iterdir()] == [record.CLAIM]  # no record, no launcher
+    assert (run_dir / record.FOLDER / record.CLAIM).read_text() == ""  # the claim, released
     assert Holder.parse((run_dir / LOCK_NAME).read_bytes()) == holder
 
 
@@ -43,13 +43,13 @@ def test_a_launcher_refused_the_lock_records_why_not_sigint(tmp_path: Path) -> N
     """The foreground run took the lock between the submit's look and its launcher's start."""
     run_dir = tmp_path / "checkpoints" / "once"
     held_by_this_process(run_dir)
-    folder = run_dir / jobs.FOLDER
+    folder = run_dir / record.FOLDER
     folder.mkdir()
-    (folder / jobs.PID).write_text("999999999\n")  # its launcher, ended
-    (folder / jobs.SPEC).write_text("{}\n")
+    (folder / record.PID).write_text("999999999\n")  # its launcher, ended
+    (folder / record.SPEC).write_text("{}\n")
     with pytest.raises(LockHeld):
-        jobs.run_recorded(spec(tmp_path), folder, workdir=tmp_path)
-    assert (folder / jobs.EXIT).read_text().strip() == "2"
+        record.run_recorded(spec(tmp_path), folder, LocalRunner(workdir=tmp_path))
+    assert (folder / record.EXIT).read_text().strip() == "2"
     status = LocalBackend(workdir=tmp_path).status(str(run_dir))
     assert status.state == "FAILED"
     assert status.detail.startswith(f"run directory {run_dir} is in use by another run (local run, pid ")

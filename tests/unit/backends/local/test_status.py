@@ -35,6 +35,6 @@ def test_a_job_that_ends_while_its_status_is_read_reads_its_exit_code(
         (folder / "exit_code").write_text("0\n")
         return False
 
-    monkeypatch.setattr(jobs, "_alive", ended_meanwhile)
+    monkeypatch.setattr(jobs, "alive", ended_meanwhile)
     status = LocalBackend().status(str(run_dir))
     assert (status.state, status.detail) == ("COMPLETED", "exit 0")

@@ -1,0 +1,132 @@
+"""The run's `local/` folder (`<run dir>/local/`): the record a launched run keeps, so that any
+shell that reads the run directory can ask about it. A detached run (`submit`) and a foreground
+one (`run`) keep the same record: the launcher's pid, the spec, every rank's output, the process
+that failed first, why a run was refused, and the exit code once it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from dist_jobs.errors import DistJobsError, UsageError
+from dist_jobs.rundir.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from dist_jobs.backends.local.runner import LocalRunner
+    from dist_jobs.spec import JobSpec
+
+FOLDER = "local"  # below the run directory
+PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
+CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
+CLAIM = "submitting"  # locked by the process submitting the run now (dist-jobs submit), its pid inside
+FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
+REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
+
+
+def run_recorded(spec: JobSpec, folder: Path, runner: LocalRunner) -> int:
+    """Run `spec` with `runner` in this process, its end recorded in `folder`; SIGTERM (cancel)
+    stops it as Ctrl-C does."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    code = 130
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        code = runner.run(spec)
+    except DistJobsError as exc:  # refused before any rank started (the run directory's lock): say why
+        code = exc.exit_code
+        write(folder / REFUSED, exc.message)  # before EXIT: a status that sees the code sees this too
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if runner.first_failure:  # before EXIT: a status that sees the code sees this too
+            write(folder / FIRST, "\t".join(map(str, runner.first_failure)))
+        write(folder / EXIT, str(code))
+    return code
+
+
+class Tee:
+    """What a foreground run prints, on the terminal and into its record's output.log (which
+    `dist-jobs logs` reads, as for a detached run)."""
+
+    def __init__(self, shown: TextIO, log: TextIO) -> None:
+        self.shown, self.log = shown, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        self.log.flush()  # `logs --follow` from another shell sees each line as it comes
+        return self.shown.write(text)
+
+    def flush(self) -> None:
+        self.shown.flush()
+
+
+@contextlib.contextmanager
+def claimed(folder: Path, run: str) -> Iterator[None]:
+    """This process alone submits the run until the new launcher's pid is recorded: two submits
+    at once would both find no live launcher, and the refused one's launcher would then write
+    its exit code into the live run's record. The claim is a kernel lock on the file (flock),
+    which ends with its process: a submitter that died leaves nothing to take over, and the
+    file is never removed, so no submitter can remove another's claim. It holds the pid, for
+    the refusal's words."""
+    with open(folder / CLAIM, "a+", encoding="ascii") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise UsageError(
+                f"run {run} is being submitted here by process {holder} (local://{folder.parent})",
+                "wait for that submit to finish, or pick another --name",
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()  # before the lock goes with the file's closing
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def alive(folder: Path) -> bool:
+    """Whether the run's launcher (the pid recorded) still runs and has written no exit code."""
+    pid = read_int(folder / PID)
+    if pid is None or read_int(folder / EXIT) is not None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _pid_alive(pid)  # no /proc (macOS): a live pid is the best we know
+    # a recycled pid runs something else; ours is `python -m dist_jobs` or the `dist-jobs` script
+    return b"dist_jobs" in cmdline or b"dist-jobs" in cmdline
+
+
+def read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def write(path: Path, text: str) -> None:
+    write_atomic(path, text + "\n")
