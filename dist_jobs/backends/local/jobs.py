@@ -120,12 +120,12 @@ class LocalBackend(Backend):
         folder = (run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with claimed(folder, spec.run_id):
-            if alive(folder):
+            _refuse_a_held_run_dir(folder.parent)  # first: it names the holder's pid and host
+            if alive(folder):  # a launcher that has not taken the lock yet
                 raise UsageError(
                     f"run {spec.run_id} is already running here (local://{folder.parent})",
                     "wait for it, cancel it, or pick another --name",
                 )
-            _refuse_a_held_run_dir(folder.parent)
             start(folder)
         records.record(records.Submitted("local", str(folder.parent), str(folder.parent), str(folder)))
         return folder
