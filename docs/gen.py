@@ -172,6 +172,9 @@ def cli_reference() -> str:
         out.append(f"## `dist-jobs {name}`\n\n{_help_of(parser, name)}\n\n{_usage_block(sub)}\n\n{_options(sub)}")
         if sub.epilog:
             out.append(_escape(sub.epilog))
+        for action, inner in _subparsers(sub):  # `config show`: an action with its own arguments
+            title = f"## `dist-jobs {name} {action}`\n\n{_help_of(sub, action)}"
+            out.append(f"{title}\n\n{_usage_block(inner)}\n\n{_options(inner)}")
     for verb in ("status", "cancel"):
         sub = sub_parser(verb)
         out.append(f"## `dist-jobs sweep {verb}`\n\n{sub.description}\n\n{_usage_block(sub)}\n\n{_options(sub)}")

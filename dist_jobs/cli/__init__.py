@@ -7,6 +7,7 @@ use: no spec flags or renderer (see cli.parser).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable, Sequence
 
@@ -25,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser(next((a for a in own if not a.startswith("-")), None))
     args, unknown = parser.parse_known_args(own)
     if unknown:
-        return _unknown_options(parser, args.verb, own, unknown)
+        return _unknown_options(parser, args, own, unknown)
     if command is not None and args.verb not in ("render", "submit", "run", "sweep"):
         print(
             f"dist-jobs {args.verb}: a command after `--` only goes with render, submit, run or sweep", file=sys.stderr
@@ -40,12 +41,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _guarded(args.verb, lambda: COMMANDS[args.verb](args, command))
 
 
-def _unknown_options(parser: Parser, verb: str, own: list[str], unknown: list[str]) -> int:
+def _unknown_options(parser: Parser, args: argparse.Namespace, own: list[str], unknown: list[str]) -> int:
     """Options the verb does not take: its own usage (not the top level's), and for a training
     flag (`--shm-allreduce`, `--model gpt`, as the trainer takes them) its `--set train.X=...`."""
     from dist_jobs.cli.flags import trainer_flag_fixes  # this error's alone
 
-    parser.verbs.get(verb, parser).print_usage(sys.stderr)
+    verb = args.verb
+    shown = parser.verbs.get(verb, parser)
+    for action in shown._actions:  # `config show`: the action's own usage
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            shown = action.choices[getattr(args, action.dest)]
+    shown.print_usage(sys.stderr)
     print(f"dist-jobs {verb}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
     fixes = trainer_flag_fixes(own) if verb in ("render", "submit", "run", "sweep", "config") else []
     if fixes:

@@ -29,7 +29,10 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     cases = []
     for verb, p in sub.choices.items():
-        flags = sorted(o for a in p._actions if a.help != argparse.SUPPRESS for o in a.option_strings)
+        parsers = [p, *(q for a in p._actions if isinstance(a, argparse._SubParsersAction) for q in a.choices.values())]
+        flags = sorted(
+            {o for q in parsers for a in q._actions if a.help != argparse.SUPPRESS for o in a.option_strings}
+        )
         cases.append(f'        {verb}) opts="{" ".join(flags)}" ;;')
     preamble = "autoload -U +X bashcompinit && bashcompinit\n" if shell == "zsh" else ""
     return SCRIPT.format(shell=shell, preamble=preamble, verbs=" ".join(sub.choices), cases="\n".join(cases))

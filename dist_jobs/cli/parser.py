@@ -166,11 +166,14 @@ def _export(p: argparse.ArgumentParser) -> None:
 
 
 def _config(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["show"], help="show: the merged spec and where each value came from")
-    backend_choice(p, "the scheduler (or the profile's)")
-    output_option(p)
-    backend_options(p, lookup=False)
-    _spec_flags(p)
+    # `show` is a parser of its own, not a positional beside the spec: argparse would fill both
+    # positionals at `show` and leave the spec of `config show --profile P job.yaml` unparsed
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION", help="show: the merged spec")
+    show = actions.add_parser("show", help="the merged spec and where each value came from")
+    backend_choice(show, "the scheduler (or the profile's)")
+    output_option(show)
+    backend_options(show, lookup=False)
+    _spec_flags(show)
 
 
 def _completion(p: argparse.ArgumentParser) -> None:

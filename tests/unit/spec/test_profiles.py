@@ -72,8 +72,12 @@ def test_a_profile_is_chosen_by_flag_then_environment_then_default(home: Path, m
     }
 
 
-def test_config_show_tells_where_each_value_came_from(home: Path) -> None:
-    proc = dj("config", "show", "job.yaml", "--nodes", "3", "-o", "json", cwd=home)
+@pytest.mark.parametrize("order", ["spec first", "flags first"])
+def test_config_show_tells_where_each_value_came_from(home: Path, order: str) -> None:
+    """The spec before or after the flags, as with every verb."""
+    flags = ["--nodes", "3", "-o", "json"]
+    args = ["job.yaml", *flags] if order == "spec first" else [*flags, "job.yaml"]
+    proc = dj("config", "show", *args, cwd=home)
     assert proc.returncode == 0, proc.stderr
     rows = {r["field"]: (r["value"], r["from"]) for r in json.loads(proc.stdout)}
     config = str(home / "xdg" / "dist-jobs" / "config.yaml")
