@@ -361,7 +361,7 @@ def check_examples(markdown: str) -> list[str]:
 def run_examples(markdown: str) -> tuple[str, list[str]]:
     """The page with its examples' output as printed now, and every mismatch."""
     problems: list[str] = []
-    with tempfile.TemporaryDirectory() as scratch, chdir(scratch):
+    with tempfile.TemporaryDirectory() as scratch, chdir(scratch), home(os.path.realpath(scratch)):
         folder = os.path.realpath(scratch)
 
         def run_block(match: re.Match[str]) -> str:
@@ -399,8 +399,9 @@ def _commands(body: str) -> Iterator[tuple[str, str]]:
 
 
 def _write(name: str, text: str) -> None:
-    Path(name).parent.mkdir(parents=True, exist_ok=True)
-    Path(name).write_text(text)
+    path = Path(os.path.expanduser(name))  # `~/.config/...`: in the page's home
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def _embed(match: re.Match[str]) -> str:
@@ -430,6 +431,25 @@ def _run_here(argv: list[str]) -> str:
         except SystemExit:  # argparse's own errors
             pass
     return buffer.getvalue()
+
+
+@contextmanager
+def home(folder: str) -> Iterator[None]:
+    """`folder` as the home of a page's commands: a `~/...` file block lands there, and the
+    builder's own config (its profiles) and record of submitted jobs stay out of the page's
+    output. The cache stays the builder's (matplotlib's font list is not rebuilt per page)."""
+    keep = {"XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")}
+    given = {"HOME": folder, "XDG_CONFIG_HOME": f"{folder}/.config", "XDG_STATE_HOME": f"{folder}/.local/state"}
+    saved = {name: os.environ.get(name) for name in [*given, *keep]}
+    os.environ.update({**given, **keep})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager
