@@ -180,8 +180,8 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
     """Slow by nature: the 64-step job runs twice, as two gangs of pod processes: the first is evicted only
     after it has committed a checkpoint, and the replacements start torch and the rendezvous again before they
     train the rest."""
-    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to evict the master pod mid-run.
-    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False))
+    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to evict the master pod mid-run; a checkpoint every 4.
+    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4))
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
@@ -221,7 +221,7 @@ def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted:
     Slow by nature: the job runs twice: after the SIGKILL the worker's ranks only exit once they notice the
     lost peer, then both pods are recreated and start torch and the rendezvous again before they finish the 64
     steps from the checkpoint."""
-    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False))
+    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4))
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
@@ -329,7 +329,7 @@ def test_a_job_whose_lock_is_taken_over_stops_its_pods_and_fails_without_writing
     limit: a paused node, a partitioned volume). Pod rank 0's heartbeat kills its program and the
     pod exits 6, which restartPolicy ExitCode does not retry: the job fails, nothing more is
     written into the run directory, and the other job's lock stays."""
-    data = spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False)
+    data = spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
     data["env"]["DIST_JOBS_LOCK_HEARTBEAT_SECONDS"] = "0.2"
     job = submitted(data)
     run_dir = tmp_path / "shared" / "ckpt" / JOB

@@ -278,9 +278,9 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     a committed checkpoint, the deleted pod's ranks stop within its grace period, and the operator deletes and
     recreates the pods, which pull nothing but start containers, torch and the rendezvous again before the
     resumed run finishes."""
-    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to delete a pod mid-run.
+    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to delete a pod mid-run; a checkpoint every 4.
     data = job_spec("rp-preempt", claim)
-    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
+    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
     eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
@@ -383,7 +383,7 @@ def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
     lost peer, then the operator recreates both pods, which start containerd tasks, torch and the rendezvous
     again and finish the 64-step run from the checkpoint."""
     data = job_spec("rp-kill", claim)
-    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False)
+    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
     eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")

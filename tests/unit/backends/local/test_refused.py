@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from dist_jobs.backends.local import record
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.local.runner import LocalRunner
