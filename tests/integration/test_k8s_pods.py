@@ -155,12 +155,13 @@ def conditions(custom: client.CustomObjectsApi, job: str, kind: str = "PyTorchJo
 def ended(custom: client.CustomObjectsApi, job: str, timeout: float, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
     """The job's conditions once it has Succeeded or Failed (a TrainJob: Complete or Failed)."""
 
-    def check() -> list[dict[str, Any]] | None:
-        found = conditions(custom, job, kind)
-        done = [c for c in found if c["type"] in ("Succeeded", "Complete", "Failed") and c["status"] == "True"]
-        return found if done else None
+    def done(found: list[dict[str, Any]]) -> bool:
+        return any(c["type"] in ("Succeeded", "Complete", "Failed") and c["status"] == "True" for c in found)
 
-    return eventually(check, timeout=timeout, interval=0.5, what=f"{kind} {job} to end")
+    # until=: a timeout shows the conditions last seen (Created, Running, Restarting, ...)
+    return eventually(
+        lambda: conditions(custom, job, kind), until=done, timeout=timeout, interval=0.5, what=f"{kind} {job} to end"
+    )
 
 
 def state(found: list[dict[str, Any]]) -> str:
@@ -270,7 +271,7 @@ def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
         assert line.split()[0] == "tmpfs" and line.split()[2] == "tmpfs", line
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
@@ -292,7 +293,7 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     )
     # What a preemption does: the pod is deleted, the kubelet sends SIGTERM and waits the grace period.
     core.delete_namespaced_pod(f"{job}-worker-0", NS)
-    found = ended(custom, job, 240)
+    found = ended(custom, job, 360)
     assert state(found) == "Succeeded", found
     # Every rank stopped at one step boundary and committed; the master's entrypoint exited 200,
     # which the kubelet reported and restartPolicy ExitCode retried.
@@ -373,7 +374,7 @@ def container_pid(pod: Any) -> int:
     return int(pid)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
@@ -389,7 +390,7 @@ def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
     eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
     (master,) = [p for p in pods(core, job) if p.metadata.name.endswith("master-0")]
     os.kill(container_pid(master), signal.SIGKILL)
-    found = ended(custom, job, 240)
+    found = ended(custom, job, 360)
     assert state(found) == "Succeeded", found
     # The job keeps one Restarting condition (the latest); the operator's log has every decision.
     decisions = (realpods_tier.state_dir() / "controller.log").read_text()
@@ -538,7 +539,7 @@ def test_an_elastic_pytorchjob_trains_and_succeeds(
     _trained_on_both_nodes(job_pods, realpods_tier.volume(claim) / "ckpt" / job, every)
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(480)
 def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_killed_holder(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
@@ -574,7 +575,7 @@ def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_k
     first = committed(run_dir)[-1]
     (node0,) = [p for p in trainjob_pods(core, holder) if p.metadata.annotations[INDEX] == "0"]
     os.kill(container_pid(node0), signal.SIGKILL)
-    found = ended(custom, holder, 240, kind="TrainJob")
+    found = ended(custom, holder, 360, kind="TrainJob")
     assert state(found) == "Complete", found
     (node0,) = [p for p in trainjob_pods(core, holder) if p.metadata.annotations[INDEX] == "0"]
     assert node0.status.container_statuses[0].restart_count >= 1  # restarted in place, not recreated
