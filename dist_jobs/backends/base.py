@@ -37,6 +37,19 @@ def run_dir_of(spec: JobSpec, workdir: Path) -> RunDir:
     return RunDir.at(checkpoint_root(spec.checkpoint_dir, workdir), spec.run_id)
 
 
+def made(run_dir: RunDir, spec: JobSpec) -> RunDir:
+    """`run_dir` with its checkpoint root created where a job starts here: bad input (the spec's
+    checkpoint_dir named) when it cannot be."""
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
+            "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
+        ) from None
+    return run_dir
+
+
 @dataclass(frozen=True)
 class SnapshotPlan:
     """Where a job's code is copied at submit: the files of `source` (resolved), less those in

@@ -421,14 +421,13 @@ def test_a_second_run_in_the_same_run_directory_is_refused(tmp_path: Path) -> No
         _wait_up(first, 2)
         second = _run(["--nodes", "1", "--procs-per-node", "1", "--", PYTHON, "-c", "print('second run')"], tmp_path)
         assert second.returncode == 2, second.stdout + second.stderr
-        print(second.stderr)
         assert "second run" not in second.stdout  # no rank of it started
-        run_dir = tmp_path / "checkpoints" / "dist-job"
+        handle = f"local://{(tmp_path / 'checkpoints' / 'dist-job').resolve()}"
         assert second.stderr.startswith(
-            f"dist-jobs run: run directory {run_dir} is in use by another run (local run, pid {first.pid} on host "
-        ), second.stderr
-        assert f"hint: wait for that run to end or stop it (kill -TERM {first.pid} on host " in second.stderr
-        assert "give this run another name or checkpoint_dir" in second.stderr and "Traceback" not in second.stderr
+            f"dist-jobs run: run dist-job is already running here ({handle}, launcher pid {first.pid})"
+        ), second.stderr  # the foreground run is a job with a handle, as a submitted one
+        assert f"cancel it (dist-jobs cancel {handle}), or pick another --name" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
         other = ["--name", "other", "--procs-per-node", "1", "--", PYTHON, "-c", "print('other')"]
         assert _run(other, tmp_path).returncode == 0  # another run directory: no conflict
     finally:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dist_jobs.backends import records
-from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, SnapshotPlan, run_dir_of
+from dist_jobs.backends.base import Backend, JobStatus, Prepared, PreparedSweep, SnapshotPlan, made, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.backends.local.record import (
@@ -117,15 +117,17 @@ class LocalBackend(Backend):
         """The run's record folder, claimed by this process while `start` starts the run there
         (refused while another launcher runs it, or a live process here holds its run directory),
         and the run added to the records of this machine's jobs."""
-        folder = (run_dir or run_dir_of(spec, self.workdir)).path.resolve() / FOLDER
+        folder = made(run_dir or run_dir_of(spec, self.workdir), spec).path.resolve() / FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with claimed(folder, spec.run_id):
-            _refuse_a_held_run_dir(folder.parent)  # first: it names the holder's pid and host
-            if alive(folder):  # a launcher that has not taken the lock yet
+            if alive(folder):  # a submitted or foreground run's launcher
+                handle = f"local://{folder.parent}"
                 raise UsageError(
-                    f"run {spec.run_id} is already running here (local://{folder.parent})",
-                    "wait for it, cancel it, or pick another --name",
+                    f"run {spec.run_id} is already running here ({handle}, launcher pid {read_int(folder / PID)})",
+                    f"wait for it (dist-jobs wait {handle}), cancel it (dist-jobs cancel {handle}), "
+                    "or pick another --name",
                 )
+            _refuse_a_held_run_dir(folder.parent)  # another process here holds it (a hand-launched trainer)
             start(folder)
         records.record(records.Submitted("local", str(folder.parent), str(folder.parent), str(folder)))
         return folder

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from dist_jobs.backends.base import Prepared, SnapshotPlan, run_dir_of
+from dist_jobs.backends.base import Prepared, SnapshotPlan, made, run_dir_of
 from dist_jobs.backends.local.procs import ProcessGroup
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages, missing_packages
 from dist_jobs.backends.snapshot import planned, take
-from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
@@ -193,7 +192,7 @@ class LocalRunner:
             print(note, file=self.out, flush=True)
         job_id = str(os.getpid())
         spec, workdir = self._code(spec)
-        run_dir = _run_dir(spec, workdir)
+        run_dir = made(run_dir_of(spec, workdir), spec).path
         me = Holder.this(new_token(), "", "local", "")  # no owner: only this launcher is this run
         group: ProcessGroup | None = None
         gone: list[str] = []  # the lock's loss, heard between two groups of a restart
@@ -259,19 +258,6 @@ class LocalRunner:
         )
         group.restarts_left = restarts_left
         return group
-
-
-def _run_dir(spec: JobSpec, workdir: Path) -> Path:
-    """The run directory, its checkpoint root created (bad input when it cannot be)."""
-    run_dir = run_dir_of(spec, workdir)
-    try:
-        run_dir.root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"checkpoint_dir {spec.checkpoint_dir!r}: cannot create it: {exc.strerror}",
-            "point checkpoint_dir (--checkpoint-dir) at a folder you may write, not at a file",
-        ) from None
-    return run_dir.path
 
 
 def _hang_since(run_dir: Path, since: float) -> str:
