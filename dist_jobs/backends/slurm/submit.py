@@ -131,13 +131,22 @@ def _submit_staged(
         if code is not None:
             record["code"] = code
         (staging / "job.json").write_text(json.dumps(record, indent=2))
-        staging.rename(jobs_dir / f"{spec.run_id}-{job_id}")
+        _into_place(staging, jobs_dir / f"{spec.run_id}-{job_id}")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     job_dir = str(jobs_dir / f"{spec.run_id}-{job_id}")
     records.record(records.Submitted("slurm", job_id, str(run_dir), str(log_dir), job_dir))
     return job_id
+
+
+def _into_place(staging: Path, job_dir: Path) -> None:
+    """The staged job directory under its job id. SLURM has taken the job by now, so a folder of
+    that name left by an earlier job with the same id (ids start again when a cluster's state is
+    reset) is kept beside it under another name, never a reason to lose this job's record."""
+    if job_dir.exists():
+        job_dir.rename(job_dir.with_name(f"{job_dir.name}.before-{time.strftime('%Y%m%dT%H%M%S')}"))
+    staging.rename(job_dir)
 
 
 def _too_big(spec: JobSpec, run: Runner) -> BackendError | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -134,7 +133,18 @@ def test_job_json_names_the_run_directory_the_trainer_uses(tmp_path: Path, monke
         job_id = slurm.schedule(slurm.prepare(load_spec(data={**SPEC, "checkpoint_dir": given}))).job_id
         meta = json.loads((tmp_path / "runs" / f"{RUN}-{job_id}" / "job.json").read_text())
         assert meta["run_dir"] == str(want / RUN), given
-        shutil.rmtree(tmp_path / "runs" / f"{RUN}-{job_id}")
+
+
+def test_a_job_id_the_cluster_gives_again_keeps_both_records(tmp_path: Path) -> None:
+    """Job ids start again when a cluster's state is reset: the new job's record takes the name,
+    the earlier one is kept beside it, and the submit does not fail after sbatch took the job."""
+    slurm = backend(tmp_path, FakeRunner(sbatch=(0, fixture("sbatch_parsable.txt"), "")))
+    for nodes in (1, 2):
+        assert slurm.schedule(slurm.prepare(load_spec(data={**SPEC, "nodes": nodes}))).job_id == "26"
+    job_dir = tmp_path / "runs" / f"{RUN}-26"
+    assert json.loads((job_dir / "job.json").read_text())["nodes"] == 2  # the newer job's
+    (before,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith(f"{RUN}-26.before-")]
+    assert json.loads((before / "job.json").read_text())["nodes"] == 1
 
 
 def test_submit_makes_its_own_python_the_jobs_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
