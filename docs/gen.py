@@ -23,6 +23,8 @@ from typing import Any, get_args
 
 import yaml
 
+from dist_jobs.cli.argv import subcommands
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -182,17 +184,15 @@ def cli_reference() -> str:
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            yield from action.choices.items()
+    for action in subcommands(parser):
+        yield from action.choices.items()
 
 
 def _help_of(parser: argparse.ArgumentParser, name: str) -> str:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for choice in action._choices_actions:
-                if choice.dest == name:
-                    return choice.help or ""
+    for action in subcommands(parser):
+        for choice in action._choices_actions:
+            if choice.dest == name:
+                return choice.help or ""
     return ""
 
 

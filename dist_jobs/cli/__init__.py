@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from dist_jobs.cli.argv import Parser
+from dist_jobs.cli.argv import Parser, subcommands
 from dist_jobs.cli.commands import COMMANDS
 from dist_jobs.cli.parser import build as _parser
 from dist_jobs.errors import DistJobsError
@@ -48,8 +48,8 @@ def _unknown_options(parser: Parser, args: argparse.Namespace, own: list[str], u
 
     verb = args.verb
     shown = parser.verbs.get(verb, parser)
-    for action in shown._actions:  # `config show`: the action's own usage
-        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+    for action in subcommands(shown):  # `config show`: the action's own usage
+        if getattr(args, action.dest, None) in action.choices:
             shown = action.choices[getattr(args, action.dest)]
     shown.print_usage(sys.stderr)
     print(f"dist-jobs {verb}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)

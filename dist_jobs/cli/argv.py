@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -19,3 +20,11 @@ class Parser(argparse.ArgumentParser):
             self._check_value(action, value)
             return value
         return super()._get_values(action, arg_strings)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse._SubParsersAction]:
+    """The parser's subcommand actions: the verbs of `dist-jobs`, the actions of `config`. Their
+    `choices` are the subcommands' parsers by name, their `dest` the attribute naming the one given."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield action

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from dist_jobs.cli.argv import subcommands
+
 SCRIPT = """# dist-jobs completion: eval "$(dist-jobs completion {shell})"
 {preamble}_dist_jobs() {{
     local cur=${{COMP_WORDS[COMP_CWORD]}} opts=""
@@ -26,10 +28,10 @@ complete -o filenames -F _dist_jobs dist-jobs
 
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (sub,) = subcommands(parser)
     cases = []
     for verb, p in sub.choices.items():
-        parsers = [p, *(q for a in p._actions if isinstance(a, argparse._SubParsersAction) for q in a.choices.values())]
+        parsers = [p, *(q for action in subcommands(p) for q in action.choices.values())]
         flags = sorted(
             {o for q in parsers for a in q._actions if a.help != argparse.SUPPRESS for o in a.option_strings}
         )
