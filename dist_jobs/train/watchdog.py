@@ -295,12 +295,16 @@ def flush_everything(*streams: TextIO | None) -> None:
 # dist-jobs' own collectives: all_reduce (FlagPoll, max_over_ranks, the shared-memory reduce)
 # or barrier; torch.distributed's are named by their function.
 _OURS = ("/dist_jobs/train/distributed.py", "/dist_jobs/train/shm_reduce.py")
+# DDP's forward broadcasts rank 0's buffers (BatchNorm's running statistics) before every step:
+# a peer that stopped between steps leaves the others blocked there, outside torch/distributed/.
+_DDP = "/torch/nn/parallel/distributed.py"
 
 
 def waits_in(thread: int | None) -> str | None:
     """What thread `thread` is blocked in: a collective's function name (`all_reduce`, `barrier`),
-    `backward` (DDP and FSDP reduce the gradients inside it), "" when in neither (its own code: a
-    data loader, a file read), None when the thread is unknown. The innermost matching frame wins."""
+    `backward` (DDP and FSDP reduce the gradients inside it), `broadcast` (DDP's buffers, at
+    the start of its forward), "" when in none (its own code: a data loader, a file read), None
+    when the thread is unknown. The innermost matching frame wins."""
     frame = sys._current_frames().get(thread) if thread is not None else None
     if frame is None:
         return None
@@ -311,6 +315,8 @@ def waits_in(thread: int | None) -> str | None:
             return code.co_name
         if path.endswith(_OURS):
             return "barrier" if code.co_name == "barrier" else "all_reduce"
+        if path.endswith(_DDP) and ("broadcast" in code.co_name or code.co_name.startswith("_sync")):
+            return "broadcast"
         if path.endswith("/torch/autograd/graph.py") and code.co_name == "_engine_run_backward":
             return "backward"
         frame = frame.f_back

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HANG_RECORD, HangRecord, preempted_since, read_hang
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train.watchdog import Watchdog
+from dist_jobs.train.watchdog import Watchdog, waits_in
 from support.paths import PYTHON, REPO
 from support.tiers import requires
 
@@ -31,7 +32,7 @@ STALLS = textwrap.dedent(
     """
     import logging, logging.handlers, sys, threading, time
     from pathlib import Path
-    from dist_jobs.train.watchdog import Watchdog
+    from dist_jobs.train.watchdog import Watchdog, waits_in
 
     def helper_thread_waits():
         time.sleep(600)
@@ -403,3 +404,43 @@ def test_collective_timeout_prefers_the_field_then_the_template_then_twice_the_f
     assert collective_timeout(TrainConfig(), rdzv, {}) == timedelta(seconds=600)  # 2 x hang_min_seconds
     assert collective_timeout(TrainConfig(hang_min_seconds=10.0), rdzv, {}) == rdzv  # never below the rendezvous
     assert collective_timeout(TrainConfig(hang_watchdog=False), rdzv, {"DIST_JOBS_COLLECTIVE_TIMEOUT": "x"}) == rdzv
+
+
+# Where a blocked main thread's innermost frames come from, as compiled by torch and dist-jobs.
+WAITS = textwrap.dedent(
+    """
+    def outer(entered, release):
+        return blocked(entered, release)
+
+    def {name}(entered, release):
+        entered.set()
+        release.wait()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "path,name,said",
+    [
+        ("site-packages/torch/distributed/distributed_c10d.py", "all_reduce", "all_reduce"),
+        ("site-packages/torch/autograd/graph.py", "_engine_run_backward", "backward"),
+        # a peer stopped between two steps: the others block in DDP's forward, broadcasting buffers
+        ("site-packages/torch/nn/parallel/distributed.py", "_distributed_broadcast_coalesced", "broadcast"),
+        ("site-packages/torch/nn/parallel/distributed.py", "forward", ""),  # computing, not waiting
+        ("dist_jobs/train/distributed.py", "max_over_ranks", "all_reduce"),
+        ("site-packages/my_loader.py", "read", ""),
+    ],
+)
+def test_what_a_blocked_thread_waits_in_is_named_by_its_innermost_known_frame(path: str, name: str, said: str) -> None:
+    scope: dict[str, Any] = {}
+    exec(compile(WAITS.format(name=name).replace("blocked(", f"{name}("), f"/venv/{path}", "exec"), scope)
+    entered, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=scope["outer"], args=(entered, release), daemon=True)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        assert waits_in(thread.ident) == said
+    finally:
+        release.set()
+        thread.join(10)
+    assert waits_in(None) is None
