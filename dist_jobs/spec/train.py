@@ -75,7 +75,7 @@ class TrainConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
             "mnist are resized to it, imagefolder crops to it",
         ),
     ] = 32
-    fake_samples: Annotated[int, Meta(ge=1, description="FakeData size for the demo and tests")] = 512
+    fake_samples: Annotated[int, Meta(ge=1, description="how many images data: fake has (the demo and tests)")] = 512
     epochs: Annotated[int, Meta(ge=1, description="passes over the training data (max_steps can end sooner)")] = 2
     max_steps: Annotated[
         Annotated[int, Meta(ge=1)] | None, Meta(description="stop after this many optimizer steps")
@@ -335,8 +335,8 @@ def strategy_problems(train: TrainConfig, flags: bool = False) -> list[Problem]:
     ]
 
 
-# The built-in data sets that come from torchvision (`text` is the trainer's own).
-TORCHVISION_DATA = ("fake", "cifar10", "mnist", "imagefolder")
+# The built-in data sets that come from torchvision (`text` and `fake` are the trainer's own).
+TORCHVISION_DATA = ("cifar10", "mnist", "imagefolder")
 
 
 def trainer_packages(config: TrainConfig) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """Datasets and loaders, and the sampler that lets a resumed run start part-way into an epoch.
 
 `data` is one of:
-- `fake`: torchvision FakeData, `fake_samples` images of `image_size`, the same on every run
-  (each image is generated from its index and `seed`), for demos, tests and benchmarks;
+- `fake`: `fake_samples` random images of `image_size` (torchvision FakeData's, without
+  torchvision), the same on every run (each image is generated from its index and `seed`), for
+  demos, tests and benchmarks;
 - `cifar10`, `mnist`: from `data_root`; nothing is downloaded unless `download` is set;
 - `imagefolder`: `data_root/train` and `data_root/val` (or `data_root` alone, no evaluation);
 - `module:factory`: called as `factory(train=True|False, config=config)`, returning a Dataset
@@ -157,54 +158,37 @@ def resume_batches(samples_in_epoch: int, config: TrainConfig, world_size: int, 
 
 
 def _fake(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    from torchvision import transforms
-
-    fake = _fake_data_class()
     shape = (3, config.image_size, config.image_size)
-    to_tensor = transforms.ToTensor()
     # Disjoint offsets: image i is generated from seed offset + i, so train and eval differ.
-    train = fake(
-        size=config.fake_samples,
-        image_size=shape,
-        num_classes=config.num_classes,
-        transform=to_tensor,
-        random_offset=config.seed,
-    )
-    held_out = fake(
-        size=max(config.fake_samples // 4, 1),
-        image_size=shape,
-        num_classes=config.num_classes,
-        transform=to_tensor,
-        random_offset=config.seed + config.fake_samples,
+    train = FakeImages(config.fake_samples, shape, config.num_classes, offset=config.seed)
+    held_out = FakeImages(
+        max(config.fake_samples // 4, 1), shape, config.num_classes, offset=config.seed + config.fake_samples
     )
     return train, held_out
 
 
-def _fake_data_class() -> type:
-    from torchvision import datasets, transforms
+class FakeImages(Dataset):
+    """torchvision's FakeData through ToTensor, the same images and classes, in torch alone.
 
-    class FakeData(datasets.FakeData):
-        """torchvision's FakeData, the same images, drawn from a generator of its own.
+    Not torchvision's class: importing torchvision costs each rank about one and a half seconds of start-up
+    (BENCHMARKS.md), and torchvision's FakeData calls torch.manual_seed() for every item, which
+    resets the global and every CUDA generator (dropout masks would follow the data index).
+    Image i comes from a generator of its own, seeded `offset + i`."""
 
-        The original calls torch.manual_seed() for every item, which resets the global and
-        every CUDA generator (dropout masks would follow the data index) and, while CUDA is
-        not initialised yet, formats a Python stack trace per call: about 1 ms an image.
-        """
+    def __init__(self, size: int, shape: tuple[int, int, int], num_classes: int, *, offset: int) -> None:
+        self.size, self.shape, self.num_classes, self.offset = size, shape, num_classes, offset
 
-        def __getitem__(self, index: int) -> tuple[Any, Any]:
-            if index >= len(self):
-                raise IndexError(f"{type(self).__name__} index out of range")
-            gen = torch.Generator().manual_seed(index + self.random_offset)
-            image = torch.randn(*self.image_size, generator=gen)
-            target = int(torch.randint(0, self.num_classes, size=(1,), generator=gen)[0])
-            image = transforms.ToPILImage()(image)
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                target = self.target_transform(target)
-            return image, target
+    def __len__(self) -> int:
+        return self.size
 
-    return FakeData
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.size:
+            raise IndexError(f"FakeImages index {index} out of range (size {self.size})")
+        gen = torch.Generator().manual_seed(index + self.offset)
+        image = torch.randn(*self.shape, generator=gen)
+        target = int(torch.randint(0, self.num_classes, size=(1,), generator=gen)[0])
+        # What ToPILImage then ToTensor make of it: 8-bit pixels, scaled to [0, 1].
+        return image.mul(255).byte().to(torch.get_default_dtype()).div(255), target
 
 
 def _cifar10(config: TrainConfig) -> tuple[Dataset, Dataset]:

@@ -326,3 +326,17 @@ def test_the_demo_trains_a_task_it_can_learn() -> None:
     from dist_jobs.cli.demo import COMMAND
 
     assert "train.data=text" in COMMAND and "train.model=gpt" in COMMAND and "train.data=fake" not in COMMAND
+
+
+def test_a_run_on_the_fake_images_with_a_users_model_never_imports_torchvision(tmp_path: Path) -> None:
+    """The trainer's fake images are torch alone: no rank pays torchvision's import, and a python
+    without torchvision runs them (the submit preflight asks for torch only)."""
+    probe = (
+        "import sys; from dist_jobs.train.__main__ import main; code = main(sys.argv[1:]); "
+        "sys.exit(3 if 'torchvision' in sys.modules else code)"
+    )
+    small = ["--fake-samples", "8", "--batch-size", "4", "--image-size", "8", "--epochs", "1"]
+    flags = ["--device", "cpu", "--model", "support.train_support:tiny_net", *small]
+    argv = [PYTHON, "-c", probe, *flags, "--checkpoint-dir", str(tmp_path / "ckpt")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]

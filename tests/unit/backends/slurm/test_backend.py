@@ -193,9 +193,11 @@ def test_submit_refuses_a_python_without_torchvision_for_an_image_model_or_data_
             submit(tmp_path, runner, lacks=("torchvision",), train=train)
         assert "torch, torchvision" in (caught.value.hint or "")
     assert not runner.calls
-    # The language model on its own text data needs torch only.
+    # The language model on its own text data, and a model of the user's on the trainer's own fake
+    # images, need torch only.
     submit(tmp_path, runner, lacks=("torchvision",), train={"model": "gpt", "data": "text", "data_root": "/d/t.txt"})
-    assert [argv[0] for argv in runner.calls] == ["sbatch"]
+    submit(tmp_path, runner, lacks=("torchvision",), train={"model": "my_models:net", "data": "fake"})
+    assert [argv[0] for argv in runner.calls] == ["sbatch", "sbatch"]
 
 
 def test_submit_with_workdir_keeps_its_chdir_and_logs_there(tmp_path: Path) -> None:
