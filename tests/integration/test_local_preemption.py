@@ -3,7 +3,7 @@ or systemd stops it: SIGTERM to the launcher. Every rank checkpoints at its next
 the launcher exits 200 last, and the same command run again resumes from that checkpoint and ends
 bit-identical to an uninterrupted run. In srun and torchrun mode, and on a loaded machine: two
 busy processes run beside the interrupted and the resumed run (the model and data are
-tests/support/train_support.py's, which draw from every RNG while training).
+tests/support/workloads.py's, which draw from every RNG while training).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """dist-jobs on the real SLURM cluster of slurm/cluster/up.sh (nodes n1, n2 and, under make test, n3; 2 CPUs each).
 
-Every job is small: the tiny conv net of support/train_support.py on FakeData (16 px, 128 images,
+Every job is small: the tiny conv net of support/workloads.py on the fake images (16 px, 128 images,
 batch 4 per rank: 8 steps an epoch, 24 in all), deterministic, gloo on CPU, 2 nodes x 2 ranks,
 one CPU per rank. Jobs run as root on this machine's filesystem, so they find this Python
 through a `setup` line (PATH) and the repo and tests/ through PYTHONPATH in the spec's `env`.

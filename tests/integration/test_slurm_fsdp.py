@@ -28,7 +28,7 @@ from support.tiers import requires
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(420)]
 
 GPT = {
-    "model": "support.train_support:slow_gpt",
+    "model": "support.workloads:slow_gpt",
     "data": "text",
     "seq_len": 16,
     "text_chars": 4000,

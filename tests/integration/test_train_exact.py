@@ -4,7 +4,7 @@ Three runs of the same job: uninterrupted; stopped by SIGUSR1 to one rank at a r
 resumed (hand-made env:// launch); one rank SIGKILLed after a checkpoint, the job torn down by
 torchrun, and resumed from that checkpoint. The final model and optimizer state of the three
 must be equal tensor for tensor. The model uses BatchNorm and dropout and the data a random
-flip (tests/support/train_support.py), so RNG, buffers, momentum and the sampler position all
+flip (tests/support/workloads.py), so RNG, buffers, momentum and the sampler position all
 have to come back exactly. The random step is printed, so a failure can be replayed.
 """
 
@@ -44,9 +44,9 @@ DELAY = {"DJ_TEST_STEP_DELAY": "0.15"}  # per forward (2 a step): time to aim, s
 def job(checkpoints: Path) -> list[str]:
     return [
         "--model",
-        "support.train_support:tiny_net",
+        "support.workloads:tiny_net",
         "--data",
-        "support.train_support:tiny_data",
+        "support.workloads:tiny_data",
         "--image-size",
         "8",
         "--fake-samples",

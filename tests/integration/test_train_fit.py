@@ -19,7 +19,8 @@ from dist_jobs.errors import UsageError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 from dist_jobs.train.loop import fit
-from support.train_support import PYTHON, final_state, plain_net, start_ranks, tiny_data, tiny_net, wait_all
+from support.train_support import PYTHON, final_state, start_ranks, wait_all
+from support.workloads import plain_net, tiny_data, tiny_net
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("test_train_fit")]
@@ -29,7 +30,7 @@ import logging, os, sys, torch
 from dist_jobs.errors import DistJobsError
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.loop import fit
-from support.train_support import plain_net, tiny_data
+from support.workloads import plain_net, tiny_data
 
 logging.basicConfig(level=logging.INFO)
 config = TrainConfig.from_argv(sys.argv[2:])
@@ -209,9 +210,9 @@ def test_resume_in_another_world_size_continues_by_sample_count(
 ) -> None:
     args = [
         "--model",
-        "support.train_support:tiny_net",
+        "support.workloads:tiny_net",
         "--data",
-        "support.train_support:tiny_data",
+        "support.workloads:tiny_data",
         *SMALL,
         "--batch-size",
         "4",

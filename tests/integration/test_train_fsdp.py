@@ -1,7 +1,7 @@
 """strategy fsdp (FSDP2, gloo, CPU): sharded checkpoints that resume exactly, on another world size,
 and across strategies; and their export to one plain state dict.
 
-The job: the built-in GPT (2 blocks, width 32; support.train_support:slow_gpt) on the generated
+The job: the built-in GPT (2 blocks, width 32; support.workloads:slow_gpt) on the generated
 text, AdamW, gradient accumulation 2 and clipping, a global batch of 8 x 2 samples on any world
 size (2 ranks x batch 4, 4 ranks x batch 2), 14 steps. Every run starts from the same weights
 (fsdp.materialise initialises whole-size, whatever the world size or strategy) and sees the same
@@ -33,11 +33,11 @@ from support.train_support import (
     kill_all,
     max_difference,
     newest_state,
-    slow_gpt,
     start_ranks,
     wait_all,
 )
 from support.waiting import eventually
+from support.workloads import slow_gpt
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("test_train_fsdp")]
@@ -53,7 +53,7 @@ STEP_RE = re.compile(r"step (\d+)/\d+ epoch \d+ train")
 def job(checkpoints: Path, world: int, strategy: str = "fsdp", *extra: str) -> list[str]:
     return [
         *extra,
-        *("--model", "support.train_support:slow_gpt", "--data", "text", "--seq-len", "16"),
+        *("--model", "support.workloads:slow_gpt", "--data", "text", "--seq-len", "16"),
         *("--text-chars", "4000", "--batch-size", str(8 // world), "--grad-accum", "2", "--epochs", "1"),
         *("--optimizer", "adamw", "--lr", "0.01", "--warmup-steps", "2", "--grad-clip", "1.0"),
         *("--deterministic", "--seed", "3", "--log-every", "1", "--no-progress"),

@@ -22,7 +22,7 @@ pytestmark = [requires("torch"), pytest.mark.timeout(240)]
 
 def job(checkpoints: Path) -> list[str]:
     return [
-        *("--model", "support.train_support:tiny_net", "--data", "support.train_support:tiny_data"),
+        *("--model", "support.workloads:tiny_net", "--data", "support.workloads:tiny_data"),
         *("--image-size", "8", "--fake-samples", "256", "--batch-size", "4", "--epochs", "2"),
         *("--workers", "0", "--log-every", "1", "--no-progress", "--checkpoint-every-steps", "4"),
         *("--checkpoint-dir", str(checkpoints), "--run-name", "locked"),

@@ -1,6 +1,6 @@
 """A rank SIGKILLed mid-run, once: the fault the goodput ledger's test injects (test code only).
 
-`support.fault_support:dying_net` is train_support's tiny_net whose training forward, on rank
+`support.fault_support:dying_net` is support.workloads' tiny_net whose training forward, on rank
 $DJ_TEST_KILL_RANK (default 1) at its $DJ_TEST_KILL_BATCH-th training batch, SIGKILLs its own
 process, as the OOM killer would. It happens once per run: the first rank to get there creates
 $DJ_TEST_KILL_MARKER, and the attempt restarted in place finds it and trains normally. Without

@@ -1,6 +1,6 @@
 """A rank that stops stepping mid-run, once: the hang the watchdog tests inject (test code only).
 
-`support.hang_support:stalling_net` is train_support's tiny_net whose training forward, on rank
+`support.hang_support:stalling_net` is support.workloads' tiny_net whose training forward, on rank
 $DJ_TEST_HANG_RANK (default 1) at its $DJ_TEST_HANG_STEP-th training batch, sleeps for an hour,
 the way a rank stuck in a dead filesystem read or a deadlocked data loader does; its peers then
 wait for it in DDP's gradient all_reduce. It happens once per run: the first rank to get there
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support.train_support import tiny_net
+from support.workloads import tiny_net
 
 
 def stalling_net(num_classes: int = 10) -> Any:

@@ -1,6 +1,6 @@
 """Jobs on the real 2-node SLURM cluster of slurm/cluster/up.sh, as the cluster tests submit them.
 
-Every job is small: the tiny conv net of support/train_support.py on FakeData, deterministic, gloo
+Every job is small: the tiny conv net of support/workloads.py on the fake images, deterministic, gloo
 on CPU, one CPU per rank. Jobs run as root on this machine's filesystem, so they find this Python
 through a `setup` line (PATH) and the repo and tests/ through PYTHONPATH in the spec's `env`.
 """

@@ -15,13 +15,13 @@ SLURM_SEED: dict[str, Any] = {**SEED, "time": "4:00:00", "slurm": {"partition": 
 
 
 def tiny_train(**fields: Any) -> dict[str, Any]:
-    """`train:` for the tiny conv net of support/train_support.py on 16 px FakeData: 32 samples,
+    """`train:` for the tiny conv net of support/workloads.py on 16 px fake images: 32 samples,
     batch 4 per rank, one epoch, on CPU, a log line every step, no progress bar.
 
     `fields` change or add keys; a field given as None is left out (the trainer's default applies).
     """
     train = {
-        "model": "support.train_support:tiny_net",
+        "model": "support.workloads:tiny_net",
         "data": "fake",
         "image_size": 16,
         "fake_samples": 32,

@@ -172,7 +172,7 @@ def test_checkpoint_folder_keeps_the_root_as_written_and_refuses_a_file(tmp_path
 def test_torchvision_model_by_name_and_factories() -> None:
     net = models.build_model("resnet18", num_classes=7)
     assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
-    tiny = models.build_model("support.train_support:tiny_net", num_classes=5)
+    tiny = models.build_model("support.workloads:tiny_net", num_classes=5)
     assert tiny(torch.zeros(2, 3, 8, 8)).shape == (2, 5)
     with pytest.raises(UsageError, match="resnet18"):  # suggested
         models.build_model("resnet19", 10)
@@ -336,7 +336,7 @@ def test_a_run_on_the_fake_images_with_a_users_model_never_imports_torchvision(t
         "sys.exit(3 if 'torchvision' in sys.modules else code)"
     )
     small = ["--fake-samples", "8", "--batch-size", "4", "--image-size", "8", "--epochs", "1"]
-    flags = ["--device", "cpu", "--model", "support.train_support:tiny_net", *small]
+    flags = ["--device", "cpu", "--model", "support.workloads:tiny_net", *small]
     argv = [PYTHON, "-c", probe, *flags, "--checkpoint-dir", str(tmp_path / "ckpt")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
