@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,8 +15,10 @@ class Parser(argparse.ArgumentParser):
 
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         # main() has cut argv at its first bare `--` (the job's command) before parsing, so a `--`
-        # that reaches a flag here is its value (`--workdir=--`), which argparse would drop.
-        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+        # that reaches a flag here is its value (`--workdir=--`). argparse before 3.13 drops it and
+        # hands the flag [] (3.13 keeps it): no public hook sees the value before that, so this
+        # override goes once 3.12 is no longer promised.
+        if sys.version_info < (3, 13) and action.option_strings and action.nargs is None and arg_strings == ["--"]:
             value = self._get_value(action, "--")
             self._check_value(action, value)
             return value
