@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dist_jobs.api.job import WaitTimeout, statuses
+from dist_jobs.api.polling import poll_until
 from dist_jobs.api.verbs import attach_all
 from dist_jobs.backends import Backend, backend_class, get_backend
 from dist_jobs.backends.sweep_manifest import MANIFEST, SWEEPS_DIR
@@ -131,8 +133,6 @@ class Sweep:
         """Until every trial has ended (succeeded, failed or cancelled); its status rows then.
         WaitTimeout after `timeout` seconds; `status` goes to status() (metric, mode). The same
         loop as Job.wait: one scheduler query per poll, pauses backing off from `poll` seconds."""
-        from dist_jobs.api.job import WaitTimeout
-        from dist_jobs.api.polling import poll_until
 
         def check() -> tuple[bool, list[TrialRow]]:
             rows = self.status(**status)
@@ -151,8 +151,6 @@ class Sweep:
         """One row per trial; the best trial (by `metric`, `mode` min or max) has is_best."""
         if mode not in ("min", "max"):
             raise UsageError(f"mode {mode!r}: the best trial has the least or the most", "give mode 'min' or 'max'")
-        from dist_jobs.api.job import statuses
-
         found = statuses(self.jobs)  # SLURM: one squeue and one sacct for every trial
         rows = [self._row(t, info, metric, mode) for t, info in zip(self.trials, found)]
         scored = [r for r in rows if r.best is not None and math.isfinite(r.best)]

@@ -17,6 +17,8 @@ import sys
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import DistJobsError, SpecError
+from dist_jobs.ranks import resolve
+from dist_jobs.ranks.selfcheck import check
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.logsetup import log_to_stderr
 
@@ -66,9 +68,6 @@ def preflight() -> int:
 
     Returns the rank. fit() checks again with the GPU count, which needs torch.
     """
-    from dist_jobs.ranks import resolve
-    from dist_jobs.ranks.selfcheck import check
-
     info = resolve()
     check(info, allow_loopback=os.environ.get("DIST_JOBS_BACKEND", "").strip() == "local")
     # One line per rank: when a launch maps ranks wrongly, this is the first thing to read.

@@ -192,6 +192,7 @@ class FakeImages(Dataset):
 
 
 def _cifar10(config: TrainConfig) -> tuple[Dataset, Dataset]:
+    # torchvision for its data sets alone: importing it costs a rank ~1.5 s (bench/bench_fake_data.py)
     from torchvision import datasets
     from torchvision import transforms as T
 
@@ -207,6 +208,7 @@ def _cifar10(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def _mnist(config: TrainConfig) -> tuple[Dataset, Dataset]:
+    # torchvision for its data sets alone: importing it costs a rank ~1.5 s (bench/bench_fake_data.py)
     from torchvision import datasets
     from torchvision import transforms as T
 
@@ -222,6 +224,7 @@ def _mnist(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def _imagefolder(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
+    # torchvision for its data sets alone: importing it costs a rank ~1.5 s (bench/bench_fake_data.py)
     from torchvision import datasets
     from torchvision import transforms as T
 

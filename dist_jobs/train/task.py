@@ -40,7 +40,7 @@ class FunctionTask:
         self.spec, self.fn, self.args, self.kwargs = spec, fn, args, kwargs
 
     def _export_env(self) -> None:
-        import submitit
+        import submitit  # an optional dependency: this runs under submitit, which has it
 
         env = submitit.JobEnvironment()
         # The job inherits the submitter's environment: a MASTER_ADDR or RANK left there by another
@@ -70,7 +70,7 @@ class FunctionTask:
         return self.fn(*self.args, **self.kwargs)
 
     def __call__(self) -> Any:
-        from dist_jobs.train.loop import Preempted
+        from dist_jobs.train.loop import Preempted  # torch: the submitter pickles this class without it
 
         self._export_env()
         try:
@@ -85,7 +85,7 @@ class FunctionTask:
             raise SystemExit(REQUEUE_EXIT_CODE) from None
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        import submitit
+        import submitit  # an optional dependency: this runs under submitit, which has it
 
         return submitit.helpers.DelayedSubmission(self)
 
@@ -98,7 +98,7 @@ class TrainTask(FunctionTask):
 
 
 def _fit_spec(spec: JobSpec) -> dict[str, float]:
-    from dist_jobs.train.loop import fit
+    from dist_jobs.train.loop import fit  # torch: the submitter pickles this function without it
 
     log_to_stderr(int(os.environ["RANK"]))  # as `python -m dist_jobs.train` does
     return fit(spec.train)

@@ -121,3 +121,36 @@ def test_the_cli_names_no_backend_and_reads_them_through_the_api() -> None:
     assert not found, "backend names in the CLI:\n" + "\n".join(found)
     direct = [e for e in layers.edges() if e.source.startswith("dist_jobs.cli") and ".backends" in e.target]
     assert not direct, f"the CLI imports backends directly: {direct}"
+
+
+def unexplained_local_imports(text: str) -> list[int]:
+    """The first lines of the function-local import blocks (consecutive import statements) of
+    `text` that no comment explains: on one of the block's lines or on the line above it."""
+    lines = text.splitlines()
+    starts: list[int] = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        block: list[ast.stmt] = []
+        for stmt in [*node.body, None]:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                block.append(stmt)
+                continue
+            if block:
+                first, last = block[0].lineno, block[-1].end_lineno or block[-1].lineno
+                said = lines[first - 2].lstrip().startswith("#") or any("#" in lines[n - 1] for n in range(first, last + 1))
+                if not said:
+                    starts.append(first)
+            block = []
+    return starts
+
+
+def test_every_function_local_import_says_why() -> None:
+    """An import at the top is the rule; one inside a function (to keep a heavy or optional module
+    off a path that does not need it, or to break a cycle) says which in a comment."""
+    found = []
+    for path in sorted((REPO / "dist_jobs").rglob("*.py")):
+        found += [f"{path.relative_to(REPO)}:{n}" for n in unexplained_local_imports(path.read_text())]
+    assert not found, "say why, or move to the top:\n" + "\n".join(found)
+    example = "def f():\n    import json\n\n    return json\n\ndef g():\n    import yaml  # heavy\n"
+    assert unexplained_local_imports(example) == [2]
