@@ -138,7 +138,8 @@ def unexplained_local_imports(text: str) -> list[int]:
                 continue
             if block:
                 first, last = block[0].lineno, block[-1].end_lineno or block[-1].lineno
-                said = lines[first - 2].lstrip().startswith("#") or any("#" in lines[n - 1] for n in range(first, last + 1))
+                above = lines[first - 2].lstrip().startswith("#")
+                said = above or any("#" in lines[n - 1] for n in range(first, last + 1))
                 if not said:
                     starts.append(first)
             block = []

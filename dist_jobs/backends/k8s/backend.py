@@ -3,9 +3,9 @@
 Creates PyTorchJobs (or TrainJobs) with fieldValidation=Strict: by default the apiserver prunes
 an unknown field silently and the Python client never shows the warning. Each submission stamps
 its pods with an annotation (the restart counter's key, dist_jobs.rundir.attempts). API errors
-become messages (errors.py). Pods are found by the labels the operator puts on them, so a pod
-rank means the same thing as the operator's RANK env (Master = 0, Worker i = i + 1; without a
-Master, as in elastic jobs, Worker i = i); `logs` tells the ranks in them apart (logs.py).
+become messages (errors.py). What differs between a PyTorchJob and a TrainJob (API path, pod
+labels, a pod's rank, the log's container, the job's environment) is its kind's (kinds.py), so a
+pod rank means the same thing as the operator's RANK env; `logs` tells the ranks in them apart (logs.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, PreparedSweep, run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import KubeClient, KubeconfigError, in_cluster, load
-from dist_jobs.backends.k8s.errors import APIS, api_error, handle, no_config, not_started, unreachable
+from dist_jobs.backends.k8s.errors import api_error, handle, no_config, not_started, unreachable
+from dist_jobs.backends.k8s.kinds import KINDS, JobKind
 from dist_jobs.backends.k8s.logs import PREFIX_ENV, PodLog, followed, labelled, of_rank, pod_logs
-from dist_jobs.backends.k8s.ranks import completion_index, job_status, waiting_reason, with_ranks
+from dist_jobs.backends.k8s.ranks import job_status, waiting_reason, with_ranks
 from dist_jobs.errors import BackendError, Problem, UsageError
 from dist_jobs.spec.flags import SpecFlag
 
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
     from dist_jobs.spec import JobSpec
 
 MANAGED = "app.kubernetes.io/managed-by=dist-jobs"
-PYTORCHJOB_LABEL = "training.kubeflow.org/"
-JOBSET_LABEL = "jobset.sigs.k8s.io/"
-# The container the logs come from: the operator requires `pytorch`; the torch TrainingRuntime names it `node`.
-CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}
 
 
 def load_client(kubeconfig: str | None = None, context: str | None = None) -> KubeClient:
@@ -61,7 +58,7 @@ class K8sBackend(Backend):
             "--kind",
             "kind",
             "Kubernetes: the kind of a bare job name (default PyTorchJob; a handle carries its kind; list: both)",
-            choices=tuple(APIS),
+            choices=tuple(KINDS),
             lookup_only=True,
         ),
         Option("--context", "context", "kubeconfig context"),
@@ -86,14 +83,14 @@ class K8sBackend(Backend):
         api_client: KubeClient | None = None,
         kind: str | None = None,
     ) -> None:
-        if kind is not None and kind not in APIS:
-            raise UsageError(f"unknown Kubernetes job kind {kind!r}", f"use one of {', '.join(APIS)}")
+        if kind is not None and kind not in KINDS:
+            raise UsageError(f"unknown Kubernetes job kind {kind!r}", f"use one of {', '.join(KINDS)}")
         self.namespace = namespace
         self._context, self._kubeconfig = context, kubeconfig
         self._client = api_client
         # A bare name is a PyTorchJob's; list() shows every kind unless one was asked for.
-        self.kind = kind or "PyTorchJob"
-        self._kinds = (kind,) if kind else tuple(APIS)
+        self.kind: JobKind = KINDS[kind or "PyTorchJob"]
+        self._kinds = (KINDS[kind],) if kind else tuple(KINDS.values())
         self._seen: dict[str, dict[str, Any]] = {}  # the last object _get returned, by name
 
     @property
@@ -107,17 +104,17 @@ class K8sBackend(Backend):
         return self.namespace or self.client.namespace or "default"
 
     def handle(self, job_id: str) -> Handle:
-        return Handle("k8s", job_id, namespace=self._ns(), kind=self.kind)
+        return Handle("k8s", job_id, namespace=self._ns(), kind=self.kind.name)
 
     @classmethod
     def parse_handle(cls, job_id: str, fields: dict[str, str]) -> Handle:
         """A kind the apiserver serves (any case), a name without a slash."""
         if "/" in job_id:
             raise ValueError(f"{job_id!r} is no Kubernetes name")
-        kind = {k.lower(): k for k in APIS}.get(fields["kind"].lower())
+        kind = {k.lower(): k for k in KINDS}.get(fields["kind"].lower())
         if kind is None and fields["kind"] and job_id:
             text = f"k8s://{fields['namespace']}/{fields['kind']}/{job_id}"
-            raise UsageError(f"job handle {text!r}: unknown kind {fields['kind']!r}", f"use one of {', '.join(APIS)}")
+            raise UsageError(f"job handle {text!r}: unknown kind {fields['kind']!r}", f"use one of {', '.join(KINDS)}")
         return super().parse_handle(job_id, {**fields, "kind": kind or ""})
 
     def log_ranks(self, spec: JobSpec) -> builtins.list[int] | None:
@@ -129,7 +126,7 @@ class K8sBackend(Backend):
         """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind, namespace, name)."""
         from urllib3.exceptions import HTTPError  # urllib3 comes with kubernetes, an optional dependency ([k8s])
 
-        kind, namespace, name = job or (self.kind, "", "")
+        kind, namespace, name = job or (self.kind.name, "", "")
         try:
             yield
         except self.client.api_exception as exc:
@@ -142,11 +139,7 @@ class K8sBackend(Backend):
             return self.client.request(method, path, **kwargs)
 
     def _job(self, name: str) -> tuple[str, str, str]:
-        return self.kind, self._ns(), name
-
-    def _objects(self, kind: str, namespace: str, name: str = "") -> str:
-        group, version, plural = APIS[kind]
-        return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+        return self.kind.name, self._ns(), name
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.backends.k8s.code import with_code  # submit's and render's alone (as above)
@@ -181,7 +174,7 @@ class K8sBackend(Backend):
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
         job = (kind, namespace, body["metadata"]["name"])
         what = f"create {kind} {namespace}/{job[2]}"
-        return self._call(what, "POST", self._objects(kind, namespace), job, query=query, body=body)
+        return self._call(what, "POST", KINDS[kind].path(namespace), job, query=query, body=body)
 
     def schedule(self, prepared: Prepared) -> Handle:
         created = self._create(prepared, dry_run=False)
@@ -211,7 +204,7 @@ class K8sBackend(Backend):
                     self._call(
                         f"delete {job['kind']} {namespace}/{name}",
                         "DELETE",
-                        self._objects(job["kind"], namespace, name),
+                        KINDS[job["kind"]].path(namespace, name),
                     )
             raise
 
@@ -228,33 +221,32 @@ class K8sBackend(Backend):
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
-        path = self._objects(self.kind, self._ns(), name)
-        obj = self._call(f"get {self.kind} {self._ns()}/{name}", "GET", path, self._job(name))
+        path = self.kind.path(self._ns(), name)
+        obj = self._call(f"get {self.kind.name} {self._ns()}/{name}", "GET", path, self._job(name))
         self._seen[name] = obj
         return obj
 
     def owner(self, job_id: str) -> str | None:
         """The job as its pods name it in progress.json (DIST_JOBS_LOCK_OWNER, set by render.k8s)."""
-        env = [e for e in _container_env(self._seen.get(job_id) or self._get(job_id)) if isinstance(e, dict)]
+        env = [e for e in self.kind.env(self._seen.get(job_id) or self._get(job_id)) if isinstance(e, dict)]
         return next((e.get("value") for e in env if e.get("name") == "DIST_JOBS_LOCK_OWNER"), None)
 
     def run_dir(self, job_id: str) -> Path:
         """`<checkpoint dir>/<run>` as the pods see it (the job's DIST_JOBS_CHECKPOINT_DIR, under the
         volume's mount path): readable here where this host mounts the same shared filesystem there."""
         obj = self._seen.get(job_id) or self._get(job_id)
-        env = {e.get("name"): e.get("value") for e in _container_env(obj) if isinstance(e, dict)}
+        env = {e.get("name"): e.get("value") for e in self.kind.env(obj) if isinstance(e, dict)}
         root, run = env.get("DIST_JOBS_CHECKPOINT_DIR"), env.get("DIST_JOBS_RUN")
         if not (isinstance(root, str) and isinstance(run, str)):
             raise BackendError(
-                f"{self.kind} {self._ns()}/{job_id} does not name its run directory (no DIST_JOBS_CHECKPOINT_DIR)",
+                f"{self.kind.name} {self._ns()}/{job_id} does not name its run directory (no DIST_JOBS_CHECKPOINT_DIR)",
                 "it was not submitted by dist-jobs: read the run's files from a pod that mounts its volume",
             )
         return Path(root) / run
 
     def status(self, job_id: str) -> JobStatus:
         obj = self._get(job_id)
-        label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
-        status = with_ranks(job_status(obj), self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj))
+        status = with_ranks(job_status(obj), self._pods(job_id, self.kind.pods_of(job_id)), self.kind, obj)
 
         from dist_jobs.backends.k8s.code import code_line  # a status's alone (as above)
 
@@ -264,8 +256,7 @@ class K8sBackend(Backend):
     def list(self) -> builtins.list[JobStatus]:
         out = []
         for kind in self._kinds:
-            group, _, plural = APIS[kind]
-            path, what = self._objects(kind, self._ns()), f"list {plural}.{group} in {self._ns()}"
+            path, what = kind.path(self._ns()), f"list {kind.plural}.{kind.group} in {self._ns()}"
             try:
                 found = self._call(what, "GET", path, query={"labelSelector": MANAGED})
             except BackendError as exc:
@@ -274,7 +265,7 @@ class K8sBackend(Backend):
                 raise
             for item in found.get("items", []):
                 status = job_status(item)
-                handle = Handle("k8s", status.job_id, namespace=self._ns(), kind=kind)
+                handle = Handle("k8s", status.job_id, namespace=self._ns(), kind=kind.name)
                 out.append(dataclasses.replace(status, handle=str(handle)))
         return out
 
@@ -282,16 +273,16 @@ class K8sBackend(Backend):
         """Delete the job; the apiserver says when there is none (exists() is not asked first)."""
         # Foreground: the job stays (Terminating) until its pods are gone, so a resubmit under the
         # same name cannot meet the old run's pods.
-        path = self._objects(self.kind, self._ns(), job_id)
+        path = self.kind.path(self._ns(), job_id)
         query = {"propagationPolicy": "Foreground"}
-        self._call(f"delete {self.kind} {self._ns()}/{job_id}", "DELETE", path, self._job(job_id), query=query)
+        self._call(f"delete {self.kind.name} {self._ns()}/{job_id}", "DELETE", path, self._job(job_id), query=query)
 
     def logs(self, job_id: str, rank: int | None = None, follow: bool = False) -> Iterator[str]:
         """Every rank's lines, `[rank N] ...` (rank None), or rank `rank`'s; follow=True: every
         pod's, replaced and restarted ones included, until the job ends (logs.py)."""
         if rank is not None and rank < 0:
             raise UsageError(f"--rank {rank}: a rank is 0 or more", "rank 0 is the first process of the master pod")
-        torchrun = any(isinstance(e, dict) and e.get("name") == PREFIX_ENV for e in _container_env(self._get(job_id)))
+        torchrun = any(isinstance(e, dict) and e.get("name") == PREFIX_ENV for e in self.kind.env(self._get(job_id)))
         if rank is not None and not torchrun:  # one process per pod: the pod rank is the rank
             yield from self._pod_log(job_id, rank, follow)
             return
@@ -320,9 +311,8 @@ class K8sBackend(Backend):
             yield from ((log.rank, line) for line in text.splitlines())
 
     def _pod_logs(self, job_id: str) -> builtins.list[PodLog]:
-        label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
         obj = self._seen.get(job_id) or self._get(job_id)
-        return pod_logs(self._pods(job_id, f"{label}={job_id}"), self.kind, _has_master(obj), CONTAINER[self.kind])
+        return pod_logs(self._pods(job_id, self.kind.pods_of(job_id)), self.kind, obj)
 
     def _pod_log(self, job_id: str, rank: int, follow: bool) -> Iterator[str]:
         """The lines of the pod with pod rank `rank`; follow=True streams until the container ends."""
@@ -343,30 +333,27 @@ class K8sBackend(Backend):
 
     def _pod_for_rank(self, job: str, rank: int) -> tuple[str, str]:
         """(pod name, container) of `rank`, selected by the operator's (or JobSet's) pod labels."""
-        if self.kind == "TrainJob":
-            selector = f"{JOBSET_LABEL}jobset-name={job},{JOBSET_LABEL}replicatedjob-name=node"
-            pods = [p for p in self._pods(job, selector) if completion_index(p) == str(rank)]
-        else:  # the torch runtime's PET_NODE_RANK is the Indexed Job's completion index
-            pods = self._pods(job, pytorchjob_selector(job, rank, has_master=_has_master(self._get(job))))
+        obj = self._get(job)
+        found = self._pods(job, self.kind.rank_selector(job, rank, obj))
+        pods = [p for p in found if self.kind.rank_of(p, obj) == rank]
         if not pods:
             raise self._no_pod(job, rank)
         # a restarted pod can briefly coexist with its terminating predecessor: take the live, newest one
         pod = max(
             pods, key=lambda p: ("deletionTimestamp" not in p["metadata"], p["metadata"].get("creationTimestamp"))
         )
-        container = _container(pod, CONTAINER[self.kind])
+        container = _container(pod, self.kind.container)
         waiting = waiting_reason(pod, container)
         if waiting is not None:  # the apiserver answers 200 with no text for a pod not yet running
-            raise not_started(self.kind, self._ns(), job, pod["metadata"]["name"], waiting)
+            raise not_started(self.kind.name, self._ns(), job, pod["metadata"]["name"], waiting)
         return pod["metadata"]["name"], container
 
     def _no_pod(self, job: str, rank: int) -> BackendError:
-        label = f"{JOBSET_LABEL}jobset-name" if self.kind == "TrainJob" else f"{PYTORCHJOB_LABEL}job-name"
-        names = sorted(p["metadata"]["name"] for p in self._pods(job, f"{label}={job}"))
+        names = ", ".join(sorted(p["metadata"]["name"] for p in self._pods(job, self.kind.pods_of(job))))
         return BackendError(
-            f"{self.kind} {self._ns()}/{job} has no pod with rank {rank} (its pods: {', '.join(names) or 'none yet'})",
+            f"{self.kind.name} {self._ns()}/{job} has no pod with rank {rank} (its pods: {names or 'none yet'})",
             f"ranks run from 0 to the number of pods - 1; pods appear once the job is scheduled: "
-            f"dist-jobs status {handle(self.kind, self._ns(), job)}",
+            f"dist-jobs status {handle(self.kind.name, self._ns(), job)}",
         )
 
     # A sweep: one labelled job per trial, all created at once (backends.k8s.sweep).
@@ -397,44 +384,9 @@ def stamped(body: dict[str, Any], submission: str) -> dict[str, Any]:
     the pods as DIST_JOBS_SUBMISSION)."""
     from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION  # submit's alone (as above)
 
-    spec = body.get("spec") or {}
-    templates = [r.get("template") or {} for r in (spec.get("pytorchReplicaSpecs") or {}).values()]
-    for patch in spec.get("runtimePatches") or []:
-        for step in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
-            "replicatedJobs"
-        ) or []:
-            templates.append(((step.get("template") or {}).get("spec") or {}).get("template") or {})
-    for template in templates:
+    for template in KINDS[body["kind"]].templates(body):
         template.setdefault("metadata", {}).setdefault("annotations", {})[SUBMISSION_ANNOTATION] = submission
     return body
-
-
-def pytorchjob_selector(job: str, rank: int, has_master: bool) -> str:
-    """Label selector of the PyTorchJob pod whose operator-given RANK (PET_NODE_RANK) is `rank`."""
-    if has_master and rank == 0:
-        rtype, index = "master", 0
-    else:
-        rtype, index = "worker", rank - 1 if has_master else rank
-    return (
-        f"{PYTORCHJOB_LABEL}job-name={job},{PYTORCHJOB_LABEL}replica-type={rtype},"
-        f"{PYTORCHJOB_LABEL}replica-index={index}"
-    )
-
-
-def _container_env(obj: dict[str, Any]) -> builtins.list[Any]:
-    """The env list of a PyTorchJob's first replica container, or of a TrainJob's trainer."""
-    spec = obj.get("spec") or {}
-    if "trainer" in spec:
-        return list((spec.get("trainer") or {}).get("env") or [])
-    for replica in (spec.get("pytorchReplicaSpecs") or {}).values():
-        for container in replica.get("template", {}).get("spec", {}).get("containers", []):
-            return list(container.get("env") or [])
-    return []
-
-
-def _has_master(job: dict[str, Any]) -> bool:
-    # The job's spec, not the pods present: a missing master pod must not shift every rank by one.
-    return "Master" in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {})
 
 
 def _container(pod: dict[str, Any], preferred: str) -> str:

@@ -14,27 +14,8 @@ from typing import Any
 
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.k8s.client import CONNECT_S, READ_S
+from dist_jobs.backends.k8s.kinds import KINDS
 from dist_jobs.errors import BackendError
-
-# Each kind's API group, version and plural.
-APIS = {
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-}
-# What installs each kind's CRD; the vendored copies ship in the wheel as dist_jobs/crds/.
-_INSTALL = {
-    "PyTorchJob": (
-        "pytorchjobs.kubeflow.org/v1",
-        "install the Kubeflow training operator v1 (its manifests "
-        "include the CRD); a test cluster can take the vendored CRD: "
-        "kubectl apply -f kubeflow.org_pytorchjobs.yaml from dist_jobs/crds/ (k8s/crds/ in a checkout)",
-    ),
-    "TrainJob": (
-        "trainjobs.trainer.kubeflow.org/v1alpha1",
-        "install Kubeflow Trainer v2 (its manifests include the "
-        "CRD and the torch-distributed runtime), or render a PyTorchJob instead (k8s.api: pytorchjob)",
-    ),
-}
 
 
 def _status_body(body: Any) -> dict[str, Any] | None:
@@ -116,11 +97,12 @@ def _not_found(what: str, message: str, details: dict[str, Any], kind: str) -> B
 def _exists(what: str, message: str, kind: str, namespace: str, name: str) -> BackendError:
     job = handle(kind, namespace or "NAMESPACE", name or "NAME")
     if "being deleted" in message:  # a Foreground delete keeps the object until its pods are gone
-        group, _, plural = APIS.get(kind, ("", "", kind.lower()))
+        known = KINDS.get(kind)
+        resource = f"{known.plural}.{known.group}" if known else kind.lower()
         return BackendError(
             f"{what}: {message} (409 AlreadyExists): the old job is still being deleted",
             f"wait for the deletion to finish, then submit again: kubectl wait --for=delete "
-            f"{plural}.{group}/{name or 'NAME'} -n {namespace or 'NAMESPACE'} --timeout=10m "
+            f"{resource}/{name or 'NAME'} -n {namespace or 'NAMESPACE'} --timeout=10m "
             f"(or dist-jobs status {job} until it is not found)",
         )
     return BackendError(
@@ -136,7 +118,8 @@ def _text(exc: Any) -> str:
 
 def _plain_error(code: int, reason: str, what: str, kind: str, body: str, host: str) -> BackendError:
     if code == 404 and body.strip() == NOT_SERVED:
-        resource, install = _INSTALL.get(kind, (kind, "install the CRD that serves it"))
+        known = KINDS.get(kind)
+        resource, install = (known.crd, known.install) if known else (kind, "install the CRD that serves it")
         return BackendError(
             f"{what}: the apiserver does not serve {resource} ({NOT_SERVED}): "
             f"the {kind} CRD is not installed in this cluster",

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dist_jobs.backends.k8s.ranks import pod_rank, waiting_reason
+from dist_jobs.backends.k8s.kinds import JobKind
+from dist_jobs.backends.k8s.ranks import waiting_reason
 
 PREFIX_ENV = "PET_LOG_LINE_PREFIX_TEMPLATE"
 _RANK_LINE = re.compile(r"\[rank \d+\] ")
@@ -46,18 +47,18 @@ def of_rank(lines: Iterator[tuple[int, str]], rank: int) -> Iterator[str]:
     return (line[len(mine) :] for _, line in lines if line.startswith(mine))
 
 
-def pod_logs(pods: list[dict[str, Any]], kind: str, has_master: bool, container: str) -> list[PodLog]:
-    """The pods that have a log, by pod rank; of a rank's pods the newest live one (a replaced pod
-    can briefly coexist with its terminating predecessor)."""
+def pod_logs(pods: list[dict[str, Any]], kind: JobKind, job: dict[str, Any]) -> list[PodLog]:
+    """The pods of `job` that have a log, by pod rank; of a rank's pods the newest live one (a
+    replaced pod can briefly coexist with its terminating predecessor)."""
     best: dict[int, dict[str, Any]] = {}
     for pod in pods:
-        rank = pod_rank(pod, kind, has_master)
-        if rank is None or waiting_reason(pod, container) is not None:
+        rank = kind.rank_of(pod, job)
+        if rank is None or waiting_reason(pod, kind.container) is not None:
             continue
         held = best.get(rank)
         if held is None or _newer(pod) > _newer(held):
             best[rank] = pod
-    return [_pod_log(rank, best[rank], container) for rank in sorted(best)]
+    return [_pod_log(rank, best[rank], kind.container) for rank in sorted(best)]
 
 
 def _newer(pod: dict[str, Any]) -> tuple[bool, str]:

@@ -1,8 +1,7 @@
 """Per-rank detail of a Kubernetes job from its pods' container statuses (pure, on dicts as the
 apiserver returns them): which rank failed first, with which exit code or signal.
 
-A pod's rank is what the operator gave it: PyTorchJob master = 0, worker i = i + 1 (i without a
-master); a TrainJob's node pod is its Indexed Job's completion index.
+A pod's rank is what its job's kind says it is (kinds.py).
 """
 
 from __future__ import annotations
@@ -12,23 +11,7 @@ from typing import Any
 
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.jobstate import describe_exit
-
-OP = "training.kubeflow.org/"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-def pod_rank(pod: dict[str, Any], kind: str, has_master: bool) -> int | None:
-    meta = pod.get("metadata") or {}
-    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
-    if kind == "TrainJob":
-        index = notes.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
-        return int(str(index)) if str(index).isdigit() else None
-    index = labels.get(f"{OP}replica-index")
-    if not str(index).isdigit():
-        return None
-    if labels.get(f"{OP}replica-type") == "master":
-        return 0
-    return int(str(index)) + (1 if has_master else 0)
+from dist_jobs.backends.k8s.kinds import JobKind
 
 
 def _container(pod: dict[str, Any]) -> tuple[str, str]:
@@ -50,12 +33,12 @@ def _container(pod: dict[str, Any]) -> tuple[str, str]:
     return what, str(ended.get("finishedAt") or "") if ended.get("exitCode") else ""
 
 
-def rank_detail(pods: list[dict[str, Any]], kind: str, has_master: bool) -> tuple[dict[int, str], str]:
-    """({rank: what its container says}, 'rank R failed first: ...' or '')."""
+def rank_detail(pods: list[dict[str, Any]], kind: JobKind, job: dict[str, Any]) -> tuple[dict[int, str], str]:
+    """({rank: what its container says}, 'rank R failed first: ...' or ''), of the pods of `job`."""
     ranks: dict[int, str] = {}
     failures: list[tuple[str, int]] = []
     for pod in pods:
-        rank = pod_rank(pod, kind, has_master)
+        rank = kind.rank_of(pod, job)
         if rank is None:
             continue
         what, failed_at = _container(pod)
@@ -66,20 +49,11 @@ def rank_detail(pods: list[dict[str, Any]], kind: str, has_master: bool) -> tupl
     return ranks, (f"rank {first} failed first: {ranks[first]}" if first is not None else "")
 
 
-def with_ranks(status: JobStatus, pods: list[dict[str, Any]], kind: str, has_master: bool) -> JobStatus:
+def with_ranks(status: JobStatus, pods: list[dict[str, Any]], kind: JobKind, job: dict[str, Any]) -> JobStatus:
     """`status` with each rank's container state; a failed rank's story replaces a bare message."""
-    ranks, first = rank_detail(pods, kind, has_master)
+    ranks, first = rank_detail(pods, kind, job)
     detail = f"{first}; {status.detail}" if first and status.detail else (first or status.detail)
     return dataclasses.replace(status, detail=detail, ranks=ranks)
-
-
-def completion_index(pod: dict[str, Any]) -> str | None:
-    """A TrainJob pod's Indexed Job completion index (its rank), or None."""
-    meta = pod["metadata"]
-    for source in (meta.get("annotations"), meta.get("labels")):  # the label only exists on newer clusters
-        if source and COMPLETION_INDEX in source:
-            return str(source[COMPLETION_INDEX])
-    return None
 
 
 def waiting_reason(pod: dict[str, Any], container: str) -> str | None:

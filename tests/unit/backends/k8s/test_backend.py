@@ -17,7 +17,8 @@ import yaml
 
 from dist_jobs.backends.base import Prepared
 from dist_jobs.backends.k8s import client as k8s_client
-from dist_jobs.backends.k8s.backend import MANAGED, K8sBackend, pytorchjob_selector, stamped
+from dist_jobs.backends.k8s.backend import MANAGED, K8sBackend, stamped
+from dist_jobs.backends.k8s.kinds import KINDS
 from dist_jobs.errors import BackendError, UsageError
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path, prune_and_default
@@ -457,9 +458,12 @@ def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, ba
 
 
 def test_selector_maps_rank_to_replica_type_and_index() -> None:
-    assert pytorchjob_selector("j", 0, True).endswith("replica-type=master,training.kubeflow.org/replica-index=0")
-    assert pytorchjob_selector("j", 3, True).endswith("replica-type=worker,training.kubeflow.org/replica-index=2")
-    assert pytorchjob_selector("j", 3, False).endswith("replica-type=worker,training.kubeflow.org/replica-index=3")
+    kind = KINDS["PyTorchJob"]
+    master = {"spec": {"pytorchReplicaSpecs": {"Master": {}, "Worker": {}}}}
+    elastic = {"spec": {"pytorchReplicaSpecs": {"Worker": {}}}}
+    assert kind.rank_selector("j", 0, master).endswith("replica-type=master,training.kubeflow.org/replica-index=0")
+    assert kind.rank_selector("j", 3, master).endswith("replica-type=worker,training.kubeflow.org/replica-index=2")
+    assert kind.rank_selector("j", 3, elastic).endswith("replica-type=worker,training.kubeflow.org/replica-index=3")
 
 
 @pytest.mark.timeout(60)
@@ -508,7 +512,7 @@ def test_follow_errors_are_translated_too() -> None:
 
 
 def test_trainjob_submit_picks_the_kind_from_the_manifest(api: FakeKubeAPI, backend: K8sBackend) -> None:
-    assert backend.kind == "PyTorchJob"
+    assert backend.kind.name == "PyTorchJob"
     job = backend.schedule(_prepared(backend, TRAINJOB)).job_id
     assert _posts(api)[-1].path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"
     assert ("trainjobs", "ml", job) in api.store
