@@ -23,8 +23,11 @@ demo: $(VENV)/.installed
 # tests/integration/test_site.py), and every test that needs no torch on each other Python
 # pyproject's classifiers promise (`torch_free`). Lint and the torch-free sessions run beside the full
 # session at a lower priority (nice): the full session's time is mostly its workers waiting on
-# cluster jobs, and the side work fills the cores then without slowing what it waits on. The side
-# work's output follows the full session's; either failing fails `make test`.
+# cluster jobs, and the side work fills the cores then without slowing what it waits on. The full
+# session's own processes yield too, a little (nice 3), to the jobs the cluster tiers run (started by
+# slurmd and the kubelet at normal priority): the SLURM tests, one at a time, are its longest lane
+# (the README's Tests section). The side work's output follows the full session's; either failing
+# fails `make test`.
 SIDE_LOG := build/test-side.log
 # 3 SLURM nodes: the node-failure test needs one to spare for a 2-node job (its failed node is kept away).
 SLURM_NODES := 3
@@ -37,7 +40,7 @@ test: $(VENV)/.installed
 	mkdir -p build
 	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
-	DIST_JOBS_VENV=$(VENV) $(VENV)/bin/nox -s full; full=$$?; \
+	DIST_JOBS_VENV=$(VENV) nice -n 3 $(VENV)/bin/nox -s full; full=$$?; \
 	wait $$side; other=$$?; \
 	echo "---- lint and the torch-free sessions ($(SIDE_LOG)) ----"; cat $(SIDE_LOG); \
 	echo "full session: exit $$full; lint and torch-free sessions: exit $$other"; \
