@@ -27,6 +27,8 @@ TRAIN = tiny_train(model="support.fault_support:dying_net", fake_samples=128, ch
 
 
 def test_a_rank_killed_after_a_checkpoint_costs_the_steps_since_and_status_tells_it(tmp_path: Path) -> None:
+    """Slow by nature: the ledger is checked against real time, so the run trains for real, is killed, restarts in
+    place (torch started again in both ranks) and ends."""
     env = {
         "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
         "OMP_NUM_THREADS": "1",

@@ -69,6 +69,8 @@ def run(cwd: Path, verb: str = "run", **extra: str) -> subprocess.CompletedProce
 
 
 def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp_path: Path) -> None:
+    """Slow by nature: the run waits out the watchdog's limit before it dumps the stacks, then runs again to the
+    end."""
     run_dir = tmp_path / "ckpt" / "hang"
     stall = {"DJ_TEST_HANG_MARKER": str(tmp_path / "stalled"), "DJ_TEST_HANG_STEP": "7"}
     # Submitted (a detached `dist-jobs run`), so that `dist-jobs status` can tell how it ended.

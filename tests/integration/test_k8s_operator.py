@@ -158,6 +158,7 @@ def first_checkpoint(operator: Operator, run_dir: Path) -> list[int]:
 @needs_pods
 @pytest.mark.timeout(300)
 def test_submitted_job_trains_to_completion_with_pod_ranks(submitted: Any, tmp_path: Path) -> None:
+    """Slow by nature: four ranks in two harness pods start torch and train the job to its end."""
     job = submitted(spec(tmp_path))
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:

@@ -248,6 +248,7 @@ ARGS = ["$(RANK)", "a$b", "a b", "$$x", "${local_rank}"]
 def test_a_users_env_script_gets_its_values_intact_and_a_memory_backed_shm(
     submit: Any, claim: str, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
+    """Slow by nature: real pods on two kubelet nodes, each starting its ranks under torchrun."""
     # The program itself (newlines, quotes) and its args pass the kubelet's expansion and then
     # torchrun's own `${local_rank}` macro (string.Template, which turned `$$` into `$`).
     data = job_spec("rp-env", claim, command=["python3", "-c", PROBE, *ARGS])
@@ -504,7 +505,8 @@ def test_a_two_node_trainjob_trains_and_completes(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
     """Trainer v2: the pods the JobSet's Indexed Job makes, with the torch plugin's PET_* only
-    (PET_NODE_RANK from the completion index, the master by its JobSet DNS name)."""
+    (PET_NODE_RANK from the completion index, the master by its JobSet DNS name).
+    Slow by nature: real pods on two kubelet nodes start torch and train to the end."""
     data = job_spec("rp-tj", claim)
     data["k8s"]["api"] = "trainjob"
     job = submit(data)
@@ -524,7 +526,8 @@ def test_an_elastic_pytorchjob_trains_and_succeeds(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
     """elasticPolicy: Workers only, torchrun's c10d rendezvous at worker 0 (PET_RDZV_ENDPOINT,
-    PET_NNODES=min:max as the operator sets them); rank 0 of the trainer holds the lock."""
+    PET_NNODES=min:max as the operator sets them); rank 0 of the trainer holds the lock.
+    Slow by nature: real pods on two kubelet nodes meet in torchrun's rendezvous and train to the end."""
     data = job_spec("rp-elastic", claim)
     data["k8s"].update(min_nodes=1, max_nodes=2)
     job = submit(data)

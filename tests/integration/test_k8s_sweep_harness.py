@@ -27,6 +27,7 @@ NAME = "hsweep"
 def test_each_trial_is_a_labelled_pytorchjob_that_trains_its_own_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Slow by nature: each of the two trials trains in the operator harness, one after the other."""
     monkeypatch.chdir(tmp_path)  # the manifest goes to ./dist-jobs-sweeps/NAME
     data = {
         "name": NAME,

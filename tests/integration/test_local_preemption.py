@@ -110,6 +110,8 @@ def committed(run_dir: Path) -> list[int]:
 def test_sigterm_to_the_launcher_checkpoints_and_the_rerun_is_bit_identical(
     reference: dict[str, Any], tmp_path: Path, launcher: str, seen: str
 ) -> None:
+    """Slow by nature: the run goes twice (interrupted beside busy processes, slowed to 0.2 s a step to aim the
+    signal, then resumed to the end)."""
     run_dir = tmp_path / "ckpt" / "exact"
     with busy(2):
         slowed = env(DJ_TEST_STEP_DELAY="0.2")  # time to aim; the numbers are the same

@@ -17,6 +17,7 @@ pytestmark = [requires("torch"), pytest.mark.slow, pytest.mark.timeout(900)]
 
 @pytest.mark.parametrize("cluster", [pytest.param("slurm", marks=requires("slurm")), "local"])
 def test_the_notebook_runs_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: str) -> None:
+    """Slow by nature: the notebook's kernel starts, and its cells submit and wait for real jobs."""
     nbformat = require_module("nbformat", "pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
     nbclient = require_module("nbclient", "pip install 'dist-jobs[dev]' (nbclient, ipykernel)")
     require_module("ipykernel", "pip install 'dist-jobs[dev]' (nbclient, ipykernel)")

@@ -36,6 +36,8 @@ CHROMIUM_FLAGS = [
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `make docs` builds it, once for the module (one xdist group): slow by nature, the
+    build runs every page's examples (real local runs of the tutorials' jobs)."""
     folder = tmp_path_factory.mktemp("site")
     mkdocs = Path(sys.executable).with_name("mkdocs")
     built = subprocess.run(

@@ -114,7 +114,8 @@ def check_identity(root: Path, job_id: str, source: str, per_rank_file: bool) ->
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The 2 x 2 training in srun mode, submitted with `dist-jobs submit`, run to the end."""
+    """The 2 x 2 training in srun mode, submitted with `dist-jobs submit`, run to the end: the
+    uninterrupted run every requeue test here ends bit-identical to, trained once per module."""
     root = tmp_path_factory.mktemp("reference")
     job_id = submit(root, write_spec(root, spec_data(root, "reference")))
     try:
@@ -153,7 +154,9 @@ def test_srun_mode_ranks_hosts_and_training(tmp_path: Path, cleanup: list[str], 
 
 def test_torchrun_mode_ranks_hosts_and_training(tmp_path: Path, cleanup: list[str], reference: dict[str, Any]) -> None:
     """One SLURM task per node runs torchrun (c10d rendezvous on n1); the node's file holds both
-    of its ranks. The training ends bit-identical to srun mode's: same ranks on the same nodes."""
+    of its ranks. The training ends bit-identical to srun mode's: same ranks on the same nodes.
+    Slow by nature: two 2-node SLURM jobs (the identity probe, then the training), torchrun starting the ranks
+    on each node."""
     (tmp_path / "ident.py").write_text(IDENT)
     spec = write_spec(tmp_path, spec_data(tmp_path, "ident-torchrun", launcher="torchrun"))
     job_id = submit(tmp_path, spec, "python3", str(tmp_path / "ident.py"))
@@ -594,6 +597,7 @@ def env_spec(root: Path, name: str, **fields: Any) -> Path:
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_unmodified_env_script_gets_torchs_contract(tmp_path: Path, cleanup: list[str], launcher: str) -> None:
+    """Slow by nature: a 2-node SLURM job whose four ranks each start torch to read its contract."""
     name = f"env-{launcher}"
     job_id = submit(tmp_path, env_spec(tmp_path, name, launcher=launcher), "python", str(ENV_SCRIPT))
     cleanup.append(job_id)
@@ -614,6 +618,7 @@ def test_unmodified_env_script_gets_torchs_contract(tmp_path: Path, cleanup: lis
 
 
 def test_lightning_fabric_detects_slurm_itself_in_srun_mode(tmp_path: Path, cleanup: list[str]) -> None:
+    """Slow by nature: a 2-node SLURM job whose four ranks each import Lightning (and torch)."""
     require_module("lightning")
     (tmp_path / "fabric_script.py").write_text(FABRIC_SCRIPT)
     job_id = submit(tmp_path, env_spec(tmp_path, "env-fabric"), "python3", str(tmp_path / "fabric_script.py"))

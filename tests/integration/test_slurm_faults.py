@@ -140,7 +140,9 @@ def kill_job_processes(job_id: str) -> int:
 def test_a_job_behind_a_killed_one_takes_its_lock_once_squeue_says_it_ended(tmp_path: Path, cleanup: list[str]) -> None:
     """The first job is killed with SIGKILL, its batch shell and heartbeat too: its lock stays
     behind, fresh. The second job of the run, on the other node, asks squeue about the holder's
-    job instead of refusing at once (exit 2, before), finds it ended and runs."""
+    job instead of refusing at once (exit 2, before), finds it ended and runs.
+    Slow by nature: two SLURM jobs one after the other, and the second waits until squeue no longer lists the
+    first."""
     name = "behind"
     one = {"nodes": 1, "procs_per_node": 1}
     first_spec = write_spec(tmp_path / "a", spec_data(tmp_path, name, slurm={"nodelist": "n1"}, **one))

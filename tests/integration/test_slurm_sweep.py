@@ -57,6 +57,7 @@ def cancel(handles: list[str]) -> None:
 
 
 def test_four_trials_of_two_nodes_one_array_and_status_marks_the_best(tmp_path: Path) -> None:
+    """Slow by nature: four 2-node trials of one job array, which the cluster runs one after another."""
     trials = submit(tmp_path, spec_data(tmp_path, "lr"), "train.lr=0.2,0.05", "train.batch_size=4,8")
     handles = [t["handle"] for t in trials]
     try:

@@ -76,7 +76,8 @@ def test_gradients_through_shared_memory_train_the_model_gloo_trains(tmp_path: P
 
 @pytest.fixture(scope="module")
 def accumulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[dict], list[dict], Path]]:
-    """The same 2-rank job as batch 8 x accumulation 2 and as batch 16 (async checkpoints)."""
+    """The same 2-rank job as batch 8 x accumulation 2 and as batch 16 (async checkpoints): two
+    whole runs, once per module, for the tests that compare them."""
     tmp = tmp_path_factory.mktemp("accum")
     ckpt = tmp / "ckpt"
     accum = _two_ranks(

@@ -110,6 +110,8 @@ def copy_run(source: Path, into: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted 2-rank FSDP run every resume here is compared with (once per module: it
+    takes two ranks starting torch and training to the end)."""
     root = tmp_path_factory.mktemp("reference")
     run(root / "logs", 2)
     state = newest_state(root / "ckpt" / "fsdp")
@@ -119,6 +121,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def preempted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A 2-rank FSDP run stopped by SIGTERM at a random early step, with asynchronous sharded
+    checkpoints: the run several tests resume (once per module: it is a whole run up to the stop)."""
     root = tmp_path_factory.mktemp("preempted")
     # Asynchronous checkpoints (dcp.async_save): the preemption's must be committed before PREEMPTED.
     marker, _ = preempt(root / "logs", 2, random.Random().randint(2, 6), "fsdp", "--async-checkpoint")
@@ -143,7 +147,8 @@ def test_sigterm_mid_epoch_then_resume_on_the_same_world_is_bit_identical(
 
 def test_on_4_ranks_a_resume_is_bit_identical_too(tmp_path: Path) -> None:
     """The uninterrupted 4-rank run's own step-5 checkpoint, resumed alone on 4 ranks, ends on the
-    same bits as that run (2 steps later: model, AdamW state, schedule, data position, RNG)."""
+    same bits as that run (2 steps later: model, AdamW state, schedule, data position, RNG).
+    Slow by nature: two runs of four ranks each, each rank starting torch."""
     short = ("--max-steps", "7")
     run(tmp_path / "whole" / "logs", 4, "fsdp", *short)
     reference = newest_state(tmp_path / "whole" / "ckpt" / "fsdp")
@@ -190,6 +195,7 @@ def test_a_damaged_dcp_file_in_the_newest_checkpoint_falls_back_to_the_previous_
 def test_resharded_2_to_4_then_4_to_2_continues_the_loss(
     reference: dict[str, Any], preempted: tuple[Path, int], tmp_path: Path
 ) -> None:
+    """Slow by nature: three runs (two ranks, then four, then two again), each starting torch in every rank."""
     source, first = preempted
     run_dir = copy_run(source, tmp_path)
     second, on_four = preempt(tmp_path / "four", 4, after=min(first + 2, TOTAL - 2))
@@ -217,6 +223,7 @@ def test_a_sharded_checkpoint_resumes_under_ddp(
 
 
 def test_a_ddp_checkpoint_resumes_under_fsdp(reference: dict[str, Any], tmp_path: Path) -> None:
+    """Slow by nature: two runs of two ranks (DDP interrupted, then FSDP resumed), each starting torch."""
     marker, _ = preempt(tmp_path / "ddp", 2, after=random.Random().randint(2, 6), strategy="ddp")
     run_dir = tmp_path / "ckpt" / "fsdp"
     assert newest_state(run_dir)["shared"]["format"] == "whole"
@@ -230,7 +237,9 @@ def test_a_ddp_checkpoint_resumes_under_fsdp(reference: dict[str, Any], tmp_path
 
 def test_export_gives_a_plain_model_the_trained_outputs(reference: dict[str, Any], tmp_path: Path) -> None:
     """Named by the job's handle (a local run's is its run directory; the damaged-shard test below
-    names the folder itself)."""
+    names the folder itself).
+    Slow by nature: two exports, each a fresh `dist-jobs export` process that starts torch and reads the sharded
+    checkpoint."""
     out = tmp_path / "model.pt"
     cli = [PYTHON, "-m", "dist_jobs", "export", f"local://{reference['dir']}", "-o", str(out)]
     done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=60)
