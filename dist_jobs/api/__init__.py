@@ -35,11 +35,11 @@ if TYPE_CHECKING:  # the query verbs load no sweep modules and no spec classes (
 def __getattr__(name: str) -> Any:
     """`sweep` and `Sweep` on first use (PEP 562): the query verbs do without a sweep's modules."""
     if name == "sweep":
-        from dist_jobs.api.sweep_submit import sweep
+        from dist_jobs.api.sweep_submit import sweep  # on first use: the query verbs do without it
 
         return sweep
     if name == "Sweep":
-        from dist_jobs.api.sweep_status import Sweep
+        from dist_jobs.api.sweep_status import Sweep  # on first use, as sweep
 
         return Sweep
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

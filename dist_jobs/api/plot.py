@@ -73,7 +73,7 @@ def _pyplot() -> Any:
         import matplotlib
 
         matplotlib.use("Agg")  # a file, never a window: the login node has no display
-        import matplotlib.pyplot as pyplot
+        import matplotlib.pyplot as pyplot  # after use("Agg"), as matplotlib asks
     except ImportError:
         raise UsageError(
             "dist-jobs plot needs matplotlib, which is not installed", "pip install 'dist-jobs[plot]'"

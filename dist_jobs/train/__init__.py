@@ -18,7 +18,7 @@ from dist_jobs.spec.train import TrainConfig
 def __getattr__(name: str) -> Any:
     """`fit` on first use (PEP 562): importing it imports torch."""
     if name == "fit":
-        from dist_jobs.train.loop import fit
+        from dist_jobs.train.loop import fit  # on first use: it imports torch
 
         return fit
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

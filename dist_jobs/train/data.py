@@ -86,7 +86,7 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
     if config.data == "fake":
         return _fake(config)
     if config.data == "text":
-        from dist_jobs.train.lm import text_datasets
+        from dist_jobs.train.lm import text_datasets  # the language model's data: loaded when asked for
 
         return text_datasets(config)
     if config.data_root is None and not (config.download and config.data != "imagefolder"):

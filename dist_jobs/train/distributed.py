@@ -253,7 +253,7 @@ def collectives_entered() -> int | None:
     NCCL's are dumped apart), or None where this torch has none. Read from the watchdog thread
     while the training thread may be blocked in a collective: a dump takes only the recorder's lock."""
     try:
-        from torch._C import _distributed_c10d as c10d
+        from torch._C import _distributed_c10d as c10d  # a torch built without distributed lacks it
     except ImportError:
         return None
     total, seen = 0, False

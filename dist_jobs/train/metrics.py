@@ -132,7 +132,7 @@ class Reporter:
 
     def __enter__(self) -> Reporter:
         if self._bar is not None:
-            from tqdm.contrib.logging import logging_redirect_tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm  # a bar exists: tqdm is installed
 
             # Log lines go through tqdm.write, so the bar does not garble them.
             self._stack.enter_context(logging_redirect_tqdm())
@@ -169,7 +169,7 @@ def _progress_bar(wanted: bool, total: int, start: int) -> Any:
     if not (wanted and sys.stderr.isatty()):
         return None
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # optional: no bar without it
     except ImportError:
         return None
     return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=0.1, file=sys.stderr)
@@ -177,7 +177,7 @@ def _progress_bar(wanted: bool, total: int, start: int) -> Any:
 
 def _tensorboard(directory: Path) -> Any:
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
     except ImportError:
         log.warning(
             "tensorboard: the tensorboard package is not installed, so no event files "

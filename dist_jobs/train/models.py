@@ -67,7 +67,7 @@ def default_loss(config: TrainConfig) -> LossFn:
 def build_model(name: str, num_classes: int, config: TrainConfig | None = None) -> nn.Module:
     """A freshly initialised model (no pretrained weights: the run trains it)."""
     if name == "gpt":
-        from dist_jobs.train.lm import build_gpt
+        from dist_jobs.train.lm import build_gpt  # the language model: loaded when asked for
 
         return build_gpt(config or TrainConfig())
     if is_factory(name):

@@ -270,7 +270,7 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     try:
-        import numpy as np
+        import numpy as np  # optional for torch: nothing to seed without it
     except ImportError:
         return
     np.random.seed(seed % 2**32)

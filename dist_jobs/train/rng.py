@@ -21,8 +21,8 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
     np: Any
     try:
-        import numpy as np
-    except ImportError:  # numpy is optional for torch; nothing to capture then
+        import numpy as np  # numpy is optional for torch; nothing to capture without it
+    except ImportError:
         np = None
     if np is not None:
         name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -44,7 +44,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
     if "numpy" in state:
-        import numpy as np
+        import numpy as np  # it was there when the state was captured
 
         npst = state["numpy"]
         keys = npst["keys"].numpy().astype(np.uint32)

@@ -124,26 +124,28 @@ def test_the_cli_names_no_backend_and_reads_them_through_the_api() -> None:
 
 
 def unexplained_local_imports(text: str) -> list[int]:
-    """The first lines of the function-local import blocks (consecutive import statements) of
-    `text` that no comment explains: on one of the block's lines or on the line above it."""
+    """The first lines of the function-local import blocks (consecutive import statements, in any
+    block of a function) of `text` that no comment explains: on a line of the block or above it."""
     lines = text.splitlines()
-    starts: list[int] = []
-    for node in ast.walk(ast.parse(text)):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        block: list[ast.stmt] = []
-        for stmt in [*node.body, None]:
-            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                block.append(stmt)
+    starts: set[int] = set()
+    functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in (inner for function in functions for inner in ast.walk(function)):
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list):  # a lambda's or an if-expression's body is an expression
                 continue
-            if block:
-                first, last = block[0].lineno, block[-1].end_lineno or block[-1].lineno
-                above = lines[first - 2].lstrip().startswith("#")
-                said = above or any("#" in lines[n - 1] for n in range(first, last + 1))
-                if not said:
-                    starts.append(first)
-            block = []
-    return starts
+            block: list[ast.stmt] = []
+            for stmt in [*stmts, None]:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    block.append(stmt)
+                    continue
+                if block:
+                    first, last = block[0].lineno, block[-1].end_lineno or block[-1].lineno
+                    above = lines[first - 2].lstrip().startswith("#")
+                    if not (above or any("#" in lines[n - 1] for n in range(first, last + 1))):
+                        starts.add(first)
+                block = []
+    return sorted(starts)
 
 
 def test_every_function_local_import_says_why() -> None:
@@ -155,3 +157,5 @@ def test_every_function_local_import_says_why() -> None:
     assert not found, "say why, or move to the top:\n" + "\n".join(found)
     example = "def f():\n    import json\n\n    return json\n\ndef g():\n    import yaml  # heavy\n"
     assert unexplained_local_imports(example) == [2]
+    nested = "def h():\n    try:\n        import toml\n    except ImportError:\n        pass\n"
+    assert unexplained_local_imports(nested) == [3]
