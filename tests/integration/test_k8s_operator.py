@@ -190,9 +190,8 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
         held = json.loads((run_dir / "LOCK").read_text())  # pod rank 0's entrypoint holds the run directory
         assert (held["backend"], held["owner"]) == ("k8s", f"k8s:pytorchjob/default/{JOB}"), held
         operator.evict(f"{JOB}-master-0")
-        phase = operator.run(timeout=300)
-        operator.settle(timeout=60)  # a Worker may end just after the Master
-    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+        phase = operator.finish(timeout=300)
+    codes = operator.codes()
     assert phase == "Succeeded", [a.text()[-2000:] for a in operator.attempts]
     # Both pods stop at the same step boundary (any rank's signal stops every rank), exit with
     # the retryable code, and are replaced; the replacements finish.
@@ -229,9 +228,8 @@ def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted:
         first_checkpoint(operator, run_dir)
         before = committed(run_dir)[-1]
         operator.kill(f"{JOB}-master-0")
-        phase = operator.run(timeout=300)
-        operator.settle(timeout=60)  # a Worker may end just after the Master
-    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+        phase = operator.finish(timeout=300)
+    codes = operator.codes()
     assert phase == "Succeeded", [a.text()[-2000:] for a in operator.attempts]
     assert codes == {
         (f"{JOB}-master-0", 0): 137,  # SIGKILL
@@ -277,9 +275,8 @@ def test_a_rank_that_stops_stepping_is_dumped_and_its_pods_restarted(
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
-        phase = operator.run(timeout=300)
-        operator.settle(timeout=60)  # a Worker may end just after the Master
-    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+        phase = operator.finish(timeout=300)
+    codes = operator.codes()
     assert phase == "Succeeded", [a.text()[-3000:] for a in operator.attempts]
     assert codes == {
         (f"{JOB}-master-0", 0): REQUEUE_EXIT_CODE,
@@ -340,9 +337,8 @@ def test_a_job_whose_lock_is_taken_over_stops_its_pods_and_fails_without_writing
         first_checkpoint(operator, run_dir)
         (run_dir / "LOCK").write_bytes(thief.to_bytes())
         taken = time.time()
-        phase = operator.run(timeout=300)
-        operator.settle(timeout=60)
-    codes = {(a.pod, a.number): a.code for a in operator.attempts}
+        phase = operator.finish(timeout=300)
+    codes = operator.codes()
     master = operator.attempts[0].text()
     assert phase == "Failed" and codes[(f"{JOB}-master-0", 0)] == 6, (codes, master[-3000:])
     assert "this job lost the run directory lock: exit 6" in master, master[-3000:]

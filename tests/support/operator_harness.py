@@ -403,6 +403,16 @@ class Operator:
         )
         return self.condition
 
+    def finish(self, timeout: float) -> str:
+        """run() until the job ends, then settle() for up to a minute: the job's phase."""
+        phase = self.run(timeout)
+        self.settle(timeout=60)  # a Worker may end just after the Master
+        return phase
+
+    def codes(self) -> dict[tuple[str, int], int | None]:
+        """Each pod attempt's exit code, by (pod, attempt number); None while it runs."""
+        return {(a.pod, a.number): a.code for a in self.attempts}
+
     def settle(self, timeout: float) -> None:
         """After the job ended: wait for the pods still running to exit by themselves, recording
         their codes. The job succeeds when its Master does, and under cleanPodPolicy None a Worker
