@@ -24,8 +24,12 @@ class JobKind(ABC):
     version: ClassVar[str]
     plural: ClassVar[str]
     container: ClassVar[str]  # the container a pod's log comes from
-    crd: ClassVar[str]  # `plural.group/version`, as an error names it
     install: ClassVar[str]  # the hint when the cluster does not serve this kind
+
+    @property
+    def crd(self) -> str:
+        """`plural.group/version`, as an error names the resource."""
+        return f"{self.plural}.{self.group}/{self.version}"
 
     def path(self, namespace: str, name: str = "") -> str:
         """The REST path of the kind's objects in `namespace`, or of the one named `name`."""
@@ -56,7 +60,6 @@ class PyTorchJob(JobKind):
     name = "PyTorchJob"
     group, version, plural = "kubeflow.org", "v1", "pytorchjobs"
     container = "pytorch"  # the operator requires this name
-    crd = "pytorchjobs.kubeflow.org/v1"
     install = (
         "install the Kubeflow training operator v1 (its manifests include the CRD); a test cluster can take the "
         "vendored CRD: kubectl apply -f kubeflow.org_pytorchjobs.yaml from dist_jobs/crds/ (k8s/crds/ in a checkout)"
@@ -97,7 +100,6 @@ class TrainJob(JobKind):
     name = "TrainJob"
     group, version, plural = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
     container = "node"  # the torch TrainingRuntime's
-    crd = "trainjobs.trainer.kubeflow.org/v1alpha1"
     install = (
         "install Kubeflow Trainer v2 (its manifests include the CRD and the torch-distributed runtime), "
         "or render a PyTorchJob instead (k8s.api: pytorchjob)"
