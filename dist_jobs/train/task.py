@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.errors import Preempted
 from dist_jobs.ranks.ports import derive_port
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
@@ -70,8 +71,6 @@ class FunctionTask:
         return self.fn(*self.args, **self.kwargs)
 
     def __call__(self) -> Any:
-        from dist_jobs.train.loop import Preempted  # torch: the submitter pickles this class without it
-
         self._export_env()
         try:
             return self.run()

@@ -315,7 +315,7 @@ def waits_in(thread: int | None) -> str | None:
             return code.co_name
         if path.endswith(_OURS):
             return "barrier" if code.co_name == "barrier" else "all_reduce"
-        if path.endswith(_DDP) and ("broadcast" in code.co_name or code.co_name.startswith("_sync")):
+        if path.endswith(_DDP) and "broadcast" in code.co_name:
             return "broadcast"
         if path.endswith("/torch/autograd/graph.py") and code.co_name == "_engine_run_backward":
             return "backward"
