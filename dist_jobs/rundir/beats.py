@@ -56,12 +56,16 @@ def write_beat(folder: Path, beat: Beat) -> None:
 def read_beats(folder: Path, world_size: int, *, job: str = "", attempt: int = 0) -> list[Beat]:
     """The beats of ranks 0..world_size-1 of that job and attempt; a rank without one is left out
     (an earlier run's files, of a larger world or another attempt, too)."""
-    found = []
-    for rank in range(world_size):
-        beat = _read(beat_path(folder, rank))
-        if beat is not None and beat.rank == rank and (beat.job, beat.attempt) == (job, attempt):
-            found.append(beat)
-    return found
+    found = [read_beat(folder, rank, job=job, attempt=attempt) for rank in range(world_size)]
+    return [beat for beat in found if beat is not None]
+
+
+def read_beat(folder: Path, rank: int, *, job: str = "", attempt: int = 0) -> Beat | None:
+    """Rank `rank`'s beat of that job and attempt, or None (none yet, unreadable, another run's)."""
+    beat = _read(beat_path(folder, rank))
+    if beat is None or beat.rank != rank or (beat.job, beat.attempt) != (job, attempt):
+        return None
+    return beat
 
 
 def _read(path: Path) -> Beat | None:

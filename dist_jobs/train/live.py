@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.rundir.attempts import Attempts
-from dist_jobs.rundir.beats import Beat, read_beats, stopped, waiting_in, write_beat
+from dist_jobs.rundir.beats import Beat, read_beat, read_beats, stopped, waiting_in, write_beat
 from dist_jobs.rundir.hang import HangRecord, StoppedRank, describe_hang, job_id, write_hang, write_preempted
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.ledger import note, process_started
@@ -190,6 +190,15 @@ class Beats:
         write_beat(self.folder, beat)
         return beat
 
+    def silence(self) -> tuple[int, float] | None:
+        """The rank this one watches (the next, in a ring) and how long ago it left its last beat;
+        None alone in the world, or while it has no beat of this attempt."""
+        if self.world_size < 2:
+            return None
+        peer = (self.rank + 1) % self.world_size
+        beat = read_beat(self.folder, peer, job=self.job, attempt=self.attempt)
+        return None if beat is None else (peer, time.time() - beat.time)
+
     def record(self, dog: Watchdog) -> HangRecord:
         """The hang record of this rank's firing: every rank's beat compared, this one's fresh."""
         try:
@@ -248,6 +257,7 @@ def watchdog(
         rank=rank,
         on_fire=mark,
         on_tick=None if pulse is None else pulse.tick,
+        peer_silence=None if pulse is None else pulse.silence,
         **options,
     )
     if rank == 0 and dog.cap is not None and config.hang_min_seconds > dog.cap:

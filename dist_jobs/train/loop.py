@@ -215,8 +215,9 @@ def _train(run: Run) -> dict[str, float]:
             began = time.monotonic()
             if run.saved_step != pos.step:
                 _save(run, noted=False)
-            with _paused(run):
+            with _paused(run):  # like every pause, left together: a paused rank's peers still beat
                 run.ckpt.wait()
+                run.dist.barrier()
             run.live.checkpoint_step = run.saved_step
             run.live.saved(pos.step, time.monotonic() - began)  # the last save, its write awaited
     folder = checkpoint_folder(c)

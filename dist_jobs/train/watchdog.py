@@ -26,13 +26,18 @@ They run inside `paused()`, which stops the watch and restarts the clock when it
 rather than beating while bytes flow, because much of a save moves no bytes we could see
 (a user's state_dict() gathering its state, rank 0 waiting for the other ranks' files) and the
 ranks that are not saving wait for rank 0 in a collective meanwhile; the trainer's saves end
-with a barrier inside the pause so that every rank leaves them together. A save that never
-ends is still bounded: rank 0 waits for the other ranks' files at most the checkpointer's
-finalize_timeout; a rank whose own write never returns leaves its peers in that barrier until
-the collective timeout, which ends them with the retryable PeerLost exit, and the launcher
-(srun --kill-on-bad-exit, torchrun, the local backend) then kills it. Only when every rank's
-write hangs (a dead shared file system) does nothing in the process end it: the job's time
-limit does, and nothing could, since a write stuck in the kernel ignores even SIGKILL.
+with a barrier inside the pause so that every rank leaves them together, and so that while
+one rank is paused its peers are inside the watch too. A pause silences this rank's own idle
+time, not its peers: a peer whose whole process stopped during a save (SIGSTOP, a dead node)
+leaves no beat, and the rank that watches it (the next rank, in a ring: one beat file read
+per check, and every rank watched by one) fires once that silence exceeds the limit, instead of
+waiting out the collective timeout in the save's barrier. A save that never ends is still
+bounded: rank 0 waits for the other ranks' files at most the checkpointer's finalize_timeout;
+a rank whose own write never returns leaves its peers in that barrier until the collective
+timeout, which ends them with the retryable PeerLost exit, and the launcher (srun
+--kill-on-bad-exit, torchrun, the local backend) then kills it. Only when every rank's write
+hangs (a dead shared file system) does nothing in the process end it: the job's time limit
+does, and nothing could, since a write stuck in the kernel ignores even SIGKILL.
 
 Stopped time: a process stopped by SIGSTOP, a SLURM suspend or a paused VM did not hang, but the
 monotonic clock kept running. The thread notices its own wake-up came far later than it asked
@@ -100,6 +105,7 @@ class Watchdog:
         rank: int = 0,
         on_fire: Callable[[Watchdog], None] | None = None,
         on_tick: Callable[[Watchdog], None] | None = None,
+        peer_silence: Callable[[], tuple[int, float] | None] | None = None,
         stream: TextIO | None = None,
         exit: Callable[[int], object] = os._exit,
         check_every_s: float | None = None,
@@ -110,6 +116,8 @@ class Watchdog:
         self.collective_timeout_s = collective_timeout_s
         self._on_fire = on_fire
         self._on_tick = on_tick
+        # The rank this one watches and how long it has left no beat (None: no beat to judge).
+        self._peer_silence = peer_silence
         self._stream = stream
         self._exit = exit
         self._clock = clock
@@ -125,6 +133,9 @@ class Watchdog:
         self._times: deque[float] = deque(maxlen=WINDOW)
         self._last: float | None = None  # None: not armed (no step completed yet)
         self._checked: float | None = None  # when check() last ran
+        # Since when this process has been awake: silence from before a stop of its own (the whole
+        # job suspended) is not a peer's.
+        self._awake = clock()
         self._paused = 0  # nesting depth of paused(); only the training thread changes it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,7 +185,7 @@ class Watchdog:
 
     def __enter__(self) -> Watchdog:
         self.trainer = threading.get_ident()
-        self._checked = self._clock()
+        self._checked = self._awake = self._clock()
         self._thread = threading.Thread(target=self._watch, name=f"dist-jobs-watchdog-rank{self.rank}", daemon=True)
         self._thread.start()
         return self
@@ -210,18 +221,38 @@ class Watchdog:
             self._discount(now - previous)
             return False
         last = self._last
-        if self.fired or self._paused or last is None or self._stop.is_set():
+        if self.fired or last is None or self._stop.is_set():
             return False
+        if self._paused:
+            return self._peer_stopped(now)
         idle, limit = now - last, self.limit()
         if idle <= limit:
             return False
-        self._fire(idle, limit)
+        self._fire(f"no optimizer step completed for {idle:.0f} s ({self._limit_text(limit)})")
+        return True
+
+    def _peer_stopped(self, now: float) -> bool:
+        """Inside a save: whether the watched peer has left no beat for longer than the limit (its
+        process stopped), in which case this rank fires rather than wait for it until the collective
+        timeout. Only once this process has itself been awake that long."""
+        limit = self.limit()
+        if self._peer_silence is None or now - self._awake <= limit:
+            return False
+        silent = self._peer_silence()
+        if silent is None or silent[1] <= limit:
+            return False
+        peer, seconds = silent
+        self._fire(
+            f"rank {peer} has left no beat for {seconds:.0f} s while this rank waits in a checkpoint save "
+            f"({self._limit_text(limit)}): its process stopped (SIGSTOP, a frozen or dead node)"
+        )
         return True
 
     def _discount(self, gap: float) -> None:
         """The process was stopped for most of `gap`: that is not a hang, restart the clock."""
         if self._last is not None:
             self._last = self._clock()  # "now": never older than a beat that raced with this
+        self._awake = self._clock()
         self._write(
             f"dist-jobs: rank {self.rank}: hang watchdog: woke up {gap:.0f} s after its previous check "
             f"(it checks every {self._check_every:g} s): this process was stopped (SIGSTOP, a SLURM suspend, "
@@ -238,12 +269,16 @@ class Watchdog:
         stream.write(text)
         stream.flush()
 
-    def _fire(self, idle: float, limit: float) -> None:
+    def _fire(self, why: str) -> None:
         self.fired = True
         stream = self._stream or sys.stderr
+        headline = (
+            f"dist-jobs: rank {self.rank}: hang watchdog: {why}; the stacks of all this process's threads follow, "
+            f"then exit {REQUEUE_EXIT_CODE} to be requeued and resume from the last checkpoint\n"
+        )
         # One write of the whole dump: in torchrun mode the ranks of a node share one log, and
         # their dumps, written at the same moment, must not interleave line by line.
-        stream.write(self._headline(idle, limit) + _stacks() + f"dist-jobs: rank {self.rank}: end of the stacks\n")
+        stream.write(headline + _stacks() + f"dist-jobs: rank {self.rank}: end of the stacks\n")
         flush_everything(stream)
         if self._on_fire is not None:
             try:
@@ -256,18 +291,13 @@ class Watchdog:
         flush_everything(stream)
         self._exit(REQUEUE_EXIT_CODE)
 
-    def _headline(self, idle: float, limit: float) -> str:
+    def _limit_text(self, limit: float) -> str:
         steps = list(self._times)
         median = statistics.median(steps) if steps else 0.0
         capped = ""
         if self.collective_timeout_s is not None and limit < self.wanted():
             capped = f", capped to fire before the {self.collective_timeout_s:g} s collective timeout"
-        return (
-            f"dist-jobs: rank {self.rank}: hang watchdog: no optimizer step completed for {idle:.0f} s "
-            f"(limit {limit:.0f} s = max({self.factor:g} x median step {median:.3g} s, {self.floor_s:g} s){capped}); "
-            f"the stacks of all this process's threads follow, then exit {REQUEUE_EXIT_CODE} "
-            "to be requeued and resume from the last checkpoint\n"
-        )
+        return f"limit {limit:.0f} s = max({self.factor:g} x median step {median:.3g} s, {self.floor_s:g} s){capped}"
 
 
 def flush_everything(*streams: TextIO | None) -> None:
@@ -298,13 +328,17 @@ _OURS = ("/dist_jobs/train/distributed.py", "/dist_jobs/train/shm_reduce.py")
 # DDP's forward broadcasts rank 0's buffers (BatchNorm's running statistics) before every step:
 # a peer that stopped between steps leaves the others blocked there, outside torch/distributed/.
 _DDP = "/torch/nn/parallel/distributed.py"
+# A save's wait on the other ranks that is not a collective: rank 0's commit polls for every
+# rank's file. (A rank waiting for its own write waits for itself: that is its own code.)
+_CHECKPOINTER = "/dist_jobs/train/checkpoint/checkpointer.py"
 
 
 def waits_in(thread: int | None) -> str | None:
     """What thread `thread` is blocked in: a collective's function name (`all_reduce`, `barrier`),
     `backward` (DDP and FSDP reduce the gradients inside it), `broadcast` (DDP's buffers, at
-    the start of its forward), "" when in none (its own code: a data loader, a file read), None
-    when the thread is unknown. The innermost matching frame wins."""
+    the start of its forward), a checkpoint's wait for the other ranks' files, "" when in none
+    (its own code: a data loader, a file read), None when the thread is unknown. The innermost
+    matching frame wins."""
     frame = sys._current_frames().get(thread) if thread is not None else None
     if frame is None:
         return None
@@ -317,6 +351,8 @@ def waits_in(thread: int | None) -> str | None:
             return "barrier" if code.co_name == "barrier" else "all_reduce"
         if path.endswith(_DDP) and "broadcast" in code.co_name:
             return "broadcast"
+        if path.endswith(_CHECKPOINTER) and code.co_name == "_await_ranks":
+            return "the checkpoint's commit"
         if path.endswith("/torch/autograd/graph.py") and code.co_name == "_engine_run_backward":
             return "backward"
         frame = frame.f_back
