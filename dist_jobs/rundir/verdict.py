@@ -107,6 +107,7 @@ class Evidence:
     lock_lost: bool = False
     lost_nodes: tuple[str, ...] = ()  # nodes of the allocation that no longer answer
     peer_left: str = ""  # a peer that was deleted or failed while the program ran ("pod w-1")
+    step_lost: str = ""  # the launcher never heard its tasks end and was ended (its step was gone)
     said: str = ""  # the launcher's own words for a preemption or a cancel ("stopped by SIGTERM ...")
 
 
@@ -193,6 +194,8 @@ def _classify(ev: Evidence) -> Verdict:
     if ev.preempted or ev.warned:
         why = ev.said or ("the scheduler's warning reached the job" if ev.warned else "checkpointed on a signal")
         return Verdict(Ending.PREEMPTED, Action.REQUEUE, REQUEUE_EXIT_CODE, why, rank=rank, node=node)
+    if ev.step_lost and not ev.failures:  # srun killed by its watcher: its exit is not a rank's
+        return Verdict(Ending.PEER_LOST, Action.RESTART, REQUEUE_EXIT_CODE, ev.step_lost, rank=rank, node=node)
     if first.by_signal:
         return Verdict(Ending.RANK_KILLED, Action.RESTART, REQUEUE_EXIT_CODE, cause, rank=rank, node=node)
     if ev.peer_left or first.code == REQUEUE_EXIT_CODE:  # the built-in trainer's exit on a lost peer

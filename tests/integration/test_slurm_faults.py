@@ -8,7 +8,7 @@ Each test causes the fault itself and checks that nothing was lost or written tw
 - a node killed mid-run (its slurmd and ranks), on a cluster of 3: the job is requeued with that
   node kept away, also once it answers again, and resumes on the other two from the last
   committed checkpoint, every checkpoint intact, and `dist-jobs status` says what happens;
-- a node's link dropped for 60 s: the ranks' watchdogs dump their stacks, the job is requeued
+- a node's link dropped for 30 s: the ranks' watchdogs dump their stacks, the step is restarted in place
   and resumes.
 
 The node tests change the cluster (a node dies, a link drops) and restore it in `finally`. Each
@@ -248,11 +248,11 @@ def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(tmp_path: Pat
     assert len(committed_steps(tmp_path / "checkpoints" / name)) >= 2
 
 
-def past_step_8(tmp_path: Path, cleanup: list[str], name: str, setup: str, **train: Any) -> tuple[str, Path, Timeline]:
+def past_step_8(tmp_path: Path, cleanup: list[str], name: str, *setup: str, **train: Any) -> tuple[str, Path, Timeline]:
     """A 2 x 2 job of the built-in trainer (checkpoint every 4 steps, `setup` slowing it), once
     its checkpoint step-8 is committed: (job id, run directory, its timeline)."""
     data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4, **train})
-    data["setup"].append(setup)
+    data["setup"].extend(setup)
     job = submit(tmp_path, write_spec(tmp_path, data))
     cleanup.append(job)
     run_dir = tmp_path / "checkpoints" / name
@@ -418,26 +418,26 @@ def test_a_killed_node_is_kept_away_from_the_next_attempt_even_once_it_answers_a
 
 
 # How long n2's link stays down: shorter than the cluster's SlurmdTimeout (slurm/cluster/up.sh), so no
-# node failure. (With 30 s, srun heard of no task's end once the link was back and the job ran into its
-# time limit: an open fault of issue 35, not this test's.)
-OUTAGE = 60
+# node failure.
+OUTAGE = 30
 
 
-def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
+def test_a_dropped_link_ends_in_stack_dumps_a_restart_in_place_and_a_resume(
     tmp_path: Path, cleanup: list[str], node_fault: None
 ) -> None:
-    """n2's link goes down for 60 s mid-run: the ranks stall in a collective, their hang
-    watchdogs (10 s here) dump every thread's stack and exit with the retryable code. srun hears
-    of n2's tasks only once the link is back; the verdict is a hang, and the step is restarted
-    in place (every node answers again by then) or, were n2 still silent, requeued; either way
-    it resumes from the newest committed checkpoint.
-    Slow by nature: the link stays down for the fixed 60 s outage (shorter than the cluster's SlurmdTimeout
-    of 90 s, so it is a link fault, not a node failure), the requeued job waits out the cluster's credential
-    hold (cred_expire, 5 s) before it may start again, and then trains to the end; restoring the cluster
-    afterwards reruns slurm/cluster/up.sh."""
+    """n2's link goes down for 30 s mid-run: the ranks stall in a collective, their hang
+    watchdogs (10 s here) dump every thread's stack and exit with the retryable code. n2's
+    slurmstepd reports the step's end once the link is back, but srun, which missed n2's tasks'
+    exit messages, would wait until the time limit: the step watcher (looking every 5 s here)
+    ends it. The verdict is a hang, and the step is restarted in place (every node answers again
+    by then); it resumes from the newest committed checkpoint and completes, not requeued.
+    Slow by nature: the link stays down for the fixed 30 s outage (shorter than the cluster's SlurmdTimeout
+    of 90 s, so it is a link fault, not a node failure), the step ends once n2 is back, then the job trains
+    to the end; restoring the cluster afterwards reruns slurm/cluster/up.sh."""
     name = "linkdrop"
     watchdog = {"hang_min_seconds": 10, "hang_factor": 5, "collective_timeout": 120}
-    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, SLOW_FIRST_ATTEMPT % "0.5", **watchdog)
+    setup = (SLOW_FIRST_ATTEMPT % "0.5", "export DIST_JOBS_STEP_WATCH_SECONDS=5")
+    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, *setup, **watchdog)
     subprocess.run(["ip", "link", "set", "slrm-n2", "down"], check=True)
     try:
         dropped = time.monotonic()
@@ -453,5 +453,10 @@ def test_a_dropped_link_ends_in_stack_dumps_a_requeue_and_a_resume(
     assert status.state == "COMPLETED", batch_log(tmp_path, name, job)
     text = rank0.read_text()
     assert "hang watchdog: no optimizer step completed" in text and "end of the stacks" in text, text[-3000:]
+    batch = batch_log(tmp_path, name, job)
+    verdicts = recorded(run_dir, job)
+    assert [(v.ending, v.action) for v in verdicts] == [(Ending.HANG, Action.RESTART), (Ending.COMPLETED, Action.DONE)]
+    assert f"dist-jobs: srun lost its step: step {job}.0 ended at SLURM" in batch, batch
+    assert "dist-jobs: restarting in place: restart 1" in batch and status.extra.get("attempts") == "1", batch
     assert resumed_step(tmp_path, name, job) >= saved
     assert assert_every_checkpoint_intact(run_dir, world_size=4)[-1] == 24

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dist_jobs.backends.slurm.batchlog import srun_failures
 from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
+from dist_jobs.backends.slurm.stepwatch import step_lost
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import describe_hang, job_id, preempted_since, read_hang
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
@@ -78,6 +79,7 @@ def evidence(args: argparse.Namespace) -> Evidence:
         preempted=preempted_since(args.run_dir, since),
         hang=_hang(args.run_dir, job_id(), since),
         lock_lost=lock_lost,
+        step_lost=step_lost(text),
     )
 
 

@@ -23,6 +23,10 @@ PEER = Failure(0, "n1", code=200)
         (Evidence(1), Ending.PROGRAM_ERROR, Action.FAIL, 1),
         (Evidence(143, (KILLED, EXIT3)), Ending.RANK_KILLED, Action.RESTART, 200),  # the first failure decides
         (Evidence(137), Ending.RANK_KILLED, Action.RESTART, 200),
+        # srun killed by its step watcher (its step had ended at SLURM): not a rank killed
+        (Evidence(137, step_lost="step 973.0 ended"), Ending.PEER_LOST, Action.RESTART, 200),
+        (Evidence(137, step_lost="step 973.0 ended", hang="rank 3 stopped"), Ending.HANG, Action.RESTART, 200),
+        (Evidence(137, (EXIT3,), step_lost="step 973.0 ended"), Ending.PROGRAM_ERROR, Action.FAIL, 3),
         (Evidence(200, (PEER,)), Ending.PEER_LOST, Action.RESTART, 200),
         (Evidence(1, (Failure(0, code=1),), peer_left="pod w-1 deleted"), Ending.PEER_LOST, Action.RESTART, 200),
         (Evidence(200, (PEER,), preempted=True), Ending.PREEMPTED, Action.REQUEUE, 200),
