@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import time
 import uuid
@@ -252,6 +253,12 @@ class Fence:
 
     path: Path
     token: str
+
+    @property
+    def stamp(self) -> str:
+        """This holder's mark on what it stages in the run directory (a checkpoint's partial
+        folder): a successor's never reads a late write of ours. Filename-safe, whatever the token."""
+        return hashlib.sha1(self.token.encode()).hexdigest()[:12]
 
     def check(self, doing: str) -> None:
         """Raise LockLost unless the lock file still names our token; `doing` says what we were

@@ -180,7 +180,13 @@ def _checkpointer(c: TrainConfig, dist: Dist, guard: Guard) -> tuple[Path | None
     # First: it creates the folder, or says why it cannot.
     kind = ShardedCheckpointer if c.strategy == "fsdp" else Checkpointer
     ckpt = kind(
-        folder, rank=dist.rank, world_size=dist.world_size, keep=keep, async_write=async_write, fence=guard.check
+        folder,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        keep=keep,
+        async_write=async_write,
+        fence=guard.check,
+        stamp=guard.stamp,
     )
     if dist.is_main:  # this run is the requeued one
         guard.check(f"remove {PREEMPTED} and {HANG_RECORD}")

@@ -53,6 +53,11 @@ class Guard:
             self.lost.set()
             raise
 
+    @property
+    def stamp(self) -> str:
+        """What this run's staged checkpoint folders are named by (Fence.stamp); "" unguarded."""
+        return "" if self.fence is None else self.fence.stamp
+
     def holds(self, doing: str) -> bool:
         """check() for writes that may be skipped (progress): False, logged once, when lost."""
         try:

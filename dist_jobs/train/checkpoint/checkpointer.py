@@ -1,12 +1,19 @@
 """Crash-safe checkpoints for DDP training: `<dir>/step-<N>/` counts only once `COMPLETE` is in it.
 
 Write protocol (each file: temporary name, flush, fsync, rename; directories fsynced after renames):
-every rank writes `rank-<r>.pt` into `.step-<N>.partial/`, rank 0 also `shared.pt`; rank 0 polls
-until every rank's file exists (no collective, so it also works from a background thread), writes
-`COMPLETE` (sizes + CRC32 of every file) last and renames the folder to `step-<N>`; a thread of
-its own then replaces `latest` and prunes (unlinking old checkpoints need not hold up training;
-wait() and the next save() finish it). A crash at any point leaves the previous complete
-checkpoint as the newest that counts.
+every rank writes `rank-<r>.pt` into `.step-<N>.<stamp>.partial/`, rank 0 also `shared.pt`; rank 0
+polls until every rank's file exists (no collective, so it also works from a background thread),
+writes `COMPLETE` (sizes + CRC32 of every file) last and renames the folder to `step-<N>`; a
+thread of its own then replaces `latest` and prunes (unlinking old checkpoints need not hold up
+training; wait() and the next save() finish it). A crash at any point leaves the previous
+complete checkpoint as the newest that counts.
+
+Fencing at the storage: every write is preceded by the run's fence, but a write that passed it
+and then stalled (SIGSTOP, a suspended job, an NFS stall) may land after another run took the run
+directory over. So the partial folder carries the holder's stamp (rundir.lock.Fence.stamp): a
+late rank file lands in the old holder's folder, which the new one never reads or counts as
+"already saved"; and a commit never moves a committed step aside (only a copy this rank found
+damaged): a late commit of a step the new holder committed drops itself.
 
 Resuming: each rank verifies only the files it loads (`shared.pt` and its own), and the ranks
 agree with one all_reduce per checkpoint tried whether all of them could, so a bad part on any
@@ -54,7 +61,7 @@ __all__ = ["COMPLETE", "Agree", "CheckpointError", "Checkpointer", "Loaded"]
 
 log = logging.getLogger(__name__)
 
-_PARTIAL_RE = re.compile(r"^\.step-(\d+)\.(partial|corrupt-\d+)$")
+_PARTIAL_RE = re.compile(r"^\.step-(\d+)\.(?:[0-9a-f]+\.)?(partial|corrupt-\d+)$")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -88,6 +95,7 @@ class Checkpointer:
         async_write: bool = False,
         finalize_timeout: float = 600.0,
         fence: Callable[[str], None] = lambda doing: None,
+        stamp: str = "",
     ) -> None:
         if not 0 <= rank < world_size:
             raise CheckpointError(
@@ -104,6 +112,7 @@ class Checkpointer:
         # Raises (LockLost) once this run no longer holds its run directory: called right before
         # each write, so a run that lost it writes nothing more there.
         self.fence = fence
+        self.stamp = stamp  # the holder's mark on its partial folders (hex; "" without a lock)
         self._writer = BackgroundWriter(f"checkpoint-writer-rank{rank}")
         # Moving `latest` and deleting old checkpoints (as long as unlinking their files) come after
         # the commit, on a thread: not the training thread's job.
@@ -203,7 +212,7 @@ class Checkpointer:
         return self.directory / f"step-{step}"
 
     def _partial(self, step: int) -> Path:
-        return self.directory / f".step-{step}.partial"
+        return self.directory / (f".step-{step}.{self.stamp}.partial" if self.stamp else f".step-{step}.partial")
 
     def _committed(self) -> list[int]:
         return committed_steps(self.directory)
@@ -284,13 +293,28 @@ class Checkpointer:
         fsync_dir(partial)
         final = self._folder(step)
         self.fence(f"commit checkpoint step-{step}")
-        if final.exists():  # a copy that does not count (no COMPLETE, or latest() rejected it)
-            aside = self.directory / f".step-{step}.corrupt-{time.time_ns()}"
+        if final.exists() and (step in self._bad or not (final / COMPLETE).is_file()):
+            aside = self.directory / f".step-{step}.corrupt-{time.time_ns()}"  # a copy that does not count
             os.rename(final, aside)
-        os.rename(partial, final)
+        if not self._rename_unless_committed(partial, final, step):
+            return
         fsync_dir(self.directory)
         self._bad.discard(step)
         self._after_commit(step)
+
+    def _rename_unless_committed(self, partial: Path, final: Path, step: int) -> bool:
+        """Commit `partial` as `final`; False, dropping it, where `final` is already committed:
+        another run that holds the run directory now committed this step, and this late one must
+        not move it aside. (A folder renamed onto a non-empty one fails: the check is the rename.)"""
+        try:
+            os.rename(partial, final)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (final / COMPLETE).is_file():
+                raise
+        log.warning("checkpoint step-%d was committed by another run meanwhile: keeping it, dropping this one", step)
+        disk.remove(partial)
+        return False
 
     def _await_ranks(self, step: int) -> None:
         """Poll for every rank's file: no collective, so this works from the writer thread too."""
