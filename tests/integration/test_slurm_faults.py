@@ -100,14 +100,21 @@ def assert_every_checkpoint_intact(run_dir: Path, world_size: int) -> list[int]:
     return steps
 
 
-def until(what: str, ready: Callable[[], Any], timeout: float, timeline: Timeline, *job_ids: str) -> Any:
-    """Poll `ready()` (looking at the jobs' status each time) until it is truthy; fail with the timeline."""
+def until(
+    what: str, ready: Callable[[], Any], timeout: float, timeline: Timeline, *job_ids: str, look_every: float = 0.0
+) -> Any:
+    """Poll `ready()` until it is truthy, looking at the jobs' status each time (or, with `look_every`,
+    that often, and `ready()` four times a second: a state that lasts only seconds); fail with the timeline."""
+    looked = [-look_every]
 
     def check() -> Any:
-        timeline.look(*job_ids)
+        if time.monotonic() - looked[0] >= look_every:
+            timeline.look(*job_ids)
+            looked[0] = time.monotonic()
         return ready()
 
-    return eventually(check, timeout=timeout, interval=1.0, what=what, context=lambda: f"timeline:\n{timeline}")
+    interval = 0.25 if look_every else 1.0
+    return eventually(check, timeout=timeout, interval=interval, what=what, context=lambda: f"timeline:\n{timeline}")
 
 
 # --- the lock ---------------------------------------------------------------------------------------
@@ -382,7 +389,9 @@ def test_a_killed_node_is_kept_away_from_the_next_attempt_even_once_it_answers_a
     slurm = backend(tmp_path)
     kill_node(dead)
     killed, killed_at = time.monotonic(), committed_steps(run_dir)[-1]
-    until("the requeue", lambda: slurm.status(job).state in ("PENDING", "REQUEUED"), 240, timeline, job)
+    # Once requeued, the job may start again on the other nodes within seconds: held the moment it waits.
+    requeued = lambda: slurm.status(job).state in ("PENDING", "REQUEUED")
+    until("the requeue", requeued, 240, timeline, job, look_every=5.0)
     subprocess.run(["scontrol", "hold", job], check=True)  # the node comes back before the job restarts
     shown = lambda: subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
     until(f"{dead} excluded", lambda: f"ExcNodeList={dead} " in shown(), 30, timeline, job)
