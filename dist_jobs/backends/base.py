@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from dist_jobs.backends import records
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.jobstate import JobState, normalise
 from dist_jobs.errors import BackendError, DistJobsError, Problem, UsageError
@@ -162,9 +163,25 @@ class Backend(abc.ABC):
         """The exact bytes `submit()` hands to the scheduler, nothing run or written: the dry run
         (a copy of the code the job runs from is planned here, Prepared.snapshot, and made by schedule)."""
 
-    @abc.abstractmethod
     def schedule(self, prepared: Prepared) -> Handle:
-        """Hand `prepared` to the scheduler as it is; the new job's handle."""
+        """Hand `prepared` to the scheduler as it is, then keep the new job in this machine's
+        records (backends.records) as `submitted()` describes it; the new job's handle. Every
+        job handed over comes through here: a submit, a sweep's trial, a SLURM array."""
+        handle = self.hand_over(prepared)
+        job = self.submitted(prepared, handle)
+        if job is not None:
+            records.record(job)
+        return handle
+
+    @abc.abstractmethod
+    def hand_over(self, prepared: Prepared) -> Handle:
+        """Give `prepared` to the scheduler as it is; the new job's handle."""
+
+    @abc.abstractmethod
+    def submitted(self, prepared: Prepared, handle: Handle) -> records.Submitted | None:
+        """What this machine's records keep of a job just handed over: where its run directory
+        (its logs, its job folder) is, as this host sees it. None where the scheduler keeps that
+        itself, for any host that can reach it."""
 
     @abc.abstractmethod
     def handle(self, job_id: str) -> Handle:

@@ -176,13 +176,18 @@ class K8sBackend(Backend):
         what = f"create {kind} {namespace}/{job[2]}"
         return self._call(what, "POST", KINDS[kind].path(namespace), job, query=query, body=body)
 
-    def schedule(self, prepared: Prepared) -> Handle:
+    def hand_over(self, prepared: Prepared) -> Handle:
         created = self._create(prepared, dry_run=False)
         if prepared.spec.snapshot:
             self._create_code(prepared, created, dry_run=False)
         meta = created["metadata"]  # where _create put it, as the manifest (not self.kind) decides
         namespace = str(meta.get("namespace") or self._ns())
         return Handle("k8s", str(meta["name"]), namespace=namespace, kind=str(created["kind"]))
+
+    def submitted(self, prepared: Prepared, handle: Handle) -> None:
+        """Nothing: the job object names its run directory (run_dir()) and the apiserver lists the
+        jobs (list()), for any host with the kubeconfig; a record here would be a second copy."""
+        return None
 
     def _create_code(self, prepared: Prepared, job: dict[str, Any], dry_run: bool) -> None:
         """The snapshot's ConfigMap, owned by the `job` just created; if it cannot be made, the

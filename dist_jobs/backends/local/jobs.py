@@ -100,11 +100,12 @@ class LocalBackend(Backend):
         given = {} if self.missing is None else {"missing": self.missing}
         runner = LocalRunner(self.out, self.workdir, clock=self.clock, **given)
         folder = self._claim(spec, lambda folder: self._here(spec, folder))
+        records.record(_submitted(folder.parent))  # as schedule() records a detached run
         with (folder / LOG).open("w", encoding="utf-8") as log:
             runner.out = Tee(runner.out, log)
             return run_recorded(spec, folder, runner)
 
-    def schedule(self, prepared: Prepared) -> Handle:
+    def hand_over(self, prepared: Prepared) -> Handle:
         # submit's alone: status, logs and cancel load no spec classes (msgspec)
         from dist_jobs.backends.preflight import check_trainer_packages, missing_packages
 
@@ -129,8 +130,11 @@ class LocalBackend(Backend):
                 )
             _refuse_a_held_run_dir(folder.parent)  # another process here holds it (a hand-launched trainer)
             start(folder)
-        records.record(records.Submitted("local", str(folder.parent), str(folder.parent), str(folder)))
         return folder
+
+    def submitted(self, prepared: Prepared, handle: Handle) -> records.Submitted:
+        """The run directory is the job (its id): `list` finds it wherever checkpoint_dir put it."""
+        return _submitted(Path(handle.job_id))
 
     def _begin(self, spec: JobSpec, code: SnapshotPlan | None, folder: Path) -> None:
         """A new record in `folder`: the last run's end cleared, the spec (and the copy of the
@@ -374,6 +378,12 @@ def _hang(folder: Path) -> HangRecord | None:
     except OSError:
         return None
     return found if found is not None and found.belongs_to(since=started) else None
+
+
+def _submitted(run_dir: Path) -> records.Submitted:
+    """A local run as this machine's records keep it: its run directory is its id, and the
+    launcher's folder in it is its job folder."""
+    return records.Submitted("local", str(run_dir), str(run_dir), str(run_dir / FOLDER))
 
 
 def _folder(job_id: str) -> Path:

@@ -22,7 +22,7 @@ from dist_jobs.backends.base import Backend, JobStatus, Option, Prepared, Prepar
 from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.slurm.flags import SPEC_FLAGS
 from dist_jobs.backends.slurm.logs import attempt_files, log_location, rank_lines, ranks_logged, stitch, stitch_all
-from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials
+from dist_jobs.backends.slurm.meta import array_member, array_task_key, job_meta, record_trials, with_goodput
 from dist_jobs.backends.slurm.sbatch import check_controller
 from dist_jobs.backends.slurm.squeue_sacct import (
     SACCT_FIELDS,
@@ -40,6 +40,7 @@ from dist_jobs.backends.slurm.squeue_sacct import (
 from dist_jobs.errors import BackendError, DistJobsError
 
 if TYPE_CHECKING:  # the query verbs load no spec classes (msgspec, tests/unit/test_imports.py)
+    from dist_jobs.backends import records
     from dist_jobs.backends.preflight import MissingPackages
     from dist_jobs.spec import JobSpec
 
@@ -71,22 +72,6 @@ def _queued(job: QueuedJob) -> JobStatus:
         "" if job.reason == "None" else job.reason,  # squeue's word for "no reason"
         {"nodes": job.nodelist, "time_used": job.time_used, "restarts": str(job.restarts)},
     )
-
-
-def _with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
-    """The ledger of the job's run directory (its verdicts are recorded under the job id), from
-    the submit time job.json recorded (local time, to the second) until it ended, or now."""
-    run_dir, submitted = meta.get("run_dir"), meta.get("submitted_at")
-    if not run_dir or "_" in job_id:  # an array task's verdicts are named by its own (raw) id
-        return status
-    from dist_jobs.rundir.ledger import ledger  # a run directory's records: a few small files
-
-    try:
-        since = time.mktime(time.strptime(str(submitted), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        since = None  # the first attempt's start, then
-    found = ledger(Path(run_dir), job_id, since, time.time())
-    return dataclasses.replace(status, goodput=found) if found is not None else status
 
 
 class SlurmBackend(Backend):
@@ -132,13 +117,18 @@ class SlurmBackend(Backend):
 
         return render(spec, "slurm")
 
-    def schedule(self, prepared: Prepared) -> Handle:
+    def hand_over(self, prepared: Prepared) -> Handle:
         # submit's own modules: yaml and msgspec, which the query verbs load none of (test_imports)
         from dist_jobs.backends.preflight import missing_packages
         from dist_jobs.backends.slurm.submit import job_python_export, submit
 
         export = job_python_export(prepared.spec, self.python, self.missing_packages or missing_packages)
         return self.handle(submit(prepared, self.run, self.cwd, self.jobs_dir, export))
+
+    def submitted(self, prepared: Prepared, handle: Handle) -> records.Submitted:
+        from dist_jobs.backends.slurm.submit import submitted  # submit's alone (as above)
+
+        return submitted(prepared, handle.job_id, self.cwd, self.jobs_dir)
 
     def handle(self, job_id: str) -> Handle:
         return Handle("slurm", job_id, cluster=self.cluster_name())
@@ -211,7 +201,7 @@ class SlurmBackend(Backend):
             from dist_jobs.backends.slurm.joining import with_joining, with_quarantine
 
             status = with_quarantine(job_id, with_joining(self.run, job_id, status, meta), meta)
-        status = _with_goodput(job_id, status, meta)
+        status = with_goodput(job_id, status, meta)
         code = meta.get("code")
         if not isinstance(code, dict):
             return status

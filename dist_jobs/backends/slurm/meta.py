@@ -7,14 +7,17 @@ its run name and run directory, and the array's batch log `<array run>-ID_I.out`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dist_jobs.backends import records
+from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm.squeue_sacct import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.place import RunDir
@@ -100,3 +103,19 @@ def _indices(ranges: str) -> set[int]:
         if low.isdigit() and (high.isdigit() or not high):
             out.update(range(int(low), int(high or low) + 1))
     return out
+
+
+def with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobStatus:
+    """The ledger of the job's run directory (its verdicts are recorded under the job id), from
+    the submit time job.json recorded (local time, to the second) until it ended, or now."""
+    run_dir, submitted = meta.get("run_dir"), meta.get("submitted_at")
+    if not run_dir or "_" in job_id:  # an array task's verdicts are named by its own (raw) id
+        return status
+    from dist_jobs.rundir.ledger import ledger  # a run directory's records: a few small files
+
+    try:
+        since = time.mktime(time.strptime(str(submitted), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        since = None  # the first attempt's start, then
+    found = ledger(Path(run_dir), job_id, since, time.time())
+    return dataclasses.replace(status, goodput=found) if found is not None else status

@@ -72,10 +72,8 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, export: l
     the code is copied first, into the folder the script was rendered for."""
     if prepared.snapshot is not None:
         take(prepared.snapshot)
-    spec = prepared.spec
-    workdir = workdir_of(spec, cwd)
-    log_dir = Path(expand_home(spec.log_dir))
-    log_dir = log_dir if log_dir.is_absolute() else workdir / log_dir
+    folders = folders_of(prepared, cwd)
+    log_dir = folders[0]
     # slurmd opens --output before the script runs: a missing folder fails the job at once
     # ("Could not open stdout file"), so it must exist at submit time (a shared filesystem).
     created = _missing_dirs(log_dir) + _missing_dirs(jobs_dir)
@@ -86,7 +84,6 @@ def submit(prepared: Prepared, run: Runner, cwd: Path, jobs_dir: Path, export: l
             except OSError as exc:
                 hint = "check the path and its permissions"
                 raise BackendError(f"cannot create {folder}: {exc.strerror}", hint) from None
-        folders = (log_dir, (prepared.run_dir or run_dir_of(spec, workdir)).path)
         return _submit_staged(prepared, run, cwd, jobs_dir, folders, export)
     except BaseException:
         for folder in reversed(created):  # a failed submit leaves no folder of its own behind
@@ -131,13 +128,34 @@ def _submit_staged(
         if code is not None:
             record["code"] = code
         (staging / "job.json").write_text(json.dumps(record, indent=2))
-        _into_place(staging, jobs_dir / f"{spec.run_id}-{job_id}")
+        _into_place(staging, job_dir_of(jobs_dir, spec, job_id))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    job_dir = str(jobs_dir / f"{spec.run_id}-{job_id}")
-    records.record(records.Submitted("slurm", job_id, str(run_dir), str(log_dir), job_dir))
     return job_id
+
+
+def folders_of(prepared: Prepared, cwd: Path) -> tuple[Path, Path]:
+    """The job's log and run directories as this host sees them (relative ones below the folder
+    the job runs in): what job.json and this machine's records keep."""
+    spec = prepared.spec
+    workdir = workdir_of(spec, cwd)
+    log_dir = Path(expand_home(spec.log_dir))
+    log_dir = log_dir if log_dir.is_absolute() else workdir / log_dir
+    return log_dir, (prepared.run_dir or run_dir_of(spec, workdir)).path
+
+
+def submitted(prepared: Prepared, job_id: str, cwd: Path, jobs_dir: Path) -> records.Submitted:
+    """SlurmBackend.submitted: the job's run and log directories and its job directory (job.json,
+    the script), so status, logs and the run directory are found from any folder of this machine."""
+    log_dir, run_dir = folders_of(prepared, cwd)
+    job_dir = job_dir_of(jobs_dir, prepared.spec, job_id)
+    return records.Submitted("slurm", job_id, str(run_dir), str(log_dir), str(job_dir))
+
+
+def job_dir_of(jobs_dir: Path, spec: JobSpec, job_id: str) -> Path:
+    """The job's own folder: its script, spec and job.json."""
+    return jobs_dir / f"{spec.run_id}-{job_id}"
 
 
 def _into_place(staging: Path, job_dir: Path) -> None:

@@ -138,7 +138,9 @@ def test_a_batch_job_that_lost_its_lock_stops_writes_nothing_and_is_not_requeued
     run_dir = tmp_path / "checkpoints" / "locked"
     record = thief.to_bytes().decode().strip()
     (stubs / "srun").write_text(
-        f"#!/bin/sh\nprintf '%s' '{record}' > \"$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK\"\n"
+        # the other run's record renamed over LOCK, as a takeover does: never a half-written file
+        f"#!/bin/sh\nlock=\"$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK\"\n"
+        f"printf '%s' '{record}' > \"$lock.new\" && mv \"$lock.new\" \"$lock\"\n"
         # killed by the heartbeat's scancel (the stub records it); given up after 30 s either way
         f'for _ in $(seq 600); do [ -e "{tmp_path}/scancelled" ] && break; sleep 0.05; done\nexit 137\n'
     )

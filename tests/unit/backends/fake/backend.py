@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import msgspec
 
-from dist_jobs.backends import Backend, JobStatus, Option, Prepared
+from dist_jobs.backends import Backend, JobStatus, Option, Prepared, records
 from dist_jobs.backends.base import run_dir_of
 from dist_jobs.backends.handle import Handle
 from dist_jobs.errors import BackendError
@@ -50,11 +50,14 @@ class FakeBackend(Backend):
     def prepare(self, spec: JobSpec) -> Prepared:
         return Prepared(self.name, spec, json.dumps(msgspec.to_builtins(spec), sort_keys=True) + "\n", "job.json")
 
-    def schedule(self, prepared: Prepared) -> Handle:
+    def hand_over(self, prepared: Prepared) -> Handle:
         job_id = str(len(self.jobs) + 1)
         lines = {r: [f"hello from rank {r}", f"{prepared.spec.run_id} done"] for r in range(prepared.spec.world_size)}
         self.jobs[job_id] = FakeJob(prepared.spec, prepared.payload, lines=lines)
         return self.handle(job_id)
+
+    def submitted(self, prepared: Prepared, handle: Handle) -> records.Submitted:
+        return records.Submitted(self.name, handle.job_id, str(run_dir_of(prepared.spec, self.cwd)))
 
     def handle(self, job_id: str) -> Handle:
         return Handle(self.name, job_id, pool=self.pool)
