@@ -23,6 +23,7 @@ trap 'leaving=--leaving; mkdir -p "$peers" 2>/dev/null && : >"$peers/${HOSTNAME:
 # it over; DIST_JOBS_LOCK_OWNER names the job). Elastic jobs have no pod rank: the trainer's rank 0
 # takes it there. No `$$` here: Kubernetes turns `$$` in a command into `$`.
 lock=""
+follow=""
 if [ "${PET_NODE_RANK:-}" = 0 ]; then
   if python3 -c 'import dist_jobs.rundir.lockctl' 2>/dev/null; then
     # 32 hex digits, the length of the trainer's own tokens (uuid4().hex): rank 0 shares the token
@@ -33,13 +34,19 @@ if [ "${PET_NODE_RANK:-}" = 0 ]; then
   else
     echo "dist-jobs: python3 has no dist_jobs: running without the run directory lock" >&2
   fi
+elif [ -n "${DIST_JOBS_LOCK_OWNER:-}" ] && python3 -c 'import dist_jobs.rundir.lockctl' 2>/dev/null; then
+  follow=1
 fi
 "$@" &
 child=$!
 # Losing the lock (this pod was paused or cut off past the stale limit and another job took the
 # run directory over) kills the program and everything under it at once: it writes nothing more.
+# Pod 0 beats the lock; every other pod follows it, and stops its own program the same way.
 if [ -n "$lock" ]; then
   python3 -m dist_jobs.rundir.lockctl heartbeat "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock" --kill-tree "$child" &
+  beat=$!
+elif [ -n "$follow" ]; then
+  python3 -m dist_jobs.rundir.lockctl follow "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" --owner "$DIST_JOBS_LOCK_OWNER" --kill-tree "$child" &
   beat=$!
 fi
 while :; do
@@ -48,6 +55,7 @@ while :; do
   kill -0 "$child" 2>/dev/null || break
 done
 lost=""
+[ -n "$follow" ] && { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
 if [ -n "$lock" ]; then
   { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
   if ! python3 -m dist_jobs.rundir.lockctl check "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"; then

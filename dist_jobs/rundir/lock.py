@@ -31,8 +31,11 @@ the lock kept for a block, are dist_jobs.rundir.lease's).
 
 A holder that was only paused (SIGSTOP, a suspended SLURM job, an NFS failover) may wake up
 after losing its lock. `Fence.check()` is how it learns before every write into the run
-directory: LockLost (exit 6) names the new holder, and the run writes nothing more.
-Stdlib only: the batch script, the pod entrypoint, the local launcher and the trainer share it.
+directory: LockLost (exit 6) names the new holder, and the run writes nothing more. A write
+that passed its fence and stalled lands where the new holder never looks: a checkpoint is staged
+under the holder's `Fence.stamp`, and committed only where no step is committed yet. Processes
+that hold no lock themselves (a PyTorchJob's worker pods) follow the holder's: `lockctl follow`
+stops them once another job holds it. Stdlib only: the batch script, the pod entrypoint, the local launcher and the trainer share it.
 """
 
 from __future__ import annotations

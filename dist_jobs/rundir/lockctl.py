@@ -23,6 +23,14 @@ a checkpoint, and exits 6; the steps are left alone when a newer attempt of the 
 the lock (they are that attempt's). A heartbeat that cannot reach LOCK past its lease, or that
 fails in any other way, ends the same way. `check` exits 0 while the token holds the lock, else 6
 naming the holder.
+
+A pod other than rank 0 holds no lock, but its program writes into the run directory too (a
+user's script saving its own shards): `follow` runs beside it, reads LOCK every heartbeat, and
+stops it as the holder's heartbeat stops pod 0's (SIGKILL of the tree, exit 6) once another job
+holds the run directory after this one did, or LOCK cannot be read past the lease. It ends with
+the program.
+
+    python3 -m dist_jobs.rundir.lockctl follow RUN_DIR --owner "$DIST_JOBS_LOCK_OWNER" --kill-tree PID &
 """
 
 from __future__ import annotations
@@ -74,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--every", type=float, help="seconds (default: $DIST_JOBS_LOCK_HEARTBEAT_SECONDS or 10)")
             p.add_argument("--stop-steps", metavar="JOB_ID", help="lost: SIGKILL every step of this SLURM job")
             p.add_argument("--kill-tree", metavar="PID", type=int, help="lost: SIGKILL PID and its descendants")
+    p = sub.add_parser("follow", help="a pod without the lock: stop PID's tree once another job holds it")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--owner", required=True, help="this job as LOCK names it ($DIST_JOBS_LOCK_OWNER)")
+    p.add_argument("--kill-tree", metavar="PID", type=int, required=True, help="the program: stopped on loss")
+    p.add_argument("--every", type=float, help="seconds (default: $DIST_JOBS_LOCK_HEARTBEAT_SECONDS or 10)")
     return parser
 
 
@@ -148,6 +161,35 @@ def _beat_until_lost(args: argparse.Namespace) -> _Ending:
     return _Ending(True, lock.successor, lock.failure, lock.holder)
 
 
+def _follow(args: argparse.Namespace) -> int:
+    """Until the program --kill-tree ends: stop it once LOCK names another job, or cannot be read
+    for a whole lease (this pod may be cut off from the volume: a newcomer may take over soon)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)  # the program checkpoints on them: it must not be killed then
+    every = heartbeat_seconds() if args.every is None else args.every
+    watched, held = process_start(args.kill_tree), False
+    while watched is not None and process_start(args.kill_tree) == watched:
+        try:
+            holder = retrying(lambda: current(args.run_dir / LOCK_NAME), time.monotonic() + lease_seconds())
+        except OSError as exc:
+            failure = f"LOCK could not be read for a whole lease: {exc}"
+            print(f"dist-jobs: run directory lock in {args.run_dir}: {failure}", file=sys.stderr, flush=True)
+            return _stop_tree(args, None)
+        # Only once this job has held it: before, pod 0 may still be waiting out a stale holder,
+        # and a job that runs unlocked (an elastic one running a user's command) has nothing to lose.
+        held = held or (holder is not None and holder.owner == args.owner)
+        if held and holder is not None and holder.owner != args.owner:
+            return _stop_tree(args, holder)
+        time.sleep(every)
+    return 0
+
+
+def _stop_tree(args: argparse.Namespace, successor: Holder | None) -> int:
+    _kill_tree(args.kill_tree)
+    print(f"dist-jobs: {LockLost(args.run_dir, successor, 'let this pod go on')}", file=sys.stderr, flush=True)
+    return LOCK_LOST_EXIT_CODE
+
+
 def _stop_slurm_steps(job_id: str) -> None:
     """SIGKILL every step of the job but its batch shell, which decides what happens next."""
     argv = ["squeue", "--noheader", "--steps", "--jobs", job_id, "--format", "%i"]
@@ -219,7 +261,7 @@ def _release(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        verbs = {"acquire": _acquire, "heartbeat": _heartbeat, "release": _release, "check": _check}
+        verbs = {"acquire": _acquire, "heartbeat": _heartbeat, "release": _release, "check": _check, "follow": _follow}
         return verbs[args.verb](args)
     except DistJobsError as exc:
         print(f"dist-jobs: {exc}", file=sys.stderr)

@@ -139,8 +139,8 @@ def test_a_batch_job_that_lost_its_lock_stops_writes_nothing_and_is_not_requeued
     record = thief.to_bytes().decode().strip()
     (stubs / "srun").write_text(
         # the other run's record renamed over LOCK, as a takeover does: never a half-written file
-        f"#!/bin/sh\nlock=\"$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK\"\n"
-        f"printf '%s' '{record}' > \"$lock.new\" && mv \"$lock.new\" \"$lock\"\n"
+        f'#!/bin/sh\nlock="$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/LOCK"\n'
+        f'printf \'%s\' \'{record}\' > "$lock.new" && mv "$lock.new" "$lock"\n'
         # killed by the heartbeat's scancel (the stub records it); given up after 30 s either way
         f'for _ in $(seq 600); do [ -e "{tmp_path}/scancelled" ] && break; sleep 0.05; done\nexit 137\n'
     )
@@ -173,3 +173,36 @@ def test_a_pod_that_lost_its_lock_kills_its_program_and_exits_6(tmp_path: Path) 
     assert time.monotonic() - started < 20 and not (tmp_path / "survived").exists()  # the tree was killed
     assert "this job lost the run directory lock: exit 6" in proc.stderr
     assert Holder.parse(lock.read_bytes()) == thief
+
+
+def test_a_worker_pods_program_is_stopped_once_another_job_takes_the_run_directory_over(tmp_path: Path) -> None:
+    """Pod 1 holds no lock but its program writes into the run directory (a user's script saving
+    its shards): it follows pod 0's lock, and once another job holds it the program is killed
+    at once (no line after the takeover) and the pod exits 6, not retried."""
+    run_dir = tmp_path / "shared" / "locked"
+    ours = plant(run_dir, foreign("k8s:pytorchjob/ml/locked", "k8s", "pytorchjob/ml/locked"))  # pod 0's
+    thief = foreign("k8s:pytorchjob/other/locked", "k8s", "pytorchjob/other/locked")
+    took_over = tmp_path / "took-over"
+    program = (
+        # a line into the run directory every 0.05 s; a second in, another job takes LOCK over
+        f'for i in $(seq 400); do echo "$i" >> "{run_dir}/writes"; sleep 0.05; '
+        f'[ "$i" = 20 ] && printf %s \'{thief.to_bytes().decode().strip()}\' > "{ours}.new" '
+        f'&& mv "{ours}.new" "{ours}" && echo "$i" > "{took_over}"; done'
+    )
+    proc = run_pod(tmp_path, program, PET_NODE_RANK="1", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.1")
+    assert proc.returncode == 6, proc.stderr
+    assert "lost the lock of run directory" in proc.stderr and "pytorchjob/other/locked" in proc.stderr
+    written = (run_dir / "writes").read_text().split()
+    assert took_over.read_text().strip() == "20" and len(written) < 40, written  # stopped within a few beats
+    assert Holder.parse(ours.read_bytes()) == thief  # the other job's lock stays
+
+
+def test_a_worker_pod_whose_job_keeps_the_lock_runs_its_program_to_the_end(tmp_path: Path) -> None:
+    """Another job's stale lock while pod 0 waits it out is not a loss: pod 0 then takes it over."""
+    run_dir = tmp_path / "shared" / "locked"
+    stale = plant(run_dir, foreign("k8s:pytorchjob/other/locked", "k8s", "pytorchjob/other/locked"))
+    ours = foreign("k8s:pytorchjob/ml/locked", "k8s", "pytorchjob/ml/locked").to_bytes().decode().strip()
+    program = f'sleep 0.5; printf %s \'{ours}\' > "{stale}.new" && mv "{stale}.new" "{stale}"; sleep 1; echo done'
+    proc = run_pod(tmp_path, program, PET_NODE_RANK="1", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.1")
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    assert "lost the lock" not in proc.stderr
