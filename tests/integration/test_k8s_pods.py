@@ -28,6 +28,7 @@ import yaml
 from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
+from support.lock_support import foreign
 from support.tiers import require_module, require_tool, requires
 from support.waiting import eventually
 
@@ -587,3 +588,48 @@ def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_k
     assert resumed is not None and first <= int(resumed.group(2)) < 128, text[-3000:] + err
     assert committed(run_dir)[-1] == 128
     assert not (run_dir / "LOCK").exists()
+
+
+# A user's program on every pod: a line a tenth of a second into a file of its own in the run directory.
+WRITING = """
+import os, pathlib, time
+run_dir = pathlib.Path(os.environ["DIST_JOBS_CHECKPOINT_DIR"]) / os.environ["DIST_JOBS_RUN"]
+mine = run_dir / ("writes-" + os.environ.get("PET_NODE_RANK", "x"))
+for i in range(1200):
+    with open(mine, "a") as fh:
+        fh.write(f"{i}\\n")
+    time.sleep(0.1)
+"""
+
+
+def test_every_pods_program_stops_once_another_job_takes_the_run_directory_over(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    """Pod 0 holds the lock, the worker pod follows it. Another job takes the run directory over
+    (its record renamed over LOCK, as a takeover past the stale limit does): within a beat or two
+    both pods' programs are SIGKILLed and exit 6, which ExitCode does not retry, and neither
+    writes into the run directory after that."""
+    data = job_spec("rp-follow", claim, command=["python3", "-c", WRITING])
+    data["train"] = {}
+    data["env"].update({"DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"})
+    job = submit(data)
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    files = [run_dir / "writes-0", run_dir / "writes-1"]
+
+    def lines() -> list[int]:
+        return [len(f.read_text().splitlines()) if f.exists() else 0 for f in files]
+
+    eventually(lambda: min(lines()) >= 10, timeout=240, interval=0.5, what="both pods writing")
+    assert f"k8s:pytorchjob/{NS}/{job}".encode() in (run_dir / "LOCK").read_bytes()
+    thief = foreign(f"k8s:pytorchjob/other/{job}", "k8s", f"pytorchjob/other/{job}")
+    (run_dir / "LOCK.new").write_bytes(thief.to_bytes())
+    os.rename(run_dir / "LOCK.new", run_dir / "LOCK")
+    at_takeover = lines()
+    found = ended(custom, job, 120)
+    assert state(found) == "Failed", found
+    codes = {n: p.status.container_statuses[0].state.terminated.exit_code for n, p in exited(core, job).items()}
+    assert set(codes.values()) == {6}, codes  # lock lost, on the worker too: not retried
+    after = lines()
+    # a heartbeat (1 s) and the kill: about ten lines each at most, never the rest of the 1200
+    assert all(a - b <= 30 for a, b in zip(after, at_takeover)), (at_takeover, after)
+    assert (run_dir / "LOCK").read_bytes() == thief.to_bytes()  # the other job's lock stays
