@@ -35,7 +35,8 @@ directory: LockLost (exit 6) names the new holder, and the run writes nothing mo
 that passed its fence and stalled lands where the new holder never looks: a checkpoint is staged
 under the holder's `Fence.stamp`, and committed only where no step is committed yet. Processes
 that hold no lock themselves (a PyTorchJob's worker pods) follow the holder's: `lockctl follow`
-stops them once another job holds it. Stdlib only: the batch script, the pod entrypoint, the local launcher and the trainer share it.
+stops them once another job holds it. Stdlib only: the batch script, the pod entrypoint, the
+local launcher and the trainer share it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ step 6 (tests/support/hang_support.py); both ranks dump their threads' stacks in
 the launcher, allowed no restart in place here, exits 200 ("run me again"); the same command run
 again resumes from the last checkpoint and finishes. Rank 1 SIGSTOPped: only rank 0's watchdog
 fires, and the hang record and status name rank 1, the rank that stopped. A run that steps slowly
-but steadily, with the same tight watchdog, is left alone. Progress: rank 0's progress.json says
+but steadily, with the same tight watchdog, is left alone; so is a save longer than the limit; a
+rank stopped inside a save is named by its silent beat within seconds. Progress: rank 0's progress.json says
 how far the run got, and which attempt it is.
 """
 
@@ -213,3 +214,42 @@ def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(
     assert "finished at step 6" in logs[0]  # 96 samples / (2 ranks x 8) = 6 steps, saved at 3 and 6
     assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-3", "step-6"]
     assert not (run_dir / PREEMPTED_MARKER).exists() and not (run_dir / "HANG").exists()
+
+
+def test_a_rank_stopped_inside_a_save_is_named_by_its_silent_beat_within_seconds(tmp_path: Path) -> None:
+    """A user's script (support/slow_save_job.py): rank 1 is SIGSTOPped while it writes its part of
+    a checkpoint. The save pauses rank 0's watchdog, and rank 0 waits for rank 1's file, which no
+    collective timeout bounds (the checkpointer's finalize_timeout, 600 s, does). Rank 0 watches
+    rank 1's beat: silent past the 2 s limit, it fires within seconds, naming rank 1."""
+    from support.train_support import start_ranks
+
+    run_dir, marker = tmp_path / "ckpt" / "slow", tmp_path / "rank-1-saving"
+    flags = [
+        *("--batch-size", "8", "--epochs", "1", "--log-every", "1", "--no-progress", "--no-async-checkpoint"),
+        *("--checkpoint-every-steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt"), "--run-name", "slow"),
+        *("--hang-min-seconds", "2", "--hang-factor", "2"),
+    ]
+    slow = {"DJ_TEST_SLOW_WRITE_S": "60", "DJ_TEST_SLOW_RANK": "1", "DJ_TEST_SAVE_MARKER": str(marker)}
+    ranks = start_ranks(flags, tmp_path, command=[PYTHON, str(SLOW_SAVE_JOB)], **slow)
+    try:
+        pid = eventually(
+            lambda: int(marker.read_text()),
+            timeout=120,
+            what="rank 1 inside its save",
+            retry_on=(FileNotFoundError, ValueError),
+            context=lambda: ranks[1].text()[-2000:],
+        )
+        os.kill(pid, signal.SIGSTOP)
+        code = ranks[0].wait(60)  # not the 600 s of the finalize timeout
+    finally:
+        for rank in ranks:
+            rank.kill()
+    text = ranks[0].text()
+    assert code == REQUEUE_EXIT_CODE, text[-3000:]
+    assert re.search(
+        r"rank 0: hang watchdog: rank 1 has left no beat for \d+ s while this rank waits in a checkpoint save", text
+    )
+    hang = read_hang(run_dir)
+    assert hang is not None and hang.rank == 0 and [s.rank for s in hang.stopped] == [1], hang
+    assert hang.others == "the checkpoint's commit", hang  # rank 0 polled for rank 1's file
+    assert not (run_dir / "step-3" / "COMPLETE").exists()  # nothing of the stopped save counts

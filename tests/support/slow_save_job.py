@@ -7,6 +7,8 @@ $DJ_TEST_SLOW_STATE_S: the `state=` object's state_dict() takes that long (fit()
 every torch.save into the checkpoint takes that much longer, as on slow shared storage (with
 --async-checkpoint the writer thread pays it, and the waits for it do: the next save's, the
 last one's). Neither is a hang: the run must finish with exit 0 and no stack dump.
+$DJ_TEST_SLOW_RANK: only that rank's writes are slow; $DJ_TEST_SAVE_MARKER: a file the first slow
+write puts this process's pid in before it waits, so a test can stop the rank inside its save.
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ class SlowState:
 
 def slow_storage(delay: float) -> None:
     save = torch.save
+    only = os.environ.get("DJ_TEST_SLOW_RANK", "")
+    if not delay or (only and only != os.environ.get("RANK")):
+        return
+    marker = os.environ.get("DJ_TEST_SAVE_MARKER", "")
 
     def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if marker and not os.path.exists(marker):
+            with open(marker + ".new", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.rename(marker + ".new", marker)
         time.sleep(delay)
         save(obj, f, *args, **kwargs)
 
