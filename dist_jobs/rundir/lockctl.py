@@ -185,8 +185,9 @@ def _follow(args: argparse.Namespace) -> int:
 
 
 def _stop_tree(args: argparse.Namespace, successor: Holder | None) -> int:
-    _kill_tree(args.kill_tree)
+    # Said first: the entrypoint ends this process as soon as the program it kills has ended.
     print(f"dist-jobs: {LockLost(args.run_dir, successor, 'let this pod go on')}", file=sys.stderr, flush=True)
+    _kill_tree(args.kill_tree)
     return LOCK_LOST_EXIT_CODE
 
 
