@@ -24,6 +24,7 @@ trap 'leaving=--leaving; mkdir -p "$peers" 2>/dev/null && : >"$peers/${HOSTNAME:
 # takes it there. No `$$` here: Kubernetes turns `$$` in a command into `$`.
 lock=""
 follow=""
+beat=""
 if [ "${PET_NODE_RANK:-}" = 0 ]; then
   if python3 -c 'import dist_jobs.rundir.lockctl' 2>/dev/null; then
     # 32 hex digits, the length of the trainer's own tokens (uuid4().hex): rank 0 shares the token
@@ -55,9 +56,8 @@ while :; do
   kill -0 "$child" 2>/dev/null || break
 done
 lost=""
-[ -n "$follow" ] && { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
+[ -n "$beat" ] && { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
 if [ -n "$lock" ]; then
-  { kill -KILL "$beat" && wait "$beat"; } 2>/dev/null
   if ! python3 -m dist_jobs.rundir.lockctl check "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"; then
     echo "dist-jobs: the program ended with exit code $rc; this job lost the run directory lock: exit @LOCKLOST@" >&2
     lost=--lock-lost

@@ -120,9 +120,14 @@ class _Ending:
     mine: Holder | None = None
 
 
-def _heartbeat(args: argparse.Namespace) -> int:
+def _ignore_stop_signals() -> None:
+    """The signals that stop a job: the ranks checkpoint on them, so the lock's watch goes on."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
+
+
+def _heartbeat(args: argparse.Namespace) -> int:
+    _ignore_stop_signals()
     try:
         end = _beat_until_lost(args)
     except Exception as exc:  # whatever ends the heartbeat ends the lease: the job must not outlive it
@@ -164,8 +169,7 @@ def _beat_until_lost(args: argparse.Namespace) -> _Ending:
 def _follow(args: argparse.Namespace) -> int:
     """Until the program --kill-tree ends: stop it once LOCK names another job, or cannot be read
     for a whole lease (this pod may be cut off from the volume: a newcomer may take over soon)."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)  # the program checkpoints on them: it must not be killed then
+    _ignore_stop_signals()
     every = heartbeat_seconds() if args.every is None else args.every
     watched, held = process_start(args.kill_tree), False
     while watched is not None and process_start(args.kill_tree) == watched:

@@ -20,6 +20,7 @@ from dist_jobs.backends import records
 from dist_jobs.backends.base import JobStatus
 from dist_jobs.backends.slurm.squeue_sacct import SacctRow
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.ledger import ledger
 from dist_jobs.rundir.place import RunDir
 
 JOB_JSON = "job.json"
@@ -111,8 +112,6 @@ def with_goodput(job_id: str, status: JobStatus, meta: dict[str, Any]) -> JobSta
     run_dir, submitted = meta.get("run_dir"), meta.get("submitted_at")
     if not run_dir or "_" in job_id:  # an array task's verdicts are named by its own (raw) id
         return status
-    from dist_jobs.rundir.ledger import ledger  # a run directory's records: a few small files
-
     try:
         since = time.mktime(time.strptime(str(submitted), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:

@@ -27,6 +27,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dist_jobs.envnum import env_number
+from dist_jobs.rundir.holder import process_start
+
+WATCH_SECONDS = "DIST_JOBS_STEP_WATCH_SECONDS"
 EVERY_S = 30.0
 MISSED_LOOKS = 2
 _LOST = "dist-jobs: srun lost its step:"
@@ -57,13 +61,9 @@ def show_steps(job: str) -> dict[int, str] | None:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether srun still runs (not a zombie the batch shell has yet to reap), read as the lock's
+    heartbeat reads the process it watches."""
+    return process_start(pid) is not None
 
 
 def watch(
@@ -119,20 +119,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pid", type=int, required=True, help="the step's srun, a child of the batch shell")
     p.add_argument("--errors", type=Path, required=True, help="srun's stderr file, which the verdict reads")
     args = p.parse_args(argv)
-    watch(args.job, args.pid, args.errors, interval(os.environ.get("DIST_JOBS_STEP_WATCH_SECONDS", "")))
+    watch(args.job, args.pid, args.errors, interval(os.environ.get(WATCH_SECONDS, "")))
     return 0
 
 
 def interval(text: str) -> float:
-    """DIST_JOBS_STEP_WATCH_SECONDS, or the default when unset or not a positive number (said once:
-    a batch job has no one to read an error, and the watch must go on)."""
+    """DIST_JOBS_STEP_WATCH_SECONDS (`text`), read by dist_jobs.envnum, or the default when unset or
+    not a positive number (said once: a batch job has no one to read an error, and the watch must go on)."""
     try:
-        every = float(text) if text.strip() else EVERY_S
+        every = env_number(WATCH_SECONDS, EVERY_S, {WATCH_SECONDS: text}, low=0.0)
     except ValueError:
-        every = -1.0
-    if every > 0:
+        every = None
+    if every:
         return every
-    told = f"DIST_JOBS_STEP_WATCH_SECONDS={text!r} is not a positive number of seconds"
+    told = f"{WATCH_SECONDS}={text!r} is not a positive number of seconds"
     print(f"dist-jobs: {told}: looking every {EVERY_S:g} s", file=sys.stderr)
     return EVERY_S
 
