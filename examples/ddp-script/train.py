@@ -1,6 +1,7 @@
 """A plain DDP script: it reads torch's env:// variables and knows nothing of dist-jobs."""
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,3 +27,6 @@ for step in range(1, 101):
 if rank == 0:
     print(f"done on {world} ranks; LOCAL_RANK {os.environ['LOCAL_RANK']}, MASTER_ADDR {os.environ['MASTER_ADDR']}")
 dist.destroy_process_group()
+# torch's gloo threads may still be releasing tensors; one that needs the GIL once the interpreter
+# has begun to exit aborts the process (SIGABRT, pytorch/pytorch#190489). A moment for them first.
+time.sleep(0.05)
