@@ -30,6 +30,7 @@ from dist_jobs.rundir.progress import HISTORY, PROGRESS, append_history, read_hi
 from dist_jobs.rundir.result import read_result, write_result
 from dist_jobs.rundir.stamps import believed, live_rows, this_attempts
 from support.lock_support import foreign, plant
+from support.tiers import require_module
 
 A, B = foreign("slurm:1", "slurm", "1"), foreign("slurm:2", "slurm", "2")  # the old holder, its successor
 OLD, NEW = stamp_of(A.token), stamp_of(B.token)
@@ -89,7 +90,7 @@ def test_the_ledger_and_the_plot_see_only_the_successors_rows(tmp_path: Path) ->
     lines = (tmp_path / HISTORY).read_text().splitlines()
     (tmp_path / HISTORY).write_text("\n".join(lines[:-1]) + "\n")  # the same run without the late row
     assert with_late == ledger(tmp_path, "7", None, now=40.0)
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "pip install -e '.[plot]'")
     from dist_jobs.api.plot import plot_run
 
     (tmp_path / HISTORY).write_text("\n".join(lines) + "\n")
