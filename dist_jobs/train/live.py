@@ -242,22 +242,21 @@ def watchdog(
     """The rank's hang watchdog (None when train.hang_watchdog is off), firing before a collective
     waits `collective_timeout_s`. Its thread leaves the rank's beat in `folder`; when it fires it
     leaves the hang record status reads (naming the rank that stopped), then the marker the batch
-    script and the pod entrypoint read as "requeue", as a preemption does. Both are fenced by
+    script and the pod entrypoint read as "requeue", as a preemption does. All three are fenced by
     `guard`: a run that lost its run directory must not make the run that took it over look hung
     or requeue it. `options`: more of Watchdog's arguments (a test's clock, stream and exit)."""
     if not config.hang_watchdog:
         return None
     every = options.setdefault("check_every_s", default_check_every(config.hang_min_seconds))
-    guard = guard or Guard()
     pulse = None if folder is None else Beats(folder, rank, world_size, config.hang_min_seconds, every, guard)
 
     def mark(dog: Watchdog) -> None:
         if pulse is None:
             return
-        guard.check("leave the hang record and the requeue marker")
+        pulse.guard.check("leave the hang record and the requeue marker")
         found = pulse.record(dog)
         write_hang(pulse.folder, found)  # first: a status that sees the requeue sees why
-        write_preempted(pulse.folder, describe_hang(found), guard.stamp)
+        write_preempted(pulse.folder, describe_hang(found), pulse.guard.stamp)
         dog.say(describe_hang(found))  # this rank's view; the record keeps the first rank's
 
     dog = Watchdog(
