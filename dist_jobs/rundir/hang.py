@@ -10,19 +10,27 @@ whose steps stopped fires, within a check of each other: the first to write it i
 A record of an earlier attempt is replaced; rank 0 of a starting run removes it anyway.
 `describe_hang()` is the one sentence every backend's status shows for it. Records of older
 versions (no `stopped`, `compared` 0) read as before: "hang (rank N)".
-Stdlib only: status reads it without torch.
+
+Both carry the writing holder's lock stamp (dist_jobs.rundir.stamps): the marker is the JSON object
+`{"why": ..., "stamp": ..., "time": ...}` (why: the step checkpointed, or the hang's sentence; an
+older version's marker is that text alone, and still reads), the record a `stamp` field. Whether
+one is the reader's attempt's is `preempted_since()` and `attempt_hang()`: never when its stamp is
+another holder's than the lock the attempt holds (a superseded holder's late write), else when it
+is not older than the attempt's start. Stdlib only: status reads it without torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.atomic import write_atomic, write_new
+from dist_jobs.rundir.stamps import STAMP, stamp_in, this_attempts
 
 HANG_RECORD = "HANG"
 
@@ -45,14 +53,27 @@ class HangRecord:
     stopped: tuple[StoppedRank, ...] = ()  # the ranks that stopped before the others
     others: str = ""  # what the other ranks wait in ("all_reduce"), "" when unknown
     compared: int = 0  # how many ranks' beats were compared; 0: none (an older record)
+    stamp: str = ""  # the writing holder's lock stamp; "" without a lock, or in an older record
 
-    def belongs_to(self, *, job: str | None = None, attempt: int | None = None, since: float | None = None) -> bool:
-        """Whether this record is that attempt's: the same job and attempt, and not older than its start."""
+    def belongs_to(
+        self, *, job: str | None = None, attempt: int | None = None, since: float | None = None, stamp: str = ""
+    ) -> bool:
+        """Whether this record is that attempt's: the same job and attempt, of the holder of the lock
+        stamped `stamp` (where both are known), and not older than its start (stamps.this_attempts)."""
         if job is not None and self.job and self.job != job:
             return False
         if attempt is not None and self.attempt != attempt:
             return False
-        return since is None or self.time >= since
+        return this_attempts(self.stamp, stamp, self.time, since)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The PREEMPTED marker as read back."""
+
+    why: str  # the step checkpointed, or the hang's sentence
+    stamp: str = ""  # the writing holder's lock stamp; "" without a lock, or in an older marker
+    landed: float = 0.0  # its mtime: the storage's clock, like the attempt's start it is compared with
 
 
 def describe_hang(record: HangRecord) -> str:
@@ -87,22 +108,45 @@ def write_hang(folder: Path, record: HangRecord) -> None:
     if write_new(folder / HANG_RECORD, text):
         return
     there = read_hang(folder)
-    if there is None or not there.belongs_to(job=record.job or None, attempt=record.attempt):
+    if there is None or not there.belongs_to(job=record.job or None, attempt=record.attempt, stamp=record.stamp):
         write_atomic(folder / HANG_RECORD, text)  # an earlier attempt's (or unreadable): this attempt's wins
 
 
-def write_preempted(folder: Path, why: str) -> None:
+def attempt_hang(folder: Path, since: float | None, stamp: str = "", job: str | None = None) -> HangRecord | None:
+    """The hang record of the attempt that started at `since` holding the lock stamped `stamp`
+    ("": unknown) in job `job` (None: unknown), or None when it left none (HangRecord.belongs_to)."""
+    found = read_hang(folder)
+    return found if found is not None and found.belongs_to(job=job, since=since, stamp=stamp) else None
+
+
+def write_preempted(folder: Path, why: str, stamp: str = "") -> None:
     """Leave the PREEMPTED marker: the run checkpointed (or hung) and asks to be requeued."""
-    write_atomic(folder / PREEMPTED_MARKER, why + "\n")
+    marker = {"why": why, STAMP: stamp, "time": time.time()}
+    write_atomic(folder / PREEMPTED_MARKER, json.dumps(marker, sort_keys=True) + "\n")
 
 
-def preempted_since(folder: Path, since: float) -> bool:
-    """Whether the PREEMPTED marker was left at or after `since` (the attempt's start): this
-    attempt checkpointed on a signal (or hung), not an earlier one."""
+def read_preempted(folder: Path) -> Marker | None:
+    """The PREEMPTED marker, or None when there is none; an older version's plain text is its `why`."""
+    path = folder / PREEMPTED_MARKER
     try:
-        return (folder / PREEMPTED_MARKER).stat().st_mtime >= since
+        landed, text = path.stat().st_mtime, path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("why"), str):
+        return Marker(data["why"], stamp_in(data), landed)
+    return Marker(text.strip(), "", landed)  # an older version's: the text alone
+
+
+def preempted_since(folder: Path, since: float, stamp: str = "") -> bool:
+    """Whether the PREEMPTED marker is the attempt's that started at `since` holding the lock
+    stamped `stamp` ("": unknown): that attempt checkpointed on a signal (or hung), not an earlier
+    attempt, nor a holder that lost the run directory and wrote late (stamps.this_attempts)."""
+    marker = read_preempted(folder)
+    return marker is not None and this_attempts(marker.stamp, stamp, marker.landed, since)
 
 
 def read_hang(folder: Path) -> HangRecord | None:
@@ -120,6 +164,7 @@ def read_hang(folder: Path) -> HangRecord | None:
             stopped=tuple(_stopped_rank(s) for s in data.get("stopped", ())),
             others=str(data.get("others", "")),
             compared=int(data.get("compared", 0)),
+            stamp=stamp_in(data),
         )
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None

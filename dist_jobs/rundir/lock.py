@@ -71,6 +71,7 @@ __all__ = [
     "check_timings",
     "heartbeat_seconds",
     "retrying",
+    "stamp_of",
 ]
 
 LOCK_NAME = "LOCK"
@@ -141,6 +142,11 @@ def check_knobs(environ: Mapping[str, str]) -> None:
 
 def new_token() -> str:
     return uuid.uuid4().hex
+
+
+def stamp_of(token: str) -> str:
+    """The mark of the holder of lock token `token` (Fence.stamp); "" for no token (no lock held)."""
+    return hashlib.sha1(token.encode()).hexdigest()[:12] if token else ""
 
 
 def lease_seconds(environ: Mapping[str, str] | None = None) -> float:
@@ -261,8 +267,9 @@ class Fence:
     @property
     def stamp(self) -> str:
         """This holder's mark on what it stages in the run directory (a checkpoint's partial
-        folder): a successor's never reads a late write of ours. Filename-safe, whatever the token."""
-        return hashlib.sha1(self.token.encode()).hexdigest()[:12]
+        folder) and on every record it writes there (dist_jobs.rundir.stamps): a successor's never
+        reads a late write of ours. Filename-safe, whatever the token."""
+        return stamp_of(self.token)
 
     def check(self, doing: str) -> None:
         """Raise LockLost unless the lock file still names our token; `doing` says what we were

@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from dist_jobs.rundir.attempts import safe_name
-from dist_jobs.rundir.hang import describe_hang, preempted_since, read_hang
+from dist_jobs.rundir.hang import attempt_hang, describe_hang, preempted_since
 from dist_jobs.rundir.holder import owner_from_env
-from dist_jobs.rundir.lock import LOCK_NAME, current
+from dist_jobs.rundir.lock import LOCK_NAME, current, stamp_of
 from dist_jobs.rundir.verdict import Evidence, Failure, decide, record
 
 PEERS = "peers"  # folder of the run directory: a note per pod told to stop (the entrypoint's trap)
@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """For the pod entrypoint: reads
-    DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION and HOSTNAME (the pod) from the
+    """For the pod entrypoint: reads DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION,
+    DIST_JOBS_LOCK_TOKEN (pod rank 0's lock) and HOSTNAME (the pod) from the
     environment, records the verdict, tells it on stderr and prints the exit code: 0, 200 (the
     operator's ExitCode policy recreates the pod), 6, or the program's own code (1-127: permanent)."""
     run_dir = Path(os.environ.get("DIST_JOBS_CHECKPOINT_DIR", ".")) / os.environ.get("DIST_JOBS_RUN", "")
@@ -76,12 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     since = _mtime(args.since)
     code = args.first if args.rc and args.first else args.rc
-    hang = read_hang(run_dir)
+    # Pod rank 0 holds the lock (the entrypoint exports its token): what another holder left is not
+    # this program's. The other pods know no token: the start time alone says.
+    stamp = stamp_of(os.environ.get("DIST_JOBS_LOCK_TOKEN", "").strip())
+    hang = attempt_hang(run_dir, since, stamp)
     evidence = Evidence(
         exit_code=args.rc,
         failures=(Failure(None, member, code),) if code else (),
-        preempted=args.rc != 0 and preempted_since(run_dir, since),
-        hang=describe_hang(hang) if hang is not None and hang.belongs_to(since=since) else "",
+        preempted=args.rc != 0 and preempted_since(run_dir, since, stamp),
+        hang=describe_hang(hang) if hang is not None else "",
         lock_lost=args.lock_lost or _taken_over(run_dir),
         peer_left="" if args.leaving else peer_left(run_dir, member, since),
         said="this pod was told to stop" if args.leaving else "",

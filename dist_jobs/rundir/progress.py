@@ -10,8 +10,17 @@ progress.json: step (optimizer steps done), total_steps (int or null), epoch, me
 ({name: float}), samples_per_s, eta_s (float or null), checkpoint_step (the last committed
 checkpoint, or null), attempt, owner (the job that writes it: `slurm:ID`, `k8s:KIND/NS/NAME`, or ""
 for a local run; absent in files of older versions), time (unix seconds), state ("running" |
-"finished").
-metrics.jsonl rows: {"step", "epoch", "time", "metrics"}. Stdlib only.
+"finished"), stamp (the writing holder's lock stamp, dist_jobs.rundir.stamps; "" without a lock,
+absent in files of older versions).
+metrics.jsonl rows: {"step", "epoch", "time", "metrics", "stamp", "owner"} (no stamp or owner in
+older versions' rows).
+
+A holder that lost the lock while stalled in a write can land that write late; its stamp tells it
+apart (dist_jobs.rundir.stamps): `read_history()` drops the late rows of a superseded holder, and
+`read_progress()` refuses a progress.json of a superseded holder, or of another holder than the
+one LOCK names, and shows the newest holder's last metrics row instead (step, epoch, time and the
+latest of each metric it logged; no total, ETA or state), or nothing when it logged none.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.stamps import believed, holder_stamp, live_rows, stamp_in
 
 PROGRESS = "progress.json"
 HISTORY = "metrics.jsonl"
@@ -42,14 +52,43 @@ def append_history(run_dir: Path, row: Mapping[str, object]) -> None:
 
 
 def read_progress(run_dir: Path) -> dict[str, object] | None:
-    """The run's progress, or None when there is none yet or the file is not a progress record."""
+    """The run's progress, or None when there is none yet or the file is not a progress record.
+    A superseded holder's record is not the run's: then the newest holder's last metrics row."""
     try:
         data = json.loads((run_dir / PROGRESS).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # absent, unreadable, half-written by a foreign writer, not JSON
-        return None
+        data = None
     if not isinstance(data, dict) or not isinstance(data.get("step"), int):
         return None
-    return data
+    if not stamp_in(data):  # a run without a lock, or an older version: nothing to check it against
+        return data
+    rows, retired = _history(run_dir)
+    holder = holder_stamp(run_dir)
+    if believed(stamp_in(data), retired, holder):
+        return data
+    return _from_rows(rows, holder)
+
+
+def superseded(run_dir: Path, stamp: str) -> bool:
+    """Whether a record of `stamp` that replaces a file of `run_dir` (progress.json, result.json)
+    is a superseded holder's late write, not the run's (dist_jobs.rundir.stamps.believed)."""
+    return bool(stamp) and not believed(stamp, _history(run_dir)[1], holder_stamp(run_dir))
+
+
+def _from_rows(rows: list[dict[str, object]], holder: str | None) -> dict[str, object] | None:
+    """What the newest holder (the one LOCK names, else the last to log) last logged, as progress."""
+    newest = holder if holder is not None else next((stamp_in(r) for r in reversed(rows) if stamp_in(r)), "")
+    mine = [r for r in rows if newest and stamp_in(r) == newest]
+    if not mine:
+        return None
+    metrics: dict[str, object] = {}
+    for row in mine:  # the latest of each metric, as the writer keeps them in progress.json
+        logged = row.get("metrics")
+        if isinstance(logged, dict):
+            metrics.update(logged)
+    last = mine[-1]
+    found: dict[str, object] = {k: last[k] for k in ("step", "epoch", "time", "owner") if k in last}
+    return {**found, "metrics": metrics, "stamp": newest}
 
 
 def owned_by(progress: Mapping[str, object], owner: str | None) -> bool:
@@ -61,8 +100,14 @@ def owned_by(progress: Mapping[str, object], owner: str | None) -> bool:
 
 
 def read_history(run_dir: Path) -> list[dict[str, object]]:
-    """Every complete row of metrics.jsonl, oldest first; torn or garbage lines are skipped."""
-    return read_json_lines(run_dir / HISTORY, "step", int)
+    """Every complete row of metrics.jsonl, oldest first; torn or garbage lines are skipped, and so
+    are the late rows of a superseded holder (dist_jobs.rundir.stamps.live_rows)."""
+    return _history(run_dir)[0]
+
+
+def _history(run_dir: Path) -> tuple[list[dict[str, object]], set[str]]:
+    """read_history() and the stamps retired in metrics.jsonl."""
+    return live_rows(read_json_lines(run_dir / HISTORY, "step", int))
 
 
 def read_json_lines(path: Path, key: str, kind: type | tuple[type, ...]) -> list[dict[str, object]]:

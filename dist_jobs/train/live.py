@@ -131,10 +131,12 @@ class Live:
             "time": wall,
             "every_s": None if self._written is None else wall - self._written,
             "state": "finished" if finished else "running",
+            "stamp": self.guard.stamp,  # a late write of ours, once superseded, is not believed
         }
+        row = {"step": step, "epoch": epoch, "time": wall, "metrics": fresh, "stamp": self.guard.stamp}
         try:
             if fresh:
-                append_history(self.folder, {"step": step, "epoch": epoch, "time": wall, "metrics": fresh})
+                append_history(self.folder, {**row, "owner": self.owner} if self.owner else row)
             write_progress(self.folder, record)
             self._written = wall
         except (OSError, ValueError) as exc:  # progress is for people: training goes on without it
@@ -163,8 +165,11 @@ class Beats:
     is stale (`stale_s`: three beats and two checks) well before its peers' watchdogs fire, and
     a rank writes a small file every few seconds, not every step."""
 
-    def __init__(self, folder: Path, rank: int, world_size: int, floor_s: float, check_every_s: float) -> None:
+    def __init__(
+        self, folder: Path, rank: int, world_size: int, floor_s: float, check_every_s: float, guard: Guard | None = None
+    ) -> None:
         self.folder, self.rank, self.world_size = folder, rank, world_size
+        self.guard = guard or Guard()
         self.every_s = min(max(floor_s / 8, check_every_s), 5.0)
         self.stale_s = 3 * self.every_s + 2 * check_every_s
         self.host, self.job, self.attempt = host_name(), job_id(), attempt_number()
@@ -174,7 +179,10 @@ class Beats:
         now = time.monotonic()
         if self._written is None or now - self._written >= self.every_s:
             self._written = now
-            self.write(dog)
+            # The watchdog's thread beats on while the loop runs to its next fence: once this run
+            # lost the run directory, it leaves no beat beside the successor's ranks.
+            if self.guard.holds(f"leave rank {self.rank}'s beat"):
+                self.write(dog)
 
     def write(self, dog: Watchdog) -> Beat:
         beat = Beat(
@@ -218,6 +226,7 @@ class Beats:
             stopped=tuple(StoppedRank(b.rank, b.host, b.step) for b in late),
             others=waiting_in(beats, late),
             compared=len(beats),
+            stamp=self.guard.stamp,
         )
 
 
@@ -233,21 +242,21 @@ def watchdog(
     """The rank's hang watchdog (None when train.hang_watchdog is off), firing before a collective
     waits `collective_timeout_s`. Its thread leaves the rank's beat in `folder`; when it fires it
     leaves the hang record status reads (naming the rank that stopped), then the marker the batch
-    script and the pod entrypoint read as "requeue", as a preemption does. Both are fenced by
+    script and the pod entrypoint read as "requeue", as a preemption does. All three are fenced by
     `guard`: a run that lost its run directory must not make the run that took it over look hung
     or requeue it. `options`: more of Watchdog's arguments (a test's clock, stream and exit)."""
     if not config.hang_watchdog:
         return None
     every = options.setdefault("check_every_s", default_check_every(config.hang_min_seconds))
-    pulse = None if folder is None else Beats(folder, rank, world_size, config.hang_min_seconds, every)
+    pulse = None if folder is None else Beats(folder, rank, world_size, config.hang_min_seconds, every, guard)
 
     def mark(dog: Watchdog) -> None:
         if pulse is None:
             return
-        (guard or Guard()).check("leave the hang record and the requeue marker")
+        pulse.guard.check("leave the hang record and the requeue marker")
         found = pulse.record(dog)
         write_hang(pulse.folder, found)  # first: a status that sees the requeue sees why
-        write_preempted(pulse.folder, describe_hang(found))
+        write_preempted(pulse.folder, describe_hang(found), pulse.guard.stamp)
         dog.say(describe_hang(found))  # this rank's view; the record keeps the first rank's
 
     dog = Watchdog(

@@ -134,7 +134,9 @@ def _build(
         steps_per_epoch=steps,
         total_steps=total,
         ckpt=ckpt,
-        reporter=Reporter(enabled=dist.is_main, progress=c.progress, tensorboard_dir=board, total_steps=total),
+        reporter=Reporter(
+            enabled=dist.is_main, progress=c.progress, tensorboard_dir=board, total_steps=total, holds=guard.holds
+        ),
         poll=FlagPoll(dist.control, 3),
         loss_fn=loss_fn,
         no_sync=no_sync,
@@ -230,7 +232,7 @@ def _train(run: Run) -> dict[str, float]:
     if folder is not None and run.dist.is_main:  # what Job.result() reads once the job has ended
         run.live.update(pos.step, min(pos.epoch, c.epochs - 1), {}, finished=True)
         run.guard.check("write result.json")
-        write_result(folder, run.metrics)
+        write_result(folder, run.metrics, run.guard.stamp)
     return dict(run.metrics)
 
 
@@ -337,7 +339,7 @@ def _stop(run: Run) -> None:
         run.ckpt.wait()  # an asynchronous write must be committed before the marker says so
         if run.dist.is_main:
             run.guard.check(f"mark the run {PREEMPTED}")
-            write_preempted(run.ckpt.directory, str(run.pos.step))
+            write_preempted(run.ckpt.directory, str(run.pos.step), run.guard.stamp)
         saved = f"checkpoint step-{run.pos.step} in {run.ckpt.directory} is committed"
         hint = "requeue it with the same run name and checkpoint dir: it resumes from there"
     else:

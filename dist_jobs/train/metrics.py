@@ -114,8 +114,17 @@ def evaluate(
 class Reporter:
     """Rank 0's voice. On other ranks every method does nothing (cheaply)."""
 
-    def __init__(self, *, enabled: bool, progress: bool, tensorboard_dir: Path | None, total_steps: int) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        progress: bool,
+        tensorboard_dir: Path | None,
+        total_steps: int,
+        holds: Callable[[str], bool] = lambda doing: True,
+    ) -> None:
         self.enabled = enabled
+        self._holds = holds  # the run directory's guard (runlock.Guard.holds): TensorBoard writes there
         self._progress = progress
         self._tensorboard_dir = tensorboard_dir
         self._total = total_steps
@@ -157,7 +166,7 @@ class Reporter:
         log.info("%s: %s", title, " ".join(f"{k} {v:.6g}" for k, v in values.items()))
         if self._bar is not None and "loss" in values:
             self._bar.set_postfix(loss=f"{values['loss']:.4g}", refresh=False)
-        if self._writer is not None:
+        if self._writer is not None and self._holds("write TensorBoard scalars"):
             for key, value in values.items():
                 self._writer.add_scalar(f"{section}/{key}", value, step)
 

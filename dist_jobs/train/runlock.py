@@ -59,7 +59,10 @@ class Guard:
         return "" if self.fence is None else self.fence.stamp
 
     def holds(self, doing: str) -> bool:
-        """check() for writes that may be skipped (progress): False, logged once, when lost."""
+        """check() for writes that may be skipped (progress): False, logged once, when lost. Once the
+        loss is known, no more look at the lock: threads that write (the watchdog's beat) ask often."""
+        if self.lost.is_set():
+            return False
         try:
             self.check(doing)
         except LockLost as exc:

@@ -20,7 +20,7 @@ from dist_jobs.train.checkpoint.write import CheckpointError
 from dist_jobs.train.loop import fit
 from support.paths import PYTHON, TESTS
 from support.regression_job import EMA, Points, Regressor, mse
-from support.train_support import assert_bit_identical, clipped_sgd_step, start_ranks, wait_all
+from support.train_support import assert_bit_identical, clipped_sgd_step, preempted_why, start_ranks, wait_all
 from support.waiting import eventually
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
@@ -105,7 +105,7 @@ def test_sigterm_mid_epoch_resumes_dict_batches_bit_identically(reference: list[
     )
     ranks[target].proc.send_signal(signal.SIGTERM)
     assert wait_all(ranks, timeout=60) == [REQUEUE_EXIT_CODE] * 2, ranks[0].text()[-3000:]
-    stopped = int((tmp_path / "ckpt" / "regress" / "PREEMPTED").read_text())
+    stopped = int(preempted_why(tmp_path / "ckpt" / "regress"))
     assert stop_at < stopped < TOTAL and stopped % 6, "not mid-epoch"  # 6 steps an epoch
     resumed = run_job(tmp_path, tmp_path / "ckpt")
     for got, want in zip(resumed, reference):

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
+from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
-from support.train_support import assert_bit_identical, final_state
+from support.train_support import assert_bit_identical, final_state, preempted_why
 from support.waiting import eventually
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
@@ -129,7 +129,7 @@ def test_sigterm_to_the_launcher_checkpoints_and_the_rerun_is_bit_identical(
         stopped = re.search(rf"preempted by {seen} at step (\d+): checkpoint step-\1 in \S+ is committed", text)
         assert stopped, text[-4000:]
         step = int(stopped.group(1))
-        assert 6 <= step < TOTAL and int((run_dir / PREEMPTED_MARKER).read_text()) == step
+        assert 6 <= step < TOTAL and int(preempted_why(run_dir)) == step
         assert (run_dir / f"step-{step}" / "COMPLETE").is_file() and not (run_dir / "LOCK").exists()
 
         again = subprocess.run(command(launcher), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)

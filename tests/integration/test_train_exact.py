@@ -26,6 +26,7 @@ from support.train_support import (
     assert_bit_identical,
     final_state,
     kill_all,
+    preempted_why,
     rank_of,
     start_ranks,
     start_torchrun,
@@ -112,7 +113,7 @@ def test_preempted_by_signal_then_resumed_is_bit_identical(reference: dict, tmp_
     codes = wait_all(ranks, timeout=60)
     assert codes == [REQUEUE_EXIT_CODE] * 2, ranks[0].text()[-3000:]
     assert "preempted by" in ranks[target].text() and "Traceback" not in ranks[0].text()
-    marker = int((run_dir / "PREEMPTED").read_text())
+    marker = int(preempted_why(run_dir))
     assert stop_at < marker < TOTAL, f"checkpointed at step {marker}"
     assert (run_dir / f"step-{marker}" / "COMPLETE").is_file()
 

@@ -33,6 +33,7 @@ from support.train_support import (
     kill_all,
     max_difference,
     newest_state,
+    preempted_why,
     start_ranks,
     wait_all,
 )
@@ -97,7 +98,7 @@ def preempt(root: Path, world: int, after: int, strategy: str = "fsdp", *extra: 
     )
     launches[target].proc.send_signal(signal.SIGTERM)
     assert wait_all(launches, timeout=60) == [REQUEUE_EXIT_CODE] * world, launches[0].text()[-3000:]
-    marker = int((root.parent / "ckpt" / "fsdp" / "PREEMPTED").read_text())
+    marker = int(preempted_why(root.parent / "ckpt" / "fsdp"))
     assert after < marker < TOTAL, f"checkpointed at step {marker}"
     return marker, launches
 

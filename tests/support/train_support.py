@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dist_jobs.ranks.ports import free_port
+from dist_jobs.rundir.hang import read_preempted
 from support.paths import REPO, TESTS
 from support.waiting import eventually
 
@@ -284,3 +285,10 @@ def descendants(root: int) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def preempted_why(run_dir: Path) -> str:
+    """What rank 0's PREEMPTED marker in `run_dir` says (the step it checkpointed, as text)."""
+    marker = read_preempted(run_dir)
+    assert marker is not None, f"no PREEMPTED marker in {run_dir}"
+    return marker.why

@@ -47,7 +47,7 @@ from dist_jobs.backends.local.record import (
 from dist_jobs.backends.snapshot import describe, plan, read, take
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
-from dist_jobs.rundir.hang import HangRecord, read_hang
+from dist_jobs.rundir.hang import HangRecord, attempt_hang
 from dist_jobs.rundir.ledger import ledger
 from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, current, stale_seconds
 from dist_jobs.rundir.place import RunDir
@@ -372,12 +372,11 @@ def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
 
 def _hang(folder: Path) -> HangRecord | None:
     """The hang record of the watchdog that ended this run, if it is newer than the launcher."""
-    found = read_hang(folder.parent)
     try:
         started = (folder / PID).stat().st_mtime
     except OSError:
         return None
-    return found if found is not None and found.belongs_to(since=started) else None
+    return attempt_hang(folder.parent, started)
 
 
 def _submitted(run_dir: Path) -> records.Submitted:

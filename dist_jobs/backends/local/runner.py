@@ -27,10 +27,10 @@ from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
 from dist_jobs.render.quoting import sh_argv
-from dist_jobs.rundir.hang import describe_hang, preempted_since, read_hang
+from dist_jobs.rundir.hang import attempt_hang, describe_hang, preempted_since
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lease import held
-from dist_jobs.rundir.lock import LOCK_NAME, new_token
+from dist_jobs.rundir.lock import LOCK_NAME, Lock, new_token
 from dist_jobs.rundir.verdict import Action, Evidence, decide, record
 from dist_jobs.spec import JobSpec
 from dist_jobs.spec.env import job_env
@@ -214,7 +214,7 @@ class LocalRunner:
             token = {"DIST_JOBS_LOCK_TOKEN": lock.token}  # the trainer joins our lock instead of taking its own
             restart, port = 0, free_port()
             while True:
-                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart, lock.beat)
+                group = self._group(spec, run_dir, spec.preemption.max_restarts - restart, lock)
                 if gone:  # lost between two groups of a restart: this one ends at once, exit 6
                     group.end_now(gone[-1])
                 procs = plan(spec, workdir, port, job_id, use_gpus)
@@ -247,20 +247,22 @@ class LocalRunner:
         (snapshot.planned), in `<run dir>/local/`."""
         return planned(spec, self.workdir, run_dir_of(spec, self.workdir).path.resolve() / "local", self.clock())
 
-    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int, still_ours: Callable[[], bool]) -> ProcessGroup:
+    def _group(self, spec: JobSpec, run_dir: Path, restarts_left: int, lock: Lock) -> ProcessGroup:
+        """The ranks' group; what the run directory says of their end is this lock's holder's only."""
+        stamp = lock.fence().stamp
         group = ProcessGroup(
             self.out,
             grace=spec.preemption.grace_seconds,
             stop_signal=signal.Signals["SIG" + step_signal(spec)],
-            preempted=lambda since: preempted_since(run_dir, since),
-            hung=lambda since: _hang_since(run_dir, since),
-            still_ours=still_ours,
+            preempted=lambda since: preempted_since(run_dir, since, stamp),
+            hung=lambda since: _hang_since(run_dir, since, stamp),
+            still_ours=lock.beat,
         )
         group.restarts_left = restarts_left
         return group
 
 
-def _hang_since(run_dir: Path, since: float) -> str:
-    """The hang record's sentence when a rank's watchdog left it since `since`, else ""."""
-    found = read_hang(run_dir)
-    return describe_hang(found) if found is not None and found.belongs_to(since=since) else ""
+def _hang_since(run_dir: Path, since: float, stamp: str) -> str:
+    """The hang record's sentence when a rank's watchdog of this lock left it since `since`, else ""."""
+    found = attempt_hang(run_dir, since, stamp)
+    return describe_hang(found) if found is not None else ""

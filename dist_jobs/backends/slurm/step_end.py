@@ -35,8 +35,8 @@ from dist_jobs.backends.slurm.batchlog import srun_failures
 from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
 from dist_jobs.backends.slurm.stepwatch import step_lost
 from dist_jobs.ranks.nodelist import expand
-from dist_jobs.rundir.hang import describe_hang, job_id, preempted_since, read_hang
-from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost
+from dist_jobs.rundir.hang import attempt_hang, describe_hang, job_id, preempted_since
+from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost, stamp_of
 from dist_jobs.rundir.quarantine import blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record
 
@@ -57,14 +57,13 @@ def answering_nodes(nodes: list[str]) -> list[str]:
     return sorted(set(done.stdout.split()))
 
 
-def _hang(run_dir: Path, job: str, since: float) -> str:
-    record = read_hang(run_dir)
-    return describe_hang(record) if record is not None and record.belongs_to(job=job, since=since) else ""
-
-
 def evidence(args: argparse.Namespace) -> Evidence:
-    """What the step left, probes aside."""
+    """What the step left, probes aside. The marker and the hang record count when this job's lock
+    (`--token`) stamped them and they are newer than the step's start: a restart in place keeps
+    the lock, and a holder that lost the run directory to this job may still land one late."""
     since = args.since.stat().st_mtime if args.since.exists() else time.time()
+    stamp = stamp_of(args.token)
+    hang = attempt_hang(args.run_dir, since, stamp, job=job_id())
     text = args.errors.read_text(errors="replace") if args.errors.exists() else ""
     try:
         Fence(args.run_dir / LOCK_NAME, args.token).check("decide how the step ended")
@@ -76,8 +75,8 @@ def evidence(args: argparse.Namespace) -> Evidence:
         failures=srun_failures(text, cancelled=args.cancelled),
         warned=args.warned,
         cancelled=args.cancelled,
-        preempted=preempted_since(args.run_dir, since),
-        hang=_hang(args.run_dir, job_id(), since),
+        preempted=preempted_since(args.run_dir, since, stamp),
+        hang=describe_hang(hang) if hang is not None else "",
         lock_lost=lock_lost,
         step_lost=step_lost(text),
     )

@@ -12,7 +12,7 @@ from dist_jobs.backends.sweep_manifest import write_manifest
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir import atomic
 from dist_jobs.rundir.atomic import open_atomic, write_atomic, write_new
-from dist_jobs.rundir.hang import HANG_RECORD, HangRecord, write_hang, write_preempted
+from dist_jobs.rundir.hang import HANG_RECORD, HangRecord, read_preempted, write_hang, write_preempted
 from dist_jobs.rundir.progress import write_progress
 from dist_jobs.rundir.result import write_result
 
@@ -76,5 +76,7 @@ def test_run_directory_writers_are_durable(tmp_path: Path, synced: list[str], wr
 
 
 def test_the_preempted_marker_says_why(tmp_path: Path) -> None:
-    write_preempted(tmp_path, "hang (rank 1)")
-    assert (tmp_path / PREEMPTED_MARKER).read_text() == "hang (rank 1)\n"
+    write_preempted(tmp_path, "hang (rank 1)", "0123456789ab")
+    marker = read_preempted(tmp_path)
+    assert marker is not None and (marker.why, marker.stamp) == ("hang (rank 1)", "0123456789ab")
+    assert marker.landed == (tmp_path / PREEMPTED_MARKER).stat().st_mtime

@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
-from dist_jobs.rundir.hang import HANG_RECORD, HangRecord, preempted_since, read_hang
+from dist_jobs.rundir.hang import HANG_RECORD, HangRecord, preempted_since, read_hang, read_preempted
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.watchdog import Watchdog, waits_in
 from support.paths import PYTHON, REPO
@@ -266,8 +266,9 @@ def test_firing_leaves_the_hang_record_and_the_requeue_marker(tmp_path: Path, mo
     assert found.belongs_to(job="4242", attempt=2) and not found.belongs_to(job="4242", attempt=1)
     # The marker every backend's verdict reads as this attempt's (newer than the attempt's start),
     # through the one test of it they all ask; a stamp taken after it does not count it.
-    assert (tmp_path / PREEMPTED_MARKER).read_text() == (
-        "hang: all 2 ranks stopped at step 6, none before the others (rank 0's watchdog fired)\n"
+    marker = read_preempted(tmp_path)
+    assert marker is not None and marker.why == (
+        "hang: all 2 ranks stopped at step 6, none before the others (rank 0's watchdog fired)"
     )
     assert preempted_since(tmp_path, started)
     assert not preempted_since(tmp_path, (tmp_path / PREEMPTED_MARKER).stat().st_mtime + 1)
