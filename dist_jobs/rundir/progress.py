@@ -62,8 +62,10 @@ def read_progress(run_dir: Path) -> dict[str, object] | None:
         return None
     if not stamp_in(data):  # a run without a lock, or an older version: nothing to check it against
         return data
-    rows, retired = _history(run_dir)
     holder = holder_stamp(run_dir)
+    if holder == stamp_in(data):  # the live holder's own: none after it can have retired it
+        return data
+    rows, retired = _history(run_dir)
     if believed(stamp_in(data), retired, holder):
         return data
     return _from_rows(rows, holder)
