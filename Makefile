@@ -27,12 +27,10 @@ demo: $(VENV)/.installed
 # session's own processes yield too, a little (nice 3), to the jobs the cluster tiers run (started by
 # slurmd and the kubelet at normal priority): the SLURM tests, one at a time, are its longest lane
 # (the README's Tests section). The side work's output follows the full session's; either failing
-# fails `make test`.
-# Those nice levels order nothing while the kernel's autogroup scheduling is on (Linux's default):
-# it shares the CPU between sessions, not processes, and every SLURM step, pod and local rank runs
-# in a session of its own, each weighing as much as the whole suite. So `make test` turns it off
-# for its run where it may (root, as CI is) and puts it back after.
-AUTOGROUP := /proc/sys/kernel/sched_autogroup_enabled
+# fails `make test`. The nice levels order this session's own processes: Linux's autogroup
+# scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
+# local rank is a session of its own. Turning it off so that nice ordered everything was tried: the
+# SLURM lane then took the CPU from the other workers and the suite ran longer.
 SIDE_LOG := build/test-side.log
 # 3 SLURM nodes: the node-failure test needs one to spare for a 2-node job (its failed node is kept away).
 SLURM_NODES := 3
@@ -43,8 +41,6 @@ test: $(VENV)/.installed
 	bash k8s/apiserver/up.sh
 	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	mkdir -p build
-	was=$$(cat $(AUTOGROUP) 2>/dev/null); \
-	if [ -n "$$was" ] && (echo 0 > $(AUTOGROUP)) 2>/dev/null; then trap 'echo "$$was" > $(AUTOGROUP)' EXIT; fi; \
 	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
 	DIST_JOBS_VENV=$(VENV) nice -n 3 $(VENV)/bin/nox -s full; full=$$?; \
