@@ -5,9 +5,10 @@ A page asks for generated text with an HTML comment on a line of its own, for ex
 repository (one that is not Markdown, such as LICENSE, as a text block) and
 `<!-- gen: docstring dist_jobs/rundir/lock.py -->` a module's docstring,
 `<!-- gen: function dist_jobs/api/__init__.py:job -->` a function mkdocstrings cannot reach,
-`<!-- gen: file examples/ddp-script/train.py -->` a file as a code block titled with its name. A page's `console`
-blocks that start with `$ dist-jobs` are run (docs/gen.py, run_examples) and a mismatch is an
-error, so `mkdocs build --strict` fails on a stale example.
+`<!-- gen: file examples/ddp-script/train.py -->` a file as a code block titled with its name,
+`<!-- gen: notebook examples/notebook.ipynb -->` a notebook run now, its cells and what they printed
+(docs/notebook.py). A page's `console` blocks that start with `$ dist-jobs` are run (docs/gen.py,
+run_examples) and a mismatch is an error, so `mkdocs build --strict` fails on a stale example.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
+import notebook
 
 log = logging.getLogger("mkdocs.plugins.dist_jobs")
 _DIRECTIVE = re.compile(r"^<!-- gen: (\w+)(?: (\S+))? -->$", re.M)
@@ -72,4 +74,5 @@ WITH_ARGUMENT: dict[str, Callable[[str], str]] = {
     "docstring": gen.docstring,
     "function": gen.function,
     "file": _file,
+    "notebook": notebook.notebook,
 }

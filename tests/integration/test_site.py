@@ -79,7 +79,7 @@ def test_every_link_opened_from_disk_lands_on_a_page(site: Path, tmp_path: Path)
     html = dom(index, tmp_path)
     links = local_links(html, index)
     # The navigation reaches every section, and every link opens a file (no folder listings).
-    pages = ["getting-started", "first-run", "your-script", "fsdp", "examples", "spec", "api"]
+    pages = ["getting-started", "first-run", "your-script", "notebook", "fsdp", "examples", "spec", "api"]
     assert {f"{page}.html" for page in pages} <= {link.name for link in links}
     assert [link for link in links if not link.is_file()] == []
     # The search box is there, and its index is a script (a fetch() of JSON fails from file://).
@@ -103,6 +103,19 @@ def test_the_examples_gallery_ran_each_example(site: Path, tmp_path: Path) -> No
     assert "dist.init_process_group" in text  # ddp-script's train.py, shown from its folder
     your_script = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "your-script.html", tmp_path))
     assert "[rank 0] done on 4 ranks; LOCAL_RANK 0, MASTER_ADDR 127.0.0.1" in your_script
+
+
+def test_the_notebook_tutorial_shows_each_cells_output_from_a_run_at_build_time(site: Path, tmp_path: Path) -> None:
+    """examples/notebook.ipynb ran while the site was built, without sbatch (its local path; the
+    SLURM path runs in tests/integration/test_notebook.py): each cell's own output is on the page."""
+    text = re.sub(r"<[^>]+>", "", dom(site / "tutorials" / "notebook.html", tmp_path))
+    assert "local:///home/me/tutorial/checkpoints/notebook-local" in text
+    assert "succeeded (COMPLETED)" in text, text[-3000:]
+    attached = r"/checkpoints/notebook-local succeeded \(COMPLETED\) exit 0\s+goodput \d+% \(no fault\)"
+    assert re.search(attached, text), text[-3000:]  # the job found again by its handle, with its ledger
+    assert "failed as expected: failed rank 1 exit 3" in text  # result() of the failed job raised JobFailed
+    assert re.search(r"notebook-sweep\S* \{'train.lr': 0.05\}", text), text[-3000:]
+    assert "(best)" in text and "no sbatch here: SLURM part skipped" in text
 
 
 def test_the_fsdp_tutorial_resumed_on_another_world_size_and_exported(site: Path, tmp_path: Path) -> None:
