@@ -30,7 +30,7 @@ from pathlib import Path
 
 from dist_jobs.constants import PREEMPTED_MARKER
 from dist_jobs.rundir.atomic import write_atomic, write_new
-from dist_jobs.rundir.stamps import STAMP, stamp_in, this_attempts
+from dist_jobs.rundir.stamps import STAMP, holder_stamp, stamp_in, this_attempts
 
 HANG_RECORD = "HANG"
 
@@ -103,11 +103,14 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
 
 
 def write_hang(folder: Path, record: HangRecord) -> None:
-    """Leave `record` unless a rank of the same attempt already left one."""
+    """Leave `record` unless a rank of the same attempt already left one, or the holder LOCK names
+    now did (a superseded holder's late write never replaces the live holder's record)."""
     text = json.dumps(asdict(record), sort_keys=True) + "\n"
     if write_new(folder / HANG_RECORD, text):
         return
     there = read_hang(folder)
+    if there is not None and there.stamp and there.stamp != record.stamp and there.stamp == holder_stamp(folder):
+        return
     if there is None or not there.belongs_to(job=record.job or None, attempt=record.attempt, stamp=record.stamp):
         write_atomic(folder / HANG_RECORD, text)  # an earlier attempt's (or unreadable): this attempt's wins
 

@@ -145,6 +145,14 @@ def test_a_marker_or_hang_record_of_the_old_holder_is_not_the_successors_attempt
     assert read_hang(tmp_path) == mine and attempt_hang(tmp_path, since, NEW, job="2") == mine
 
 
+def test_a_late_hang_record_of_the_old_holder_does_not_replace_the_live_holders(tmp_path: Path) -> None:
+    plant(tmp_path, B)  # B holds the run directory
+    mine = HangRecord(rank=0, step=20, time=109.0, job="2", stamp=NEW)
+    write_hang(tmp_path, mine)
+    write_hang(tmp_path, HangRecord(rank=1, step=12, time=110.0, job="1", stamp=OLD))  # A's, late
+    assert read_hang(tmp_path) == mine
+
+
 def test_unstamped_files_of_older_versions_read_as_before(tmp_path: Path) -> None:
     plant(tmp_path, B)
     rows = [{"step": s, "epoch": 0, "time": float(s), "metrics": {"loss": 1.0}} for s in (1, 2, 1)]
