@@ -3,19 +3,24 @@
 `Live` writes `<run dir>/progress.json` and appends `<run dir>/metrics.jsonl`
 (dist_jobs.rundir.progress) at the points the loop already has its numbers: each log interval,
 where Meter.reduce() synchronized the ranks anyway, and each epoch's end. It adds no collective
-and no GPU sync; other ranks do nothing. `watchdog()` builds the rank's hang watchdog
-(dist_jobs.train.watchdog) from the training config, and its `Beats`: every rank's watchdog
-thread leaves the rank's beat in the run directory (dist_jobs.rundir.beats), and the one that
-fires compares them to name the rank that stopped in the hang record.
+and no GPU sync; other ranks do nothing. The log interval's records are written by a thread of
+their own, in order, so the step does not wait for the files (nor its peers for rank 0).
+`watchdog()` builds the rank's hang watchdog (dist_jobs.train.watchdog) from the training config,
+and its `Beats`: every rank's watchdog thread leaves the rank's beat in the run directory
+(dist_jobs.rundir.beats), and the one that fires compares them to name the rank that stopped in
+the hang record.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +85,9 @@ class Live:
         self._mark: tuple[float, int] | None = None  # (time, step) of the previous update: the ETA's pace
         self._failed = False
         self._rate: float | None = None
-        self._written: float | None = None  # when the previous record was written (unix time)
+        self._written: float | None = None  # when the previous record was made (unix time)
         self._first = False  # the attempt's first step is still to be noted
+        self._writer = _Writer()
 
     def start(self, step: int) -> None:
         """The attempt begins its loop at `step`: the ETA's pace, and the ledger's start (dated
@@ -109,9 +115,17 @@ class Live:
         except OSError as exc:
             log.warning("ledger: cannot write %s: %s (training goes on)", self.folder, exc)
 
-    def update(self, step: int, epoch: int, values: Mapping[str, float], *, finished: bool = False) -> None:
-        """Record `values` (the latest of each metric is kept) and rewrite the progress file."""
-        if self.folder is None or not self.guard.holds("write progress.json and metrics.jsonl"):
+    def update(
+        self, step: int, epoch: int, values: Mapping[str, float], *, finished: bool = False, wait: bool = True
+    ) -> None:
+        """Record `values` (the latest of each metric is kept) and rewrite the progress file.
+
+        `wait=False` (the training loop's log lines) hands the writing to this Live's writer thread
+        and returns: rank 0 reading the lock file, appending a row and replacing progress.json
+        with its fsyncs would otherwise hold the step, and with it every other rank, which waits
+        for rank 0 in the next step's collective. A waiting update (the epoch's end, the finished
+        record) lands after every earlier one, in order; so does flush()."""
+        if self.folder is None or self.guard.lost.is_set():
             return
         fresh = {k: float(v) for k, v in values.items() if k not in _NOT_METRICS}
         self.metrics.update(fresh)
@@ -134,21 +148,74 @@ class Live:
             "stamp": self.guard.stamp,  # a late write of ours, once superseded, is not believed
         }
         row = {"step": step, "epoch": epoch, "time": wall, "metrics": fresh, "stamp": self.guard.stamp}
+        self._written = wall
+        history = ({**row, "owner": self.owner} if self.owner else row) if fresh else None
+        if wait:
+            self.flush()
+            self._write(self.folder, record, history)
+        else:
+            self._writer.put(partial(self._write, self.folder, record, history))
+
+    def _write(self, folder: Path, record: Mapping[str, object], history: Mapping[str, object] | None) -> None:
+        """The files themselves, fenced right before they are written (on either thread)."""
+        if not self.guard.holds("write progress.json and metrics.jsonl"):
+            return
         try:
-            if fresh:
-                append_history(self.folder, {**row, "owner": self.owner} if self.owner else row)
-            write_progress(self.folder, record)
-            self._written = wall
+            if history is not None:
+                append_history(folder, history)
+            write_progress(folder, record)
         except (OSError, ValueError) as exc:  # progress is for people: training goes on without it
             if not self._failed:
-                log.warning("progress: cannot write %s: %s (training goes on)", self.folder, exc)
+                log.warning("progress: cannot write %s: %s (training goes on)", folder, exc)
             self._failed = True
+
+    def flush(self) -> None:
+        """Wait until every update handed to the writer thread is written (or given up)."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """flush(), and end the writer thread."""
+        self._writer.close()
 
     def _eta(self, now: float, step: int) -> float | None:
         mark, self._mark = self._mark, (now, step)
         if mark is None or step <= mark[1]:
             return None
         return (self.total - step) * (now - mark[0]) / (step - mark[1])
+
+
+class _Writer:
+    """One daemon thread running the writes handed to it, in order; started by the first one."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def put(self, job: Callable[[], None]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="dist-jobs-progress", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def flush(self) -> None:
+        if self._thread is not None:
+            self._jobs.join()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # a write's own errors are handled in it: this is a bug, and flush() must not hang on it
+                log.exception("progress: the writer thread's write failed (training goes on)")
+            finally:
+                self._jobs.task_done()
+        self._jobs.task_done()
 
 
 def host_name(environ: Mapping[str, str] | None = None) -> str:

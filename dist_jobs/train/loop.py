@@ -91,6 +91,7 @@ def fit(
             with watching:
                 return _train(run)
         finally:
+            run.live.close()  # the progress handed to its thread is written before the run ends
             if run.ckpt is not None:
                 run.ckpt.close()
 
@@ -274,7 +275,7 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
             run.reporter.report(
                 pos.step, "train", values, title=f"step {pos.step}/{run.total_steps} epoch {pos.epoch} train"
             )
-            run.live.update(pos.step, pos.epoch, values)
+            run.live.update(pos.step, pos.epoch, values, wait=False)  # written on its own thread
         _boundary(run)
         if _max_steps_reached(run):
             return False, meter.reduce()
