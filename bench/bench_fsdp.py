@@ -93,7 +93,7 @@ def hand_written(steps: int) -> tuple[float, float]:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.fsdp import fully_shard
+    from fsdp2_by_hand import shard_by_hand
     from torch.utils.data import DataLoader, DistributedSampler
 
     from dist_jobs.train.data import build_datasets
@@ -102,13 +102,7 @@ def hand_written(steps: int) -> tuple[float, float]:
     torch.manual_seed(0)
     with torch.device("meta"):
         model = gpt()
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    model.to_empty(device="cpu")
-    for module in model.modules():
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+    shard_by_hand(model, model.blocks)
     dataset = build_datasets(config(steps))[0]
     sampler = DistributedSampler(dataset, seed=0)
     loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True)

@@ -112,9 +112,9 @@ def hand(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from fsdp2_by_hand import shard_by_hand
     from third_party_transformer import TransformerBlock
     from third_party_transformer import transformer as build
-    from torch.distributed.fsdp import fully_shard
     from torch.utils.data import DataLoader, DistributedSampler
 
     from dist_jobs.spec.train import TrainConfig
@@ -124,14 +124,7 @@ def hand(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     with torch.device("meta"):
         model = stamping(build())
-    for block in model.modules():
-        if isinstance(block, TransformerBlock):
-            fully_shard(block)
-    fully_shard(model)
-    model.to_empty(device="cpu")
-    for module in model.modules():
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+    shard_by_hand(model, [block for block in model.modules() if isinstance(block, TransformerBlock)])
     section = train_section(args)
     config = TrainConfig(data="text", seq_len=CONTEXT, text_chars=section["text_chars"])
     dataset = build_datasets(config)[0]

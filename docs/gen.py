@@ -440,8 +440,15 @@ def home(folder: str) -> Iterator[None]:
     output. The cache stays the builder's (matplotlib's font list is not rebuilt per page)."""
     keep = {"XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")}
     given = {"HOME": folder, "XDG_CONFIG_HOME": f"{folder}/.config", "XDG_STATE_HOME": f"{folder}/.local/state"}
-    saved = {name: os.environ.get(name) for name in [*given, *keep]}
-    os.environ.update({**given, **keep})
+    with environ({**given, **keep}):
+        yield
+
+
+@contextmanager
+def environ(given: dict[str, str]) -> Iterator[None]:
+    """os.environ with `given` set, as it was again afterwards."""
+    saved = {name: os.environ.get(name) for name in given}
+    os.environ.update(given)
     try:
         yield
     finally:

@@ -60,13 +60,5 @@ def _kernel_env(folder: str) -> Iterator[None]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(gen.REPO), os.environ.get("PYTHONPATH")])),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), *path]),
     }
-    saved = {name: os.environ.get(name) for name in given}
-    os.environ.update(given)
-    try:
+    with gen.environ(given):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
