@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import gen
-import nbclient
-import nbformat
 
 
 def notebook(relative: str) -> str:
     """The notebook `relative` (to the repository) as Markdown, with its cells' output from a run now."""
+    # Here, not at the top: the torch-free test sessions import the docs' hooks without the notebook tools.
+    import nbclient
+    import nbformat
+
     book = nbformat.read(gen.REPO / relative, as_version=4)
     with tempfile.TemporaryDirectory() as scratch:
         folder = os.path.realpath(scratch)

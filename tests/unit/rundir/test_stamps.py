@@ -30,7 +30,6 @@ from dist_jobs.rundir.progress import HISTORY, PROGRESS, append_history, read_hi
 from dist_jobs.rundir.result import read_result, write_result
 from dist_jobs.rundir.stamps import believed, live_rows, this_attempts
 from support.lock_support import foreign, plant
-from support.tiers import require_module
 
 A, B = foreign("slurm:1", "slurm", "1"), foreign("slurm:2", "slurm", "2")  # the old holder, its successor
 OLD, NEW = stamp_of(A.token), stamp_of(B.token)
@@ -82,7 +81,8 @@ def test_a_late_metrics_row_of_a_superseded_holder_is_not_read(tmp_path: Path) -
     assert (row.step, row.latest, row.best) == (5, 0.5, 1.0)
 
 
-def test_the_ledger_and_the_plot_see_only_the_successors_rows(tmp_path: Path) -> None:
+def test_the_ledger_sees_only_the_successors_rows(tmp_path: Path) -> None:
+    """The ledger, like the plot (dist_jobs.api.plot), reads metrics.jsonl through read_history."""
     note(tmp_path, "start", time=0.5, attempt=0, job="7", resumed_step=0)
     note(tmp_path, "start", time=12.0, attempt=1, job="7", resumed_step=2)
     _taken_over(tmp_path)
@@ -90,12 +90,6 @@ def test_the_ledger_and_the_plot_see_only_the_successors_rows(tmp_path: Path) ->
     lines = (tmp_path / HISTORY).read_text().splitlines()
     (tmp_path / HISTORY).write_text("\n".join(lines[:-1]) + "\n")  # the same run without the late row
     assert with_late == ledger(tmp_path, "7", None, now=40.0)
-    require_module("matplotlib", "pip install -e '.[plot]'")
-    from dist_jobs.api.plot import plot_run
-
-    (tmp_path / HISTORY).write_text("\n".join(lines) + "\n")
-    drawn = plot_run(tmp_path, tmp_path / "run.png", "run")
-    assert drawn.attempts == [[1, 2, 3, 4], [3, 4, 5]]  # no point of A's after B's
 
 
 def test_a_late_progress_of_the_old_holder_is_not_shown_while_the_successor_holds_the_lock(tmp_path: Path) -> None:
