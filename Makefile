@@ -29,8 +29,8 @@ demo: $(VENV)/.installed
 # (the README's Tests section). The side work's output follows the full session's; either failing
 # fails `make test`. The nice levels order this session's own processes: Linux's autogroup
 # scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
-# local rank is a session of its own. Turning it off so that nice ordered everything was tried: the
-# SLURM lane then took the CPU from the other workers and the suite ran longer.
+# local rank is a session of its own. Turning it off so that nice orders everything is untried as
+# a whole (a run with it off was stopped early), so it stays on.
 SIDE_LOG := build/test-side.log
 # 3 SLURM nodes: the node-failure test needs one to spare for a 2-node job (its failed node is kept away).
 SLURM_NODES := 3
