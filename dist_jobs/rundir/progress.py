@@ -60,21 +60,21 @@ def read_progress(run_dir: Path) -> dict[str, object] | None:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("step"), int):
         return None
-    if not stamp_in(data):  # a run without a lock, or an older version: nothing to check it against
+    if not superseded(run_dir, stamp_in(data)):
         return data
-    holder = holder_stamp(run_dir)
-    if holder == stamp_in(data):  # the live holder's own: none after it can have retired it
-        return data
-    rows, retired = _history(run_dir)
-    if believed(stamp_in(data), retired, holder):
-        return data
-    return _from_rows(rows, holder)
+    return _from_rows(read_history(run_dir), holder_stamp(run_dir))  # rare: a late write was there
 
 
 def superseded(run_dir: Path, stamp: str) -> bool:
     """Whether a record of `stamp` that replaces a file of `run_dir` (progress.json, result.json)
-    is a superseded holder's late write, not the run's (dist_jobs.rundir.stamps.believed)."""
-    return bool(stamp) and not believed(stamp, _history(run_dir)[1], holder_stamp(run_dir))
+    is a superseded holder's late write, not the run's (dist_jobs.rundir.stamps.believed). No
+    stamp (a run without a lock, an older version) is never superseded."""
+    if not stamp:
+        return False
+    holder = holder_stamp(run_dir)
+    if holder == stamp:  # the live holder's own: no holder after it can have retired it
+        return False
+    return not believed(stamp, _history(run_dir)[1], holder)
 
 
 def _from_rows(rows: list[dict[str, object]], holder: str | None) -> dict[str, object] | None:
