@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -31,6 +29,7 @@ from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.ledger import note, process_started
 from dist_jobs.rundir.progress import append_history, write_progress
 from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train.checkpoint.write import BackgroundWriter
 from dist_jobs.train.distributed import collectives_entered
 from dist_jobs.train.runlock import Guard
 from dist_jobs.train.watchdog import Watchdog, default_check_every, waits_in
@@ -87,7 +86,7 @@ class Live:
         self._rate: float | None = None
         self._written: float | None = None  # when the previous record was made (unix time)
         self._first = False  # the attempt's first step is still to be noted
-        self._writer = _Writer()
+        self._writer = BackgroundWriter("dist-jobs-progress")  # one write in flight, in order
 
     def start(self, step: int) -> None:
         """The attempt begins its loop at `step`: the ETA's pace, and the ledger's start (dated
@@ -154,7 +153,7 @@ class Live:
             self.flush()
             self._write(self.folder, record, history)
         else:
-            self._writer.put(partial(self._write, self.folder, record, history))
+            self._writer.submit(partial(self._logged, self.folder, record, history))
 
     def _write(self, folder: Path, record: Mapping[str, object], history: Mapping[str, object] | None) -> None:
         """The files themselves, fenced right before they are written (on either thread)."""
@@ -169,53 +168,27 @@ class Live:
                 log.warning("progress: cannot write %s: %s (training goes on)", folder, exc)
             self._failed = True
 
+    def _logged(self, folder: Path, record: Mapping[str, object], history: Mapping[str, object] | None) -> None:
+        """_write() on the writer thread: its own errors are handled in it, so one that escapes is a
+        bug, logged there; flush() must not raise it into the training step."""
+        try:
+            self._write(folder, record, history)
+        except Exception:
+            log.exception("progress: the writer thread's write failed (training goes on)")
+
     def flush(self) -> None:
         """Wait until every update handed to the writer thread is written (or given up)."""
-        self._writer.flush()
+        self._writer.wait()
 
     def close(self) -> None:
-        """flush(), and end the writer thread."""
-        self._writer.close()
+        """flush(): the writer's thread ends with its last write."""
+        self._writer.wait()
 
     def _eta(self, now: float, step: int) -> float | None:
         mark, self._mark = self._mark, (now, step)
         if mark is None or step <= mark[1]:
             return None
         return (self.total - step) * (now - mark[0]) / (step - mark[1])
-
-
-class _Writer:
-    """One daemon thread running the writes handed to it, in order; started by the first one."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-
-    def put(self, job: Callable[[], None]) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dist-jobs-progress", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-
-    def flush(self) -> None:
-        if self._thread is not None:
-            self._jobs.join()
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job()
-            except Exception:  # a write's own errors are handled in it: this is a bug, and flush() must not hang on it
-                log.exception("progress: the writer thread's write failed (training goes on)")
-            finally:
-                self._jobs.task_done()
-        self._jobs.task_done()
 
 
 def host_name(environ: Mapping[str, str] | None = None) -> str:
