@@ -158,7 +158,8 @@ def run_side(argv: list[str], work: Path, args: argparse.Namespace) -> tuple[flo
     stamps = cwd / "stamps.json"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH)]),
+        # the caller's path kept after ours (packages installed beside the interpreter's)
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCH), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "OMP_NUM_THREADS": "1",
         "BENCH_STAMPS": str(stamps),
         "BENCH_WIDTH": str(args.width),

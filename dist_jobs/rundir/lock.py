@@ -56,6 +56,7 @@ from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.envnum import env_seconds
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_new
+from dist_jobs.rundir.history import TOOK_OVER, append_history
 from dist_jobs.rundir.holder import Holder, heartbeat_seconds
 from dist_jobs.rundir.takeover import Seen, Watch, break_stale, look, takeover_reason
 
@@ -327,6 +328,7 @@ def _acquire(
         reason = _verdict(seen, watch, me, stale_after, on_wait, path)
         broke = None if reason is None else break_stale(path, seen, me.to_bytes(), watch.guards)
         if broke:
+            _retire(run_dir, seen.holder, me)
             return Lock(path, me, owned=True, took_over=reason, lease=max(0.0, stale_after - me.every))
         if broke is None:
             time.sleep(_poll_seconds(seen.holder))
@@ -337,6 +339,14 @@ def _acquire(
         f"could not take the lock {path}: it kept changing hands",
         "another run is starting in the same run directory right now; try again in a minute",
     )
+
+
+def _retire(run_dir: Path, predecessor: Holder | None, me: Holder) -> None:
+    """The takeover row, appended the moment the lock is ours: it retires the predecessor's stamp
+    in metrics.jsonl, so whatever it lands late is not believed (dist_jobs.rundir.stamps), also
+    when this holder logs nothing before it ends."""
+    before = "" if predecessor is None else stamp_of(predecessor.token)
+    append_history(run_dir, {TOOK_OVER: before, "stamp": stamp_of(me.token), "time": time.time()})
 
 
 def _verdict(

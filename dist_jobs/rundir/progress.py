@@ -13,7 +13,8 @@ for a local run; absent in files of older versions), time (unix seconds), state 
 "finished"), stamp (the writing holder's lock stamp, dist_jobs.rundir.stamps; "" without a lock,
 absent in files of older versions).
 metrics.jsonl rows: {"step", "epoch", "time", "metrics", "stamp", "owner"} (no stamp or owner in
-older versions' rows).
+older versions' rows), and the takeover row a holder appends when it takes the lock over
+(dist_jobs.rundir.history), which readers never show.
 
 A holder that lost the lock while stalled in a write can land that write late; its stamp tells it
 apart (dist_jobs.rundir.stamps): `read_history()` drops the late rows of a superseded holder, and
@@ -30,25 +31,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.history import HISTORY, TOOK_OVER, read_objects
 from dist_jobs.rundir.stamps import believed, holder_stamp, live_rows, stamp_in
 
 PROGRESS = "progress.json"
-HISTORY = "metrics.jsonl"
 
 
 def write_progress(run_dir: Path, progress: Mapping[str, object]) -> None:
     """Replace `<run_dir>/progress.json` atomically."""
     text = json.dumps(dict(progress), sort_keys=True, allow_nan=False, default=str) + "\n"
     write_atomic(run_dir / PROGRESS, text, mkdir=True)
-
-
-def append_history(run_dir: Path, row: Mapping[str, object]) -> None:
-    """Append one JSON line to `<run_dir>/metrics.jsonl` in one write."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(dict(row), sort_keys=True, allow_nan=False, default=str) + "\n"
-    with open(run_dir / HISTORY, "a", encoding="utf-8") as fh:  # O_APPEND: a line lands whole
-        fh.write(line)
-        fh.flush()
 
 
 def read_progress(run_dir: Path) -> dict[str, object] | None:
@@ -109,26 +101,14 @@ def read_history(run_dir: Path) -> list[dict[str, object]]:
 
 def _history(run_dir: Path) -> tuple[list[dict[str, object]], set[str]]:
     """read_history() and the stamps retired in metrics.jsonl."""
-    return live_rows(read_json_lines(run_dir / HISTORY, "step", int))
+    rows = [r for r in read_objects(run_dir / HISTORY) if isinstance(r.get("step"), int) or TOOK_OVER in r]
+    return live_rows(rows)
 
 
 def read_json_lines(path: Path, key: str, kind: type | tuple[type, ...]) -> list[dict[str, object]]:
-    """The records of a JSON-lines file appended one line per write (metrics.jsonl, ledger.jsonl),
-    oldest first: those that parse as an object with `key` of type `kind`; a torn last line (its
-    writer killed mid-line) and foreign lines are skipped, and a missing file has none."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get(key), kind):
-            records.append(record)
-    return records
+    """The records of a JSON-lines file (metrics.jsonl, ledger.jsonl), oldest first, that have
+    `key` of type `kind` (dist_jobs.rundir.history.read_objects)."""
+    return [record for record in read_objects(path) if isinstance(record.get(key), kind)]
 
 
 def _number(value: object, fmt: str) -> str | None:

@@ -8,8 +8,11 @@ record) carries `"stamp"`: the holder's `Fence.stamp` (`stamp_of(token)`, 12 hex
 a run that holds no lock (a plain `python -m dist_jobs.train`): nothing of it is filtered, as
 nothing of older versions (no stamp) is. The rules, without an epoch counter or a clock:
 
-- metrics.jsonl, appended: a stamp is retired once a row of another non-empty stamp follows it; a
-  later row of a retired stamp is a late write, and `live_rows()` drops it.
+- metrics.jsonl, appended: a stamp is retired once a row of another non-empty stamp follows it,
+  or the takeover row a successor appends the moment it takes the lock over (dist_jobs.rundir.lock)
+  names it; a later row of a retired stamp is a late write, and `live_rows()` drops it. The takeover
+  row retires the predecessor before the successor has logged anything (or if it never does), so
+  only a row already in flight while the lock itself changed hands can still land unretired.
 - progress.json and result.json, replaced: `believed()` refuses one whose stamp is retired in
   metrics.jsonl, or is not the stamp of the holder LOCK names while it names one.
 - PREEMPTED and HANG, one per attempt: `this_attempts()` takes one for the reader's attempt only
@@ -24,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from dist_jobs.rundir.history import TOOK_OVER
 from dist_jobs.rundir.lock import LOCK_NAME, current, stamp_of
 
 __all__ = ["STAMP", "believed", "holder_stamp", "live_rows", "stamp_in", "stamp_of", "this_attempts"]
@@ -39,7 +43,8 @@ def stamp_in(record: Mapping[str, object]) -> str:
 
 
 def live_rows(rows: Iterable[_Row]) -> tuple[list[_Row], set[str]]:
-    """The rows of an append-only log without the late ones, and the stamps retired in it."""
+    """The rows of an append-only log without the late ones and the takeover rows, and the stamps
+    retired in it."""
     kept: list[_Row] = []
     retired: set[str] = set()
     last = ""  # the newest non-empty stamp so far
@@ -51,6 +56,11 @@ def live_rows(rows: Iterable[_Row]) -> tuple[list[_Row], set[str]]:
             if last:
                 retired.add(last)
             last = stamp
+        if TOOK_OVER in row:  # a successor's first word: the holder it took the lock from is done
+            predecessor = row[TOOK_OVER]
+            if isinstance(predecessor, str) and predecessor and predecessor != stamp:
+                retired.add(predecessor)
+            continue
         kept.append(row)
     return kept, retired
 

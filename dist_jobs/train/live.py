@@ -25,10 +25,12 @@ from typing import Any
 from dist_jobs.rundir.attempts import Attempts
 from dist_jobs.rundir.beats import Beat, read_beat, read_beats, stopped, waiting_in, write_beat
 from dist_jobs.rundir.hang import HangRecord, StoppedRank, describe_hang, job_id, write_hang, write_preempted
+from dist_jobs.rundir.history import append_history
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.ledger import note, process_started
-from dist_jobs.rundir.progress import append_history, write_progress
+from dist_jobs.rundir.progress import write_progress
 from dist_jobs.spec.train import TrainConfig
+from dist_jobs.train import flight
 from dist_jobs.train.checkpoint.write import BackgroundWriter
 from dist_jobs.train.distributed import collectives_entered
 from dist_jobs.train.runlock import Guard
@@ -277,14 +279,16 @@ def watchdog(
     collective_timeout_s: float,
     guard: Guard | None = None,
     world_size: int = 1,
+    backend: str = "gloo",
     **options: Any,
 ) -> Watchdog | None:
     """The rank's hang watchdog (None when train.hang_watchdog is off), firing before a collective
     waits `collective_timeout_s`. Its thread leaves the rank's beat in `folder`; when it fires it
-    leaves the hang record status reads (naming the rank that stopped), then the marker the batch
-    script and the pod entrypoint read as "requeue", as a preemption does. All three are fenced by
-    `guard`: a run that lost its run directory must not make the run that took it over look hung
-    or requeue it. `options`: more of Watchdog's arguments (a test's clock, stream and exit)."""
+    leaves the hang record status reads (naming the rank that stopped), this rank's flight
+    recorder trace (dist_jobs.train.flight), then the marker the batch script and the pod
+    entrypoint read as "requeue", as a preemption does. All are fenced by `guard`: a run that lost
+    its run directory must not make the run that took it over look hung or requeue it.
+    `options`: more of Watchdog's arguments (a test's clock, stream and exit)."""
     if not config.hang_watchdog:
         return None
     every = options.setdefault("check_every_s", default_check_every(config.hang_min_seconds))
@@ -296,8 +300,11 @@ def watchdog(
         pulse.guard.check("leave the hang record and the requeue marker")
         found = pulse.record(dog)
         write_hang(pulse.folder, found)  # first: a status that sees the requeue sees why
+        trace = flight.dump(pulse.folder, pulse.job, pulse.attempt, rank, backend)
         write_preempted(pulse.folder, describe_hang(found), pulse.guard.stamp)
         dog.say(describe_hang(found))  # this rank's view; the record keeps the first rank's
+        if trace is not None:
+            dog.say(f"flight recorder trace: {trace}{flight.how_to_read(trace, backend)}")
 
     dog = Watchdog(
         config.hang_factor,

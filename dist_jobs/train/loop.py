@@ -27,11 +27,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dist_jobs.constants import PREEMPTED_MARKER, REQUEUE_EXIT_CODE
 from dist_jobs.errors import Preempted, UsageError
-from dist_jobs.rundir.hang import HANG_RECORD, write_preempted
+from dist_jobs.rundir.hang import HANG_RECORD, job_id, write_preempted
 from dist_jobs.rundir.lock import LOCK_NAME, LockLost, current
 from dist_jobs.rundir.result import RESULT, write_result
 from dist_jobs.spec.train import TrainConfig
-from dist_jobs.train import data, fsdp, live, models, shm_reduce, signals
+from dist_jobs.train import data, flight, fsdp, live, models, shm_reduce, signals
 from dist_jobs.train.batches import LossFn, batch_size, call_loss, to_device
 from dist_jobs.train.checkpoint.checkpointer import Checkpointer
 from dist_jobs.train.checkpoint.sharded import ShardedCheckpointer, sharded_state
@@ -72,6 +72,7 @@ def fit(
     if config.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not config.deterministic
+    flight.arm(checkpoint_folder(config), job_id(), live.attempt_number())  # before the process group
     with (
         signals.PreemptFlag(signals.preempt_signals(config.preempt_signals)) as flag,
         session(config) as dist,
@@ -143,7 +144,9 @@ def _build(
         no_sync=no_sync,
         user_state=user_state,
         live=live.Live(folder if dist.is_main else None, total, live.attempt_number(), guard),
-        watchdog=live.watchdog(c, dist.rank, folder, dist.timeout.total_seconds(), guard, dist.world_size),
+        watchdog=live.watchdog(
+            c, dist.rank, folder, dist.timeout.total_seconds(), guard, dist.world_size, dist.backend
+        ),
     )
 
 

@@ -171,6 +171,22 @@ def test_a_sigstopped_rank_is_the_one_the_record_and_status_name_not_the_rank_wh
     said = f"hang: rank 1 on {gone.host} stopped at step {gone.step}; the others wait in {hang.others}"
     assert f"{said} (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
     assert not Path(f"/proc/{stalled}").exists() or "Z" in Path(f"/proc/{stalled}/stat").read_text().split(")")[-1][:3]
+    assert_the_flight_recorder_trace_of_rank_0_alone(run_dir, text)
+
+
+def assert_the_flight_recorder_trace_of_rank_0_alone(run_dir: Path, log: str) -> None:
+    """Rank 0's watchdog left its flight recorder trace in the run directory, in the format torch's
+    own analyser reads (its loader, here), ending in the collective it waits in; rank 1, stopped,
+    left none: the missing trace is the stopped rank."""
+    from torch.distributed.flight_recorder.components.loader import read_dump
+
+    traces = sorted((run_dir / "flight-recorder").glob("*/rank*"))
+    assert [t.name for t in traces] == ["rank0"], traces
+    assert f"flight recorder trace: {traces[0]}" in log, log[-3000:]
+    dump = read_dump("rank", str(traces[0]))
+    last = dump["entries"][-1]  # type: ignore[index]
+    assert dump["rank"] == 0 and last["profiling_name"].startswith("gloo:"), last
+    assert last["collective_seq_id"] > 4, last  # the step's all_reduce, after the start-up's collectives
 
 
 def test_a_slow_but_steady_run_is_not_taken_for_a_hang(tmp_path: Path) -> None:

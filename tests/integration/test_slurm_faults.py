@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from dist_jobs.ranks.nodelist import expand
+from dist_jobs.rundir.history import HISTORY, TOOK_OVER, read_objects
 from dist_jobs.rundir.progress import read_history, read_progress
 from dist_jobs.rundir.quarantine import kept_away
 from dist_jobs.rundir.verdict import Action, Ending, recorded
@@ -209,7 +210,6 @@ def test_a_suspended_job_whose_lock_was_taken_over_stops_without_writing_once_re
         "B's takeover", lambda: log_b.exists() and "took over the lock" in log_b.read_text(), 120, timeline, a, b
     )
     assert took
-    rows_before = len(read_history(run_dir))
     subprocess.run(["scontrol", "resume", a], check=True)
     status_a = wait_finished(tmp_path, name, a, timeout=120)
     status_b = wait_finished(tmp_path, name, b, timeout=180)
@@ -224,9 +224,14 @@ def test_a_suspended_job_whose_lock_was_taken_over_stops_without_writing_once_re
     assert f"(it is now held by slurm job {b}, pid " in batch_a, batch_a
     assert f"waiting for the lock of {run_dir}: its holder (slurm job {a}" in batch_b, batch_b
     assert "heartbeat was" in batch_b and status_b.state == "COMPLETED", batch_b
-    # From B's takeover on, only B appended: its steps rise, one row each, without a step back
-    # (the last step has two rows: its train row and the epoch's end).
-    after = [int(row["step"]) for row in read_history(run_dir)[rows_before:]]  # type: ignore[call-overload]
+    # From B's takeover row on (appended the moment B took the lock), only B appended: its steps
+    # rise, one row each, without a step back (the last step has two rows: its train row and the
+    # epoch's end). Read raw: what A might have landed late must not be there at all.
+    raw = read_objects(run_dir / HISTORY)
+    takeover = next(i for i, row in enumerate(raw) if TOOK_OVER in row)
+    assert all(row.get("owner") == f"slurm:{a}" for row in raw[:takeover]), raw
+    assert all(row.get("owner") == f"slurm:{b}" for row in raw[takeover + 1 :]), raw
+    after = [int(str(row["step"])) for row in raw[takeover + 1 :]]
     assert after == sorted(after) and after[-2:] == [32, 32] and len(set(after)) == len(after) - 1, after
     assert (read_progress(run_dir) or {}).get("owner") == f"slurm:{b}"
     assert not (run_dir / "LOCK").exists()  # B released it; A never touched it again

@@ -259,7 +259,8 @@ def test_array_task_runs_its_trial_exactly_as_given(tmp_path: Path) -> None:
 
 def _fake_sweep(root: Path, runs: list[dict[str, Any]]) -> Path:
     """A local sweep's manifest and run directories, as if its trials had run."""
-    from dist_jobs.rundir.progress import append_history, write_progress
+    from dist_jobs.rundir.history import append_history
+    from dist_jobs.rundir.progress import write_progress
 
     trials_ = []
     for i, run in enumerate(runs):

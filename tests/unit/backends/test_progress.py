@@ -18,10 +18,9 @@ from dist_jobs.backends.handle import Handle
 from dist_jobs.backends.jobstate import JobState
 from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.cli.output import info_table
+from dist_jobs.rundir.history import HISTORY, append_history
 from dist_jobs.rundir.progress import (
-    HISTORY,
     PROGRESS,
-    append_history,
     describe,
     read_history,
     read_progress,

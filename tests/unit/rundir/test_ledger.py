@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dist_jobs.rundir.history import append_history
 from dist_jobs.rundir.ledger import LEDGER, ledger, note, read_events
-from dist_jobs.rundir.progress import append_history
 from dist_jobs.rundir.verdict import Action, Ending, Verdict, record
 
 SUBMITTED = 1000.0

@@ -19,6 +19,7 @@ import pytest
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE
 from dist_jobs.rundir import lock as lockmod
 from dist_jobs.rundir import lockctl, takeover
+from dist_jobs.rundir.history import HISTORY
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lease import Heartbeat
 from dist_jobs.rundir.lock import LOCK_NAME, Lock, LockHeld, LockLost, acquire, new_token
@@ -174,7 +175,8 @@ def test_breaking_a_stale_lock_leaves_no_moment_without_it(tmp_path: Path, monke
     lock = acquire(tmp_path / "run", me(), stale_after=0.5)
     assert lock.took_over and Holder.parse(path.read_bytes()) == lock.holder
     assert missing == []
-    assert sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME]
+    # no guard or aside copy left behind: the lock, and metrics.jsonl with the takeover row alone
+    assert sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME, HISTORY]
 
 
 def test_another_breakers_guard_is_waited_for_and_never_removed(

@@ -6,6 +6,7 @@ lands one write of its own; then what every reader sees. Files without stamps re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -24,9 +25,10 @@ from dist_jobs.rundir.hang import (
     write_hang,
     write_preempted,
 )
+from dist_jobs.rundir.history import HISTORY, append_history
 from dist_jobs.rundir.ledger import ledger, note
-from dist_jobs.rundir.lock import LOCK_NAME, stamp_of
-from dist_jobs.rundir.progress import HISTORY, PROGRESS, append_history, read_history, read_progress, write_progress
+from dist_jobs.rundir.lock import LOCK_NAME, Lock, acquire, stamp_of
+from dist_jobs.rundir.progress import PROGRESS, read_history, read_progress, write_progress
 from dist_jobs.rundir.result import read_result, write_result
 from dist_jobs.rundir.stamps import believed, live_rows, this_attempts
 from support.lock_support import foreign, plant
@@ -163,3 +165,40 @@ def test_unstamped_files_of_older_versions_read_as_before(tmp_path: Path) -> Non
     assert preempted_since(tmp_path, 0.0, NEW) and not preempted_since(tmp_path, marker.landed + 1, NEW)
     (tmp_path / HANG_RECORD).write_text(json.dumps({"rank": 1, "step": 6, "time": 5.0, "attempt": 0, "job": ""}))
     assert attempt_hang(tmp_path, 5.0, NEW) is not None and attempt_hang(tmp_path, 6.0, NEW) is None
+
+
+def _takeover_by_b(run_dir: Path) -> Lock:
+    """A (planted, not beating) logged steps 1-4; B takes its lock over for real (acquire(), on
+    its own clock): its takeover row is its first word in metrics.jsonl."""
+    for step in range(1, 5):
+        append_history(run_dir, _row(step, OLD, 1.0))
+    plant(run_dir, dataclasses.replace(A, every=0.1))
+    lock = acquire(run_dir, dataclasses.replace(B, every=0.1), stale_after=0.5)
+    assert lock.took_over and lock.owned
+    return lock
+
+
+def test_a_late_row_landing_before_the_successors_first_row_is_dropped(tmp_path: Path) -> None:
+    _takeover_by_b(tmp_path)
+    append_history(tmp_path, _row(5, OLD, 9.0, time=30.0))  # A's, late: B has logged nothing yet
+    append_history(tmp_path, _row(3, NEW, 0.5, time=31.0))
+    assert [(r["step"], r["stamp"]) for r in read_history(tmp_path)] == [
+        (1, OLD),
+        (2, OLD),
+        (3, OLD),
+        (4, OLD),
+        (3, NEW),
+    ]
+
+
+def test_a_successor_that_released_without_logging_still_retires_the_old_holders_late_records(tmp_path: Path) -> None:
+    _takeover_by_b(tmp_path).release()  # B ended before its first step (a refused start, an early bug)
+    write_progress(tmp_path, _progress(7, OLD))  # A's late writes, after B released
+    write_result(tmp_path, {"loss": 9.0}, OLD)
+    append_history(tmp_path, _row(7, OLD, 9.0, time=30.0))
+    assert not (tmp_path / LOCK_NAME).exists()
+    shown = read_progress(tmp_path)
+    assert shown is not None and (shown["step"], shown["stamp"]) == (4, OLD)  # A's last row before the takeover
+    with pytest.raises(DistJobsError, match="written late by a run that had lost the run directory"):
+        read_result(tmp_path)
+    assert [r["step"] for r in read_history(tmp_path)] == [1, 2, 3, 4]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dist_jobs.rundir.history import HISTORY
 from dist_jobs.rundir.lock import LOCK_NAME, Fence
-from dist_jobs.rundir.progress import HISTORY, PROGRESS, read_history, read_progress
+from dist_jobs.rundir.progress import PROGRESS, read_history, read_progress
 from dist_jobs.train.live import Live
 from dist_jobs.train.runlock import Guard
 from support.lock_support import foreign, plant

@@ -11,8 +11,9 @@ from typing import Any, cast
 
 from dist_jobs.rundir.beats import beat_path
 from dist_jobs.rundir.hang import read_hang, read_preempted
+from dist_jobs.rundir.history import HISTORY
 from dist_jobs.rundir.lock import LOCK_NAME, Fence
-from dist_jobs.rundir.progress import HISTORY, PROGRESS
+from dist_jobs.rundir.progress import PROGRESS
 from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.live import Live, watchdog
 from dist_jobs.train.metrics import Reporter
