@@ -61,7 +61,7 @@ _expose_pyenv_versions(PYTHONS)
 FULL_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "3")
 TORCH_FREE_WORKERS = os.environ.get("DIST_JOBS_TEST_WORKERS", "2")
 # The share of each property test's examples the torch-free sessions try (tests/support/props.py).
-PROPERTY_SHARE = "0.25"
+PROPERTY_SHARE = "0.1"
 
 
 @nox.session(venv_backend="none")
