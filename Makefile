@@ -27,11 +27,12 @@ demo: $(VENV)/.installed
 # session's own processes yield too, a little (nice 3), to the jobs the cluster tiers run (started by
 # slurmd and the kubelet at normal priority): the SLURM tests, one at a time, are its longest lane
 # (the README's Tests section). The side work's output follows the full session's; either failing
-# fails `make test`. Nice orders only this session's own processes: Linux's autogroup scheduling
-# (on by default) first shares the CPU between sessions, and each SLURM step, pod and local rank is
-# a session of its own at the default weight. So this session as a whole yields to them too: its
-# autogroup's nice (sched(7), /proc/self/autogroup: this session only, nothing machine-wide) is 10
-# where the kernel has autogroups.
+# fails `make test`. The nice levels order this session's own processes: Linux's autogroup
+# scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
+# local rank is a session of its own. Lowering this session's own autogroup weight (nice 10 on
+# /proc/self/autogroup) was measured: the full session then ended 4 minutes sooner, but the side
+# work it starved ran after it, so `make test` took as long (it is bound by the CPU work), and
+# the tests' own subprocesses (an export with a 60 s limit) ran out of time. So it is not done.
 SIDE_LOG := build/test-side.log
 # 3 SLURM nodes: the node-failure test needs one to spare for a 2-node job (its failed node is kept away).
 SLURM_NODES := 3
@@ -42,7 +43,6 @@ test: $(VENV)/.installed
 	bash k8s/apiserver/up.sh
 	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	mkdir -p build
-	if [ -w /proc/self/autogroup ]; then echo 10 > /proc/self/autogroup; fi
 	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
 	DIST_JOBS_VENV=$(VENV) nice -n 3 $(VENV)/bin/nox -s full; full=$$?; \

@@ -2,8 +2,8 @@
 collectives (which one, its sequence number, sizes, state), recorded by torch on every rank.
 
 `arm()` runs before the process group exists, because torch reads its settings then: it turns the
-recorder on (TORCH_FR_BUFFER_SIZE entries, as torchtitan does by default; a size the user set,
-0 included, is theirs) and points torch's own dumps (NCCL's dump on a collective timeout) into the
+recorder on (TORCH_FR_BUFFER_SIZE entries, as torchtitan does by default; a size the user set, 0
+included, is theirs) and points torch's own dumps (NCCL's dump on a collective timeout) into the
 run directory instead of /tmp. When the hang watchdog fires, `dump()` writes this rank's trace
 there from the watchdog's thread (taking only the recorder's lock, so a training thread stuck in
 a collective does not block it), in torch's own format, one file per rank:
@@ -42,12 +42,13 @@ def traces_folder(run_dir: Path, job: str, attempt: int) -> Path:
 
 
 def arm(run_dir: Path | None, job: str, attempt: int, environ: MutableMapping[str, str] | None = None) -> None:
-    """Turn the recorder on and aim torch's own dumps at this attempt's folder, unless the user
-    chose otherwise: before the process group exists."""
+    """Before the process group exists: turn the recorder on unless the user sized it (its cost
+    per collective is below what BENCHMARKS.md can measure), and, where it records, aim torch's
+    own dumps at this attempt's folder unless the user chose another."""
     env = os.environ if environ is None else environ
     if not any(name in env for name in SIZE_VARS):
         env[SIZE_VARS[0]] = str(ENTRIES)
-    if run_dir is not None:
+    if run_dir is not None and recording(env):
         env.setdefault(DUMP_FILE_VAR, str(traces_folder(run_dir, job, attempt) / PREFIX))
 
 

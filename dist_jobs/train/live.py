@@ -316,7 +316,13 @@ def watchdog(
         peer_silence=None if pulse is None else pulse.silence,
         **options,
     )
-    if rank == 0 and dog.cap is not None and config.hang_min_seconds > dog.cap:
+    if rank == 0:
+        _warn_if_capped(config, dog, collective_timeout_s)
+    return dog
+
+
+def _warn_if_capped(config: TrainConfig, dog: Watchdog, collective_timeout_s: float) -> None:
+    if dog.cap is not None and config.hang_min_seconds > dog.cap:
         log.warning(
             "train.hang_min_seconds is %gs, too close to the collective timeout of %gs "
             "(train.collective_timeout, $DIST_JOBS_COLLECTIVE_TIMEOUT) for the watchdog to dump the stacks "
@@ -326,4 +332,3 @@ def watchdog(
             collective_timeout_s,
             dog.cap,
         )
-    return dog

@@ -120,6 +120,7 @@ def _build(
     # fsdp: its MixedPrecisionPolicy casts the parameters (fsdp.precision), no autocast
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c.amp) if c.strategy == "ddp" else None
     board = (folder or Path("runs") / run_name(c)) / "tensorboard" if c.tensorboard else None
+    dog = live.watchdog(c, dist.rank, folder, dist.timeout.total_seconds(), guard, dist.world_size, dist.backend)
     return Run(
         config=c,
         dist=dist,
@@ -144,9 +145,7 @@ def _build(
         no_sync=no_sync,
         user_state=user_state,
         live=live.Live(folder if dist.is_main else None, total, live.attempt_number(), guard),
-        watchdog=live.watchdog(
-            c, dist.rank, folder, dist.timeout.total_seconds(), guard, dist.world_size, dist.backend
-        ),
+        watchdog=dog,
     )
 
 

@@ -186,8 +186,9 @@ def test_a_worker_pods_program_is_stopped_once_another_job_takes_the_run_directo
     program = (
         # a line into the run directory every 0.05 s; a second in, another job takes LOCK over
         f'for i in $(seq 400); do echo "$i" >> "{run_dir}/writes"; sleep 0.05; '
+        # (the step is noted before the move: the follower may kill the program right after it)
         f'[ "$i" = 20 ] && printf %s \'{thief.to_bytes().decode().strip()}\' > "{ours}.new" '
-        f'&& mv "{ours}.new" "{ours}" && echo "$i" > "{took_over}"; done'
+        f'&& echo "$i" > "{took_over}" && mv "{ours}.new" "{ours}"; done'
     )
     proc = run_pod(tmp_path, program, PET_NODE_RANK="1", DIST_JOBS_LOCK_HEARTBEAT_SECONDS="0.1")
     assert proc.returncode == 6, proc.stderr
