@@ -44,12 +44,25 @@ def traces_folder(run_dir: Path, job: str, attempt: int) -> Path:
 def arm(run_dir: Path | None, job: str, attempt: int, environ: MutableMapping[str, str] | None = None) -> None:
     """Before the process group exists: turn the recorder on unless the user sized it (its cost
     per collective is below what BENCHMARKS.md can measure), and, where it records, aim torch's
-    own dumps at this attempt's folder unless the user chose another."""
+    own dumps at this attempt's folder unless the user chose another. What an earlier run in
+    this process set (a notebook's second fit()) is set again for this one."""
     env = os.environ if environ is None else environ
-    if not any(name in env for name in SIZE_VARS):
-        env[SIZE_VARS[0]] = str(ENTRIES)
-    if run_dir is not None and recording(env):
-        env.setdefault(DUMP_FILE_VAR, str(traces_folder(run_dir, job, attempt) / PREFIX))
+    if _ours(env, SIZE_VARS[0]) and SIZE_VARS[1] not in env:
+        _set(env, SIZE_VARS[0], str(ENTRIES))
+    if run_dir is not None and recording(env) and _ours(env, DUMP_FILE_VAR):
+        _set(env, DUMP_FILE_VAR, str(traces_folder(run_dir, job, attempt) / PREFIX))
+
+
+# What arm() set in this process, so that a value it set is never taken for the user's.
+_SET: dict[str, str] = {}
+
+
+def _ours(env: Mapping[str, str], name: str) -> bool:
+    return name not in env or env[name] == _SET.get(name)
+
+
+def _set(env: MutableMapping[str, str], name: str, value: str) -> None:
+    env[name] = _SET[name] = value
 
 
 def recording(environ: Mapping[str, str] | None = None) -> bool:

@@ -37,3 +37,11 @@ def test_without_a_run_directory_only_the_recorder_is_turned_on() -> None:
     assert env == {"TORCH_FR_BUFFER_SIZE": "500"} and flight.recording(env)
     assert not flight.recording({"TORCH_FR_BUFFER_SIZE": "many"})
     assert not flight.recording({})
+
+
+def test_a_second_run_in_the_same_process_aims_the_dumps_at_its_own_folder(tmp_path: Path) -> None:
+    """A notebook's second fit(): what the first run set is not taken for the user's choice."""
+    env: dict[str, str] = {}
+    flight.arm(tmp_path / "one", "", 0, env)
+    flight.arm(tmp_path / "two", "", 0, env)
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "two" / "flight-recorder" / "run-attempt0" / "rank")
