@@ -5,8 +5,9 @@ collectives (which one, its sequence number, sizes, state), recorded by torch on
 recorder on (TORCH_FR_BUFFER_SIZE entries, as torchtitan does by default; a size the user set, 0
 included, is theirs) and points torch's own dumps (NCCL's dump on a collective timeout) into the
 run directory instead of /tmp. When the hang watchdog fires, `dump()` writes this rank's trace
-there from the watchdog's thread (taking only the recorder's lock, so a training thread stuck in
-a collective does not block it), in torch's own format, one file per rank:
+there too (the one prefix arm() set) from the watchdog's thread (taking only the recorder's lock,
+so a training thread stuck in a collective does not block it), in torch's own format, one file
+per rank:
 
     <run dir>/flight-recorder/<job>-attempt<N>/rank<R>
 
@@ -72,13 +73,16 @@ def recording(environ: Mapping[str, str] | None = None) -> bool:
     return size.isdigit() and int(size) > 0
 
 
-def dump(run_dir: Path, job: str, attempt: int, rank: int, backend: str) -> Path | None:
-    """Write this rank's trace (NCCL's on GPU, gloo's on CPU) beside the other ranks' of the
-    attempt; None when there is nothing to write (recorder off, a torch without it). Never raises:
-    the watchdog's exit matters more than the trace."""
-    if not recording():
+def dump(rank: int, backend: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Write this rank's trace (NCCL's on GPU, gloo's on CPU) where torch's own dump would go,
+    the prefix arm() aimed (or the user chose) plus the rank, beside the other ranks' of the
+    attempt; None when there is nothing to write (recorder off, no prefix, a torch without it).
+    Never raises: the watchdog's exit matters more than the trace."""
+    env = os.environ if environ is None else environ
+    prefix = env.get(DUMP_FILE_VAR, "")
+    if not recording(env) or not prefix:
         return None
-    path = traces_folder(run_dir, job, attempt) / f"{PREFIX}{rank}"
+    path = Path(f"{prefix}{rank}")
     try:
         from torch._C import _distributed_c10d as c10d  # a torch built without distributed lacks it
 

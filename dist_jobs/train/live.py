@@ -300,7 +300,7 @@ def watchdog(
         pulse.guard.check("leave the hang record and the requeue marker")
         found = pulse.record(dog)
         write_hang(pulse.folder, found)  # first: a status that sees the requeue sees why
-        trace = flight.dump(pulse.folder, pulse.job, pulse.attempt, rank, backend)
+        trace = flight.dump(rank, backend)
         write_preempted(pulse.folder, describe_hang(found), pulse.guard.stamp)
         dog.say(describe_hang(found))  # this rank's view; the record keeps the first rank's
         if trace is not None:

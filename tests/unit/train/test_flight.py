@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from dist_jobs.train import flight
 
 
@@ -21,13 +19,13 @@ def test_arming_turns_the_recorder_on_and_aims_torchs_dumps_at_the_attempts_fold
     assert flight.recording(env)
 
 
-def test_the_users_own_settings_win_and_a_size_of_0_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_users_own_settings_win_and_a_size_of_0_is_off(tmp_path: Path) -> None:
     env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr_"}
     flight.arm(tmp_path, "", 0, env)
     assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr_"}
     assert not flight.recording(env)
-    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # what this process's torch read: nothing to dump
-    assert flight.dump(tmp_path, "", 0, 0, "gloo") is None
+    assert flight.dump(0, "gloo", env) is None  # off: nothing to dump
+    assert flight.dump(0, "gloo", {"TORCH_FR_BUFFER_SIZE": "100"}) is None  # no prefix: nowhere to write
     assert not (tmp_path / flight.FOLDER).exists()
 
 
