@@ -184,7 +184,7 @@ class Live:
 
     def close(self) -> None:
         """flush(): the writer's thread ends with its last write."""
-        self._writer.wait()
+        self.flush()
 
     def _eta(self, now: float, step: int) -> float | None:
         mark, self._mark = self._mark, (now, step)
