@@ -1,13 +1,13 @@
 """torch's Flight Recorder, kept for a hang: c10d's ring of each process group's recent
 collectives (which one, its sequence number, sizes, state), recorded by torch on every rank.
 
-`arm()` runs before the process group exists, because torch reads its settings then: it turns the
-recorder on (TORCH_FR_BUFFER_SIZE entries, as torchtitan does by default; a size the user set, 0
-included, is theirs) and points torch's own dumps (NCCL's dump on a collective timeout) into the
-run directory instead of /tmp. When the hang watchdog fires, `dump()` writes this rank's trace
-there too (the one prefix arm() set) from the watchdog's thread (taking only the recorder's lock,
-so a training thread stuck in a collective does not block it), in torch's own format, one file
-per rank:
+`armed()` holds while a run trains, from before its process group exists, because torch reads its
+settings then: it turns the recorder on (TORCH_FR_BUFFER_SIZE entries, as torchtitan does by
+default; a size the user set, 0 included, is theirs) and points torch's own dumps (NCCL's dump on a
+collective timeout) into the run directory instead of /tmp. When the hang watchdog fires, `dump()`
+writes this rank's trace there too (the one prefix armed() set) from the watchdog's thread (taking
+only the recorder's lock, so a training thread stuck in a collective does not block it), in torch's
+own format, one file per rank:
 
     <run dir>/flight-recorder/<job>-attempt<N>/rank<R>
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("dist_jobs.train")
@@ -42,28 +43,30 @@ def traces_folder(run_dir: Path, job: str, attempt: int) -> Path:
     return run_dir / FOLDER / f"{job or 'run'}-attempt{attempt}"
 
 
-def arm(run_dir: Path | None, job: str, attempt: int, environ: MutableMapping[str, str] | None = None) -> None:
-    """Before the process group exists: turn the recorder on unless the user sized it (its cost
-    per collective is below what BENCHMARKS.md can measure), and, where it records, aim torch's
-    own dumps at this attempt's folder unless the user chose another. What an earlier run in
-    this process set (a notebook's second fit()) is set again for this one."""
+@contextmanager
+def armed(
+    run_dir: Path | None, job: str, attempt: int, environ: MutableMapping[str, str] | None = None
+) -> Iterator[None]:
+    """While a run trains, from before its process group exists (torch reads its settings then):
+    the recorder on unless the user sized it (its cost per collective is below what
+    BENCHMARKS.md can measure), and, where it records, torch's own dumps aimed at this attempt's
+    folder unless the user chose another. On the way out the environment is as it was, so that
+    neither a process this one starts later (a notebook's local job, whose ranks would dump into
+    this run's folder) nor this process's next run takes these values for the user's."""
     env = os.environ if environ is None else environ
-    if _ours(env, SIZE_VARS[0]) and SIZE_VARS[1] not in env:
-        _set(env, SIZE_VARS[0], str(ENTRIES))
-    if run_dir is not None and recording(env) and _ours(env, DUMP_FILE_VAR):
-        _set(env, DUMP_FILE_VAR, str(traces_folder(run_dir, job, attempt) / PREFIX))
-
-
-# What arm() set in this process, so that a value it set is never taken for the user's.
-_SET: dict[str, str] = {}
-
-
-def _ours(env: Mapping[str, str], name: str) -> bool:
-    return name not in env or env[name] == _SET.get(name)
-
-
-def _set(env: MutableMapping[str, str], name: str, value: str) -> None:
-    env[name] = _SET[name] = value
+    before = {name: env.get(name) for name in (SIZE_VARS[0], DUMP_FILE_VAR)}
+    if not any(name in env for name in SIZE_VARS):
+        env[SIZE_VARS[0]] = str(ENTRIES)
+    if run_dir is not None and recording(env) and DUMP_FILE_VAR not in env:
+        env[DUMP_FILE_VAR] = str(traces_folder(run_dir, job, attempt) / PREFIX)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
 
 
 def recording(environ: Mapping[str, str] | None = None) -> bool:
@@ -75,7 +78,7 @@ def recording(environ: Mapping[str, str] | None = None) -> bool:
 
 def dump(rank: int, backend: str, environ: Mapping[str, str] | None = None) -> Path | None:
     """Write this rank's trace (NCCL's on GPU, gloo's on CPU) where torch's own dump would go,
-    the prefix arm() aimed (or the user chose) plus the rank, beside the other ranks' of the
+    the prefix armed() aimed (or the user chose) plus the rank, beside the other ranks' of the
     attempt; None when there is nothing to write (recorder off, no prefix, a torch without it).
     Never raises: the watchdog's exit matters more than the trace."""
     env = os.environ if environ is None else environ

@@ -72,8 +72,8 @@ def fit(
     if config.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not config.deterministic
-    flight.arm(checkpoint_folder(config), job_id(), live.attempt_number())  # before the process group
     with (
+        flight.armed(checkpoint_folder(config), job_id(), live.attempt_number()),  # before the process group
         signals.PreemptFlag(signals.preempt_signals(config.preempt_signals)) as flag,
         session(config) as dist,
         run_lock(checkpoint_folder(config), dist) as guard,

@@ -5,6 +5,7 @@ a user script of the kind the README shows (its own model and data, calling fit(
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,6 +160,9 @@ def test_checkpoint_holds_every_listed_item(one_process: None, tmp_path: Path) -
     assert shared["metrics"]["train_samples"] == 40 and "eval_loss" in shared["metrics"]
     assert loaded.rank_state is not None and loaded.rank_state["rank"] == 0
     assert torch.is_tensor(loaded.rank_state["rng"]["torch"])
+    # The flight recorder's settings held while it trained, no longer: a job this process starts
+    # next (a notebook's local run) must not inherit them as the user's and dump into this folder.
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in os.environ and "TORCH_FR_BUFFER_SIZE" not in os.environ
 
 
 def test_bf16_autocast_runs_on_cpu_and_fp16_is_refused(one_process: None) -> None:

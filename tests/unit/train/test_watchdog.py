@@ -240,8 +240,7 @@ def test_firing_leaves_the_hang_record_and_the_requeue_marker(tmp_path: Path, mo
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
-    # No flight recorder trace here (an earlier fit() in this process may have turned it on):
-    # the trace is the hang test's (tests/integration/test_hang_local.py).
+    # No flight recorder trace here: the trace is the hang test's (tests/integration/test_hang_local.py).
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
     stamp = tmp_path / "start"  # the batch script's stamp of this attempt's start, a while ago
     stamp.touch()
