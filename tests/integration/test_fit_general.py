@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from msgspec.structs import replace
 from torch import nn
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
@@ -154,27 +155,26 @@ def test_user_state_missing_from_the_checkpoint_is_a_clear_error(one_process: No
     assert "state=" in (getattr(caught.value, "hint", "") or "")
 
 
+# The built-in GPT on the generated text, on the CPU: each test sets its size and length.
+SMALL_GPT = TrainConfig(
+    model="gpt", data="text", gpt_layers=2, gpt_heads=2, lr=3e-3, optimizer="adamw", progress=False, device="cpu"
+)
+
+
 def test_language_model_learns_in_a_few_cpu_steps(one_process: None) -> None:
     """The built-in GPT learns the generated grammar (eval loss below 2.2, against ln(96) = 4.56 for a guess). Slow
     by nature: 120 CPU steps is what that takes."""
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    config = TrainConfig(
-        model="gpt",
-        data="text",
-        gpt_layers=2,
-        gpt_heads=2,
+    config = replace(
+        SMALL_GPT,
         gpt_width=64,
         seq_len=64,
         text_chars=60_000,
         batch_size=16,
         max_steps=120,
         epochs=100,
-        lr=3e-3,
-        optimizer="adamw",
         weight_decay=0.0,
         warmup_steps=10,
-        progress=False,
-        device="cpu",
     )
     metrics = fit(config)
     # Uniform over the 96 characters is ln(96) = 4.56; the grammar makes it far more predictable.
@@ -184,23 +184,17 @@ def test_language_model_learns_in_a_few_cpu_steps(one_process: None) -> None:
 
 @pytest.mark.slow
 def test_torch_compile_is_opt_in_and_trains(one_process: None) -> None:
-    config = TrainConfig(
-        model="gpt",
-        data="text",
+    config = replace(
+        SMALL_GPT,
         gpt_layers=1,
-        gpt_heads=2,
         gpt_width=32,
         seq_len=32,
         text_chars=20_000,
         batch_size=8,
         max_steps=6,
         epochs=10,
-        lr=3e-3,
-        optimizer="adamw",
         compile=True,
-        progress=False,
         eval_every_epoch=False,
-        device="cpu",
     )
     metrics = fit(config)
     assert metrics["step"] == 6 and metrics["train_loss"] < 4.6
