@@ -27,14 +27,24 @@ from support.k8s_offline.crds import crd_path
 from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.lock_support import foreign
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
-from support.paths import REPO
+from support.paths import REPO, TESTS
 from support.tiers import require_module, requires
 from support.waiting import eventually
 
 require_module("kubernetes")
 
 JOB = "op-harness"
-TRAIN = {"image_size": 8, "fake_samples": 64, "epochs": 2, "batch_size": 8, "checkpoint_every_steps": 1}
+# The tests' own small model (tests/support/workloads.py, on the pods' python path below): the
+# contract under test is the pods', and torchvision's resnet18 would cost every rank seconds of CPU
+# to import and every step an all-reduce of 11 M parameters.
+TRAIN = {
+    "model": "support.workloads:tiny_net",
+    "image_size": 8,
+    "fake_samples": 64,
+    "epochs": 2,
+    "batch_size": 8,
+    "checkpoint_every_steps": 1,
+}
 
 
 def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
@@ -45,11 +55,20 @@ def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
         "procs_per_node": 2,
         "checkpoint_dir": "ckpt",
         "image": "local/dist-jobs:test",
-        # PYTHONPATH: the pods run this checkout's dist_jobs, as an image built from it would.
-        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": str(REPO)},
+        # PYTHONPATH: the pods run this checkout's dist_jobs, as an image built from it would, and
+        # the tests' models.
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": f"{REPO}:{TESTS}"},
         "train": {**TRAIN, **train},
         "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared")},
     }
+
+
+def mid_run(tmp_path: Path) -> dict[str, Any]:
+    """A job that is still running when the test acts on it, after its first checkpoint: 64 steps,
+    a checkpoint every 4, and tiny_net sleeping 0.1 s in each training forward (wall time, no CPU)."""
+    data = spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    data["env"]["DJ_TEST_STEP_DELAY"] = "0.1"
+    return data
 
 
 def manifest(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +201,7 @@ def test_preempted_pod_exits_200_and_its_replacement_resumes(submitted: Any, tmp
     after it has committed a checkpoint, and the replacements start torch and the rendezvous again before they
     train the rest."""
     # 2048 samples / (4 ranks x 8) = 64 steps: long enough to evict the master pod mid-run; a checkpoint every 4.
-    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4))
+    job = submitted(mid_run(tmp_path))
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
@@ -221,7 +240,7 @@ def test_a_pod_killed_without_warning_restarts_the_gang_which_resumes(submitted:
     Slow by nature: the job runs twice: after the SIGKILL the worker's ranks only exit once they notice the
     lost peer, then both pods are recreated and start torch and the rendezvous again before they finish the 64
     steps from the checkpoint."""
-    job = submitted(spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4))
+    job = submitted(mid_run(tmp_path))
     run_dir = tmp_path / "shared" / "ckpt" / JOB
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
@@ -260,12 +279,9 @@ def test_a_rank_that_stops_stepping_is_dumped_and_its_pods_restarted(
     Slow by nature: the ranks must sit stalled until the watchdog's limit runs out (its 5 s floor, or 10
     times the recent step time if longer) and dump their stacks; then both pods are recreated and the job runs a
     second time, starting torch in every rank again."""
-    from support.paths import TESTS
-
     train = {"fake_samples": 512, "epochs": 1, "eval_every_epoch": False, "log_every": 1}
     train.update(model="support.hang_support:stalling_net", hang_min_seconds=5, hang_factor=10)
     data = spec(tmp_path, **train)
-    monkeypatch.setenv("PYTHONPATH", f"{REPO}:{TESTS}")  # the image's python path: the harness passes it on
     data["env"].update(
         DJ_TEST_HANG_MARKER=str(tmp_path / "stalled"),
         DJ_TEST_HANG_RANK="3",
@@ -327,7 +343,7 @@ def test_a_job_whose_lock_is_taken_over_stops_its_pods_and_fails_without_writing
     limit: a paused node, a partitioned volume). Pod rank 0's heartbeat kills its program and the
     pod exits 6, which restartPolicy ExitCode does not retry: the job fails, nothing more is
     written into the run directory, and the other job's lock stays."""
-    data = spec(tmp_path, fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    data = mid_run(tmp_path)
     data["env"]["DIST_JOBS_LOCK_HEARTBEAT_SECONDS"] = "0.2"
     job = submitted(data)
     run_dir = tmp_path / "shared" / "ckpt" / JOB

@@ -29,6 +29,7 @@ from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
 from support.lock_support import foreign
+from support.paths import REPO, TESTS
 from support.tiers import require_module, require_tool, requires
 from support.waiting import eventually
 
@@ -38,7 +39,27 @@ client, config = kubernetes.client, kubernetes.config
 pytestmark = [requires("realpods"), pytest.mark.slow]
 
 NS = realpods_tier.NAMESPACE
-TRAIN = {"image_size": 8, "fake_samples": 64, "epochs": 2, "batch_size": 8, "checkpoint_every_steps": 1}
+# The tests' own small model (tests/support/workloads.py): the image mounts this checkout, tests/
+# included, and the jobs put it on the pods' python path (job_spec). What is under test is the
+# pods' lifecycle; torchvision's resnet18 would cost every rank seconds of CPU to import and every
+# step an all-reduce of 11 M parameters. The first test trains the default model, once.
+TRAIN = {
+    "model": "support.workloads:tiny_net",
+    "image_size": 8,
+    "fake_samples": 64,
+    "epochs": 2,
+    "batch_size": 8,
+    "checkpoint_every_steps": 1,
+}
+
+
+def paced(data: dict[str, Any], steps: int, seconds: float) -> dict[str, Any]:
+    """`data` as a job of `steps` steps (4 ranks x 8 samples each), a checkpoint every 4, that is
+    still running when the test acts on it: tiny_net sleeps `seconds` in each training forward
+    (wall time, no CPU)."""
+    data["train"].update(fake_samples=32 * steps, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    data["env"]["DJ_TEST_STEP_DELAY"] = str(seconds)
+    return data
 
 
 @pytest.fixture()
@@ -74,7 +95,7 @@ def job_spec(name: str, claim: str, **extra: Any) -> dict[str, Any]:
         "procs_per_node": 2,
         "checkpoint_dir": "ckpt",
         "image": realpods_tier.image(),
-        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60"},
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": f"{REPO}:{TESTS}"},
         "train": dict(TRAIN),
         # The claim is mounted where this host sees its volume, so `dist-jobs status` reads the
         # run directory here as on a machine that mounts the same filesystem.
@@ -186,7 +207,9 @@ def test_two_node_job_trains_checkpoints_on_the_pvc_and_succeeds(
     """Slow by nature: its time goes to the real pod lifecycle (the operator creating the pods, the kubelets
     starting containers in containerd, torch importing in each of the four ranks, the cross-node rendezvous) and
     to reading the logs back through the kubelets; the training itself is a few steps."""
-    job = submit(job_spec("rp-train", claim))
+    data = job_spec("rp-train", claim)
+    del data["train"]["model"]  # the trainer's default, a torchvision model: the image has torchvision
+    job = submit(data)
     found = ended(custom, job, 240)
     assert state(found) == "Succeeded", found
     by_name = exited(core, job)
@@ -281,9 +304,7 @@ def test_a_deleted_pod_checkpoints_exits_retryably_and_the_job_resumes(
     a committed checkpoint, the deleted pod's ranks stop within its grace period, and the operator deletes and
     recreates the pods, which pull nothing but start containers, torch and the rendezvous again before the
     resumed run finishes."""
-    # 2048 samples / (4 ranks x 8) = 64 steps: long enough to delete a pod mid-run; a checkpoint every 4.
-    data = job_spec("rp-preempt", claim)
-    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    data = paced(job_spec("rp-preempt", claim), steps=64, seconds=0.25)  # a pod deleted mid-run
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
     eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
@@ -385,8 +406,7 @@ def test_a_pod_killed_without_warning_is_recreated_and_the_gang_resumes(
     Slow by nature: the job runs twice: after the SIGKILL the worker only exits once its ranks notice the
     lost peer, then the operator recreates both pods, which start containerd tasks, torch and the rendezvous
     again and finish the 64-step run from the checkpoint."""
-    data = job_spec("rp-kill", claim)
-    data["train"].update(fake_samples=2048, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    data = paced(job_spec("rp-kill", claim), steps=64, seconds=0.25)
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
     eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
@@ -556,9 +576,8 @@ def test_the_run_directory_lock_on_the_pvc_refuses_a_second_job_and_survives_a_k
     training, the refused job's pods, the holder's restarted container), each starting torch in every rank; the
     holder must train long enough to outlast the refusal and still be mid-run when it is killed, so that the
     resume from its checkpoint is seen."""
-    data = job_spec("rp-lock", claim)
-    # a checkpoint every 4 of its 128 steps, not every step: the resume is seen all the same
-    data["train"].update(fake_samples=4096, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    # 128 steps of half a second: the refusal is over, and the holder still mid-run, when it is killed
+    data = paced(job_spec("rp-lock", claim), steps=128, seconds=0.5)
     data["env"].update({"DIST_JOBS_LOCK_STALE_SECONDS": "10", "DIST_JOBS_LOCK_HEARTBEAT_SECONDS": "1"})
     holder = submit({**data, "k8s": {**data["k8s"], "api": "trainjob"}})
     run_dir = realpods_tier.volume(claim) / "ckpt" / holder

@@ -14,7 +14,7 @@ from dist_jobs.cli import main
 from support.k8s_offline.crds import crd_path
 from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.operator_harness import Operator
-from support.paths import REPO
+from support.paths import REPO, TESTS
 from support.tiers import require_module, requires
 
 require_module("kubernetes")
@@ -36,8 +36,15 @@ def test_each_trial_is_a_labelled_pytorchjob_that_trains_its_own_run(
         "procs_per_node": 1,
         "checkpoint_dir": "ckpt",
         "image": "local/dist-jobs:test",
-        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": str(REPO)},
-        "train": {"image_size": 8, "fake_samples": 32, "epochs": 1, "batch_size": 8},
+        # The pods' python path: this checkout's dist_jobs and the tests' small model.
+        "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": f"{REPO}:{TESTS}"},
+        "train": {
+            "model": "support.workloads:tiny_net",
+            "image_size": 8,
+            "fake_samples": 32,
+            "epochs": 1,
+            "batch_size": 8,
+        },
         "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared")},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
