@@ -305,12 +305,15 @@ class Checkpointer:
     def _rename_unless_committed(self, partial: Path, final: Path, step: int) -> bool:
         """Commit `partial` as `final`; False, dropping it, where `final` is already committed:
         another run that holds the run directory now committed this step, and this late one must
-        not move it aside. (A folder renamed onto a non-empty one fails: the check is the rename.)"""
+        not move it aside. (A folder renamed onto a non-empty one fails: the check is the rename.)
+        That run's pruner may also have removed this partial folder already (every partial folder
+        up to the step it committed goes): the same late commit, with nothing left to drop."""
         try:
             os.rename(partial, final)
             return True
         except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (final / COMPLETE).is_file():
+            late = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT)
+            if exc.errno not in late or not (final / COMPLETE).is_file():
                 raise
         log.warning("checkpoint step-%d was committed by another run meanwhile: keeping it, dropping this one", step)
         disk.remove(partial)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from support.tiers import require_module
 
 torch = require_module("torch")
@@ -54,15 +56,25 @@ def test_a_late_rank_file_of_the_old_run_is_neither_skipped_for_nor_committed_by
     assert not list(tmp_path.glob(".step-8.*"))
 
 
-def test_a_late_commit_of_the_old_run_leaves_the_new_runs_step_in_place(tmp_path: Path) -> None:
-    new = ranks(tmp_path, NEW)
+@pytest.mark.parametrize("pruned", [False, True], ids=["renamed-onto-the-new-step", "pruned-by-the-new-run"])
+def test_a_late_commit_of_the_old_run_leaves_the_new_runs_step_in_place(tmp_path: Path, pruned: bool) -> None:
+    """The old run's rename finds step-8 committed by the new run, or finds its own partial folder
+    gone: the new run's pruner (its thread, after its commit) removes every partial folder up to
+    the step it committed, the old run's too. Either way the old run drops its copy, quietly."""
+    tidy = threading.Event()  # the new run's pruner waits for it
+    new = ranks(tmp_path, NEW, fence=lambda doing: tidy.wait(60) if doing.startswith("point") else None)
 
     def stalls(doing: str) -> None:  # the old rank 0 passed this fence, then stopped; meanwhile:
         if doing == "commit checkpoint step-8":
             save(new, 8, "new")
+            if pruned:
+                tidy.set()
+                new[0].wait()
 
     old = ranks(tmp_path, OLD, fence=stalls)
-    save(old, 8, "old")  # its rename onto the committed step-8 fails: it drops its own copy
+    save(old, 8, "old")  # its rename fails: it drops its own copy
+    tidy.set()
+    new[0].wait()
     assert saved_by(tmp_path, 8) == ("new", "new", "new")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".step-", "step-"))) == ["step-8"]
 
