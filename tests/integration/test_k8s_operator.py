@@ -28,23 +28,13 @@ from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.lock_support import foreign
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO, TESTS
+from support.specs import POD_TRAIN
 from support.tiers import require_module, requires
 from support.waiting import eventually
 
 require_module("kubernetes")
 
 JOB = "op-harness"
-# The tests' own small model (tests/support/workloads.py, on the pods' python path below): the
-# contract under test is the pods', and torchvision's resnet18 would cost every rank seconds of CPU
-# to import and every step an all-reduce of 11 M parameters.
-TRAIN = {
-    "model": "support.workloads:tiny_net",
-    "image_size": 8,
-    "fake_samples": 64,
-    "epochs": 2,
-    "batch_size": 8,
-    "checkpoint_every_steps": 1,
-}
 
 
 def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
@@ -58,7 +48,7 @@ def spec(tmp_path: Path, **train: Any) -> dict[str, Any]:
         # PYTHONPATH: the pods run this checkout's dist_jobs, as an image built from it would, and
         # the tests' models.
         "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": f"{REPO}:{TESTS}"},
-        "train": {**TRAIN, **train},
+        "train": {**POD_TRAIN, **train},
         "k8s": {"pvc": "shared", "mount_path": str(tmp_path / "shared")},
     }
 

@@ -30,6 +30,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
 from support.lock_support import foreign
 from support.paths import REPO, TESTS
+from support.specs import POD_TRAIN
 from support.tiers import require_module, require_tool, requires
 from support.waiting import eventually
 
@@ -39,18 +40,6 @@ client, config = kubernetes.client, kubernetes.config
 pytestmark = [requires("realpods"), pytest.mark.slow]
 
 NS = realpods_tier.NAMESPACE
-# The tests' own small model (tests/support/workloads.py): the image mounts this checkout, tests/
-# included, and the jobs put it on the pods' python path (job_spec). What is under test is the
-# pods' lifecycle; torchvision's resnet18 would cost every rank seconds of CPU to import and every
-# step an all-reduce of 11 M parameters. The first test trains the default model, once.
-TRAIN = {
-    "model": "support.workloads:tiny_net",
-    "image_size": 8,
-    "fake_samples": 64,
-    "epochs": 2,
-    "batch_size": 8,
-    "checkpoint_every_steps": 1,
-}
 
 
 def paced(data: dict[str, Any], steps: int, seconds: float) -> dict[str, Any]:
@@ -97,7 +86,7 @@ def job_spec(name: str, claim: str, **extra: Any) -> dict[str, Any]:
         "checkpoint_dir": "ckpt",
         "image": realpods_tier.image(),
         "env": {"DIST_JOBS_RDZV_TIMEOUT": "60", "PYTHONPATH": f"{REPO}:{TESTS}"},
-        "train": dict(TRAIN),
+        "train": dict(POD_TRAIN),  # the first test trains the default model, once
         # The claim is mounted where this host sees its volume, so `dist-jobs status` reads the
         # run directory here as on a machine that mounts the same filesystem.
         "k8s": {

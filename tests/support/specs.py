@@ -42,6 +42,21 @@ PREEMPTIBLE_TRAIN = tiny_train(
 )
 
 
+# The pod tests' training (the operator harness and the real pods): the tests' own small model,
+# which the pods import from this checkout's tests/ on their python path (the real-pods image mounts
+# the checkout). What is under test is the pods' lifecycle; torchvision's resnet18 would cost every
+# rank seconds of CPU to import and every step an all-reduce of 11 M parameters. 64 samples / (4
+# ranks x 8) = 2 steps an epoch, a checkpoint every step.
+POD_TRAIN: dict[str, Any] = {
+    "model": "support.workloads:tiny_net",
+    "image_size": 8,
+    "fake_samples": 64,
+    "epochs": 2,
+    "batch_size": 8,
+    "checkpoint_every_steps": 1,
+}
+
+
 def direct_pods_spec(
     name: str, env: dict[str, str], args: list[str], ckpt: str, workdir: str, labels: dict, annotations: dict
 ) -> dict[str, Any]:
