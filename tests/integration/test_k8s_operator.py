@@ -28,7 +28,7 @@ from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.lock_support import foreign
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO, TESTS
-from support.specs import POD_TRAIN
+from support.specs import POD_TRAIN, paced
 from support.tiers import require_module, requires
 from support.waiting import eventually
 
@@ -58,10 +58,7 @@ def mid_run(tmp_path: Path) -> dict[str, Any]:
     (1024 samples / (2 ranks x 8)), a checkpoint every 4, and tiny_net sleeping 0.1 s in each
     training forward (wall time, no CPU). One rank per pod: the faults these tests make are the
     pods' (the ranks within a pod are test_submitted_job_trains_to_completion_with_pod_ranks's)."""
-    data = spec(tmp_path, fake_samples=1024, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
-    data["procs_per_node"] = 1
-    data["env"]["DJ_TEST_STEP_DELAY"] = "0.1"
-    return data
+    return paced(spec(tmp_path), steps=64, seconds=0.1)
 
 
 def manifest(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any]:

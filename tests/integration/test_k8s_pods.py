@@ -30,7 +30,7 @@ from dist_jobs.constants import REQUEUE_EXIT_CODE
 from support import realpods_tier
 from support.lock_support import foreign
 from support.paths import REPO, TESTS
-from support.specs import POD_TRAIN
+from support.specs import POD_TRAIN, paced
 from support.tiers import require_module, require_tool, requires
 from support.waiting import eventually
 
@@ -40,16 +40,6 @@ client, config = kubernetes.client, kubernetes.config
 pytestmark = [requires("realpods"), pytest.mark.slow]
 
 NS = realpods_tier.NAMESPACE
-
-
-def paced(data: dict[str, Any], steps: int, seconds: float) -> dict[str, Any]:
-    """`data` as a job of `steps` steps (2 ranks x 8 samples each), a checkpoint every 4, that is
-    still running when the test acts on it: tiny_net sleeps `seconds` in each training forward
-    (wall time, no CPU). One rank per pod: the faults these tests make are the pods'."""
-    data["procs_per_node"] = 1
-    data["train"].update(fake_samples=16 * steps, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
-    data["env"]["DJ_TEST_STEP_DELAY"] = str(seconds)
-    return data
 
 
 @pytest.fixture()

@@ -57,6 +57,17 @@ POD_TRAIN: dict[str, Any] = {
 }
 
 
+def paced(data: dict[str, Any], steps: int, seconds: float) -> dict[str, Any]:
+    """A pod test's `data` (POD_TRAIN) as a job of `steps` steps (2 ranks x 8 samples each), a
+    checkpoint every 4, that is still running when the test acts on it: tiny_net sleeps `seconds`
+    in each training forward (wall time, no CPU). One rank per pod: the faults these tests make
+    are the pods'."""
+    data["procs_per_node"] = 1
+    data["train"].update(fake_samples=16 * steps, epochs=1, eval_every_epoch=False, checkpoint_every_steps=4)
+    data["env"]["DJ_TEST_STEP_DELAY"] = str(seconds)
+    return data
+
+
 def direct_pods_spec(
     name: str, env: dict[str, str], args: list[str], ckpt: str, workdir: str, labels: dict, annotations: dict
 ) -> dict[str, Any]:
