@@ -19,7 +19,7 @@ from typing import Any
 from dist_jobs.errors import UsageError
 from dist_jobs.rundir.ledger import read_events
 from dist_jobs.rundir.progress import read_history
-from dist_jobs.rundir.verdict import VERDICTS, Ending, Verdict, recorded
+from dist_jobs.rundir.verdict import VERDICTS, Action, Ending, Verdict, recorded
 
 STEPS_PER_S = "steps/s"  # derived from the rows' times, not a logged metric
 PANELS = (
@@ -45,19 +45,25 @@ def plot_run(run_dir: Path, out: Path, title: str) -> Drawn:
     if not rows:
         raise UsageError(f"{run_dir} has no metrics yet (metrics.jsonl)", "plot once the run has logged a step")
     pyplot = _pyplot()
-    starts = [_number(e.get("time")) for e in read_events(run_dir) if e.get("event") == "start"]
-    attempts = _by_attempt(rows, starts)
+    events = sorted((e for e in read_events(run_dir) if e.get("event") == "start"), key=lambda e: _number(e["time"]))
+    attempts = _by_attempt(rows, [_number(e["time"]) for e in events])
     faults = [v for v in _verdicts(run_dir) if v.ending not in (Ending.COMPLETED, Ending.CANCELLED)]
     labels = [v.attempt for v in _verdicts(run_dir)]
     labels += [f"#{i}" for i in range(len(labels), len(attempts))]  # an attempt still running
     figure, axes = pyplot.subplots(len(PANELS), 1, figsize=(9, 8), sharex=True)
     for axis, (label, names) in zip(axes, PANELS, strict=True):
         _panel(axis, label, names, attempts, labels)
-    resumed = [int(_number(a[0]["step"])) - 1 for a in attempts[1:] if a]
+    resumed = [int(_number(e.get("resumed_step"))) for e in events[1:]]  # where each later attempt began
     for axis in axes:
         for step in resumed:
             axis.axvline(step, color="grey", linestyle="--", linewidth=0.8)
-    _mark_faults(axes[0], faults, attempts)
+    for step, label in zip(resumed, labels[1:], strict=False):  # the line says what it is
+        where = {"xy": (step, 0.98), "xycoords": ("data", "axes fraction")}
+        axes[0].annotate(
+            f"attempt {label} ", **where, rotation=90, ha="right", va="top", fontsize="x-small", color="grey"
+        )
+    ended = [v for v in _verdicts(run_dir) if v.ending is not Ending.COMPLETED]
+    _mark_endings(axes[0], ended, attempts)
     axes[0].set_title(title)
     axes[-1].set_xlabel("optimizer step")
     figure.tight_layout()
@@ -127,16 +133,19 @@ def _rates(rows: Sequence[Mapping[str, object]]) -> list[tuple[float, float]]:
     return out
 
 
-def _mark_faults(axis: Any, faults: Sequence[Verdict], attempts: Sequence[Sequence[Mapping[str, object]]]) -> None:
-    """A cross at the last step of each attempt that ended in a fault, with its verdict."""
-    for verdict, rows in zip(faults, attempts, strict=False):
+def _mark_endings(axis: Any, ended: Sequence[Verdict], attempts: Sequence[Sequence[Mapping[str, object]]]) -> None:
+    """A cross at the last step of each attempt that did not complete, with its verdict and what
+    followed: red for a fault, grey for the scheduler's or a person's doing (a preemption, a cancel)."""
+    for verdict, rows in zip(ended, attempts, strict=False):
         last = rows[-1]
         metrics = last.get("metrics")
         value = metrics.get("loss") if isinstance(metrics, dict) else None
         if value is None:
             continue
-        axis.plot([_number(last["step"])], [value], "x", color="red", markersize=10)
-        axis.annotate(str(verdict.ending), (_number(last["step"]), value), color="red", fontsize="small")
+        color = "grey" if verdict.ending in (Ending.PREEMPTED, Ending.CANCELLED) else "red"
+        then = f" ({verdict.action})" if verdict.action not in (Action.NONE, Action.DONE) else ""
+        axis.plot([_number(last["step"])], [value], "x", color=color, markersize=10)
+        axis.annotate(f"{verdict.ending}{then}", (_number(last["step"]), value), color=color, fontsize="small")
 
 
 def _verdicts(run_dir: Path) -> list[Verdict]:

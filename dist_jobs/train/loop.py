@@ -273,7 +273,7 @@ def _train_epoch(run: Run) -> tuple[bool, dict[str, float]]:
         if run.watchdog is not None:
             run.watchdog.beat(pos.step)
         if pos.step % c.log_every == 0:  # the only place the hot loop waits for numbers
-            values = {**meter.reduce(), "lr": run.optimizer.param_groups[0]["lr"]}
+            values = {**meter.interval(), "lr": run.optimizer.param_groups[0]["lr"]}
             run.reporter.report(
                 pos.step, "train", values, title=f"step {pos.step}/{run.total_steps} epoch {pos.epoch} train"
             )

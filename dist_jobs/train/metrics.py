@@ -36,6 +36,9 @@ class Meter:
 
     Metrics are means per sample (each batch weighted by its size), except `tokens`, a total.
     Every rank must report the same metric names: they are summed across ranks in one tensor.
+    `reduce()` covers the whole phase (an epoch's summary); `interval()` covers what was added
+    since the last `interval()` (a log row), so a row's loss is the loss of its own steps: the
+    curve has no step at an epoch's start, and none where a resumed run begins again.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -44,6 +47,7 @@ class Meter:
         self._sums: torch.Tensor | None = None
         self._count = 0
         self._start = time.perf_counter()
+        self._mark: tuple[torch.Tensor | None, int, float] = (None, 0, self._start)  # the last interval's end
 
     @torch.no_grad()
     def add(self, samples: int, values: Mapping[str, torch.Tensor | float]) -> None:
@@ -64,21 +68,33 @@ class Meter:
         self._count += samples
 
     def reduce(self) -> dict[str, float]:
-        """Totals over all ranks; a collective, so every rank must call it at the same point."""
-        elapsed = time.perf_counter() - self._start
-        sums = self._sums if self._sums is not None else torch.zeros(0, dtype=torch.float64, device=self._device)
-        extra = torch.tensor([self._count, elapsed], dtype=torch.float64, device=self._device)
+        """Totals of the whole phase over all ranks; a collective, so every rank must call it at
+        the same point."""
+        return self._reduced(self._sums, self._count, time.perf_counter() - self._start)
+
+    def interval(self) -> dict[str, float]:
+        """Totals since the last interval() (or the start) over all ranks; a collective too."""
+        now = time.perf_counter()
+        sums, count, since = self._mark
+        delta = self._sums if sums is None or self._sums is None else self._sums - sums
+        self._mark = (None if self._sums is None else self._sums.clone(), self._count, now)
+        return self._reduced(delta, self._count - count, now - since)
+
+    def _reduced(self, sums: torch.Tensor | None, count: int, elapsed: float) -> dict[str, float]:
+        if sums is None:
+            sums = torch.zeros(0, dtype=torch.float64, device=self._device)
+        extra = torch.tensor([count, elapsed], dtype=torch.float64, device=self._device)
         packed = torch.cat((sums, extra))
         all_reduce(packed)
-        *totals, count, elapsed_sum = packed.tolist()
+        *totals, samples, elapsed_sum = packed.tolist()
         mean_elapsed = elapsed_sum / dist.get_world_size()
         result: dict[str, float] = {}
         for name, total in zip(self._names, totals):
-            result[name] = total if name in SUMMED else total / max(count, 1.0)
+            result[name] = total if name in SUMMED else total / max(samples, 1.0)
             if name in SUMMED:
                 result[f"{name}_per_s"] = total / mean_elapsed if mean_elapsed > 0 else 0.0
-        result["samples"] = count
-        result["samples_per_s"] = count / mean_elapsed if mean_elapsed > 0 else 0.0
+        result["samples"] = samples
+        result["samples_per_s"] = samples / mean_elapsed if mean_elapsed > 0 else 0.0
         return result
 
 

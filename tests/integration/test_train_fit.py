@@ -262,3 +262,29 @@ def test_a_new_run_removes_the_previous_result_and_owns_progress_from_its_start(
         fit(config, tiny_net(config.num_classes), tiny_data(True, config), loss=failing_loss)
     assert not (run_dir / "result.json").exists()
     assert (seen[0]["owner"], seen[0]["attempt"], seen[0]["step"]) == ("slurm:77", 2, 0)
+
+
+def test_each_logged_row_is_its_own_steps_so_a_resumed_run_logs_the_same_curve(
+    one_process: None, tmp_path: Path
+) -> None:
+    """A log row's loss and throughput are those of the steps since the row before, not a running
+    mean of the epoch: the plotted curve has no step where an epoch starts, nor where a resumed run
+    begins again. A run stopped at step 4 and resumed logs the very rows of a run that never stopped."""
+    import json
+
+    def rows(name: str, *stops: int) -> dict[int, dict[str, float]]:
+        for stop in stops:
+            args = [*SMALL, "--batch-size", "8", "--checkpoint-dir", str(tmp_path), "--run-name", name]
+            config = TrainConfig.from_argv(
+                [*args, "--log-every", "2", "--scheduler", "constant", "--max-steps", str(stop)]
+            )
+            torch.manual_seed(0)
+            fit(config, tiny_net(config.num_classes), tiny_data(True, config), tiny_data(False, config))
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        logged = [row for row in map(json.loads, lines) if "loss" in row.get("metrics", {})]
+        return {row["step"]: row["metrics"] for row in logged}  # the log rows, not the epochs' ends
+
+    whole, resumed = rows("whole", 10), rows("resumed", 4, 10)
+    assert sorted(whole) == [2, 4, 6, 8, 10], whole  # 8 steps an epoch: step 10 is in the second
+    assert all(resumed[step]["loss"] == whole[step]["loss"] for step in whole), (resumed, whole)
+    assert all(resumed[step]["accuracy"] == whole[step]["accuracy"] for step in whole), (resumed, whole)
