@@ -83,7 +83,7 @@ class Failure:
         elif self.code is not None and self.code in _SIGNAL_DEATHS:
             what = f"killed by {_signal_name(self.code - 128)} (exit {self.code})"
         elif self.code == REQUEUE_EXIT_CODE:
-            what = f"exit {self.code} (asked to run again: a lost peer)"
+            what = f"exit {self.code} (asked to run again)"  # a checkpoint on a signal, or a lost peer
         else:
             what = f"exit {self.code}"
         return what + (f" on {self.node}" if self.node else "")
@@ -183,8 +183,8 @@ def _classify(ev: Evidence) -> Verdict:
     lost = ", ".join(ev.lost_nodes)
     if ev.cancelled and lost:  # SLURM requeues a job whose node failed itself: it acts, the node is to blame
         return Verdict(Ending.NODE_LOST, Action.NONE, ev.exit_code, f"{lost} no longer answered", node=lost)
-    if ev.cancelled:
-        return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, ev.said or cause, rank=rank, node=node)
+    if ev.cancelled:  # the ranks' own endings followed the cancel: none of them is its cause
+        return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, ev.said or "a cancel or a requeue from outside")
     if first is None:
         return Verdict(Ending.COMPLETED, Action.DONE, 0)
     if lost:

@@ -55,6 +55,15 @@ def test_the_verdict_names_the_rank_and_node_that_failed_first() -> None:
     )
 
 
+def test_a_cancel_blames_no_rank_the_ranks_exits_followed_it() -> None:
+    """scancel or `scontrol requeue`: the trainer checkpoints and exits 200 on every rank, which is
+    the cancel's doing, not a lost peer on whichever rank srun heard first."""
+    verdict = decide(Evidence(143, (PEER,), cancelled=True))
+    assert (verdict.ending, verdict.rank, verdict.node) == (Ending.CANCELLED, None, "")
+    assert verdict.told() == "cancelled: a cancel or a requeue from outside"
+    assert PEER.told() == "exit 200 (asked to run again) on n1"
+
+
 def test_a_fault_without_restarts_left_gives_the_allocation_up() -> None:
     verdict = decide(Evidence(143, (KILLED,)), restarts_left=0)
     assert (verdict.ending, verdict.action) == (Ending.RANK_KILLED, Action.REQUEUE)
