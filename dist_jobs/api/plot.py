@@ -11,13 +11,14 @@ verdicts/), so a run of any backend draws the same. matplotlib is an optional ex
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dist_jobs.errors import UsageError
-from dist_jobs.rundir.ledger import read_events
+from dist_jobs.rundir.ledger import account, read_events
 from dist_jobs.rundir.progress import read_history
 from dist_jobs.rundir.verdict import VERDICTS, Action, Ending, Verdict, recorded
 
@@ -31,12 +32,26 @@ PANELS = (
 
 @dataclass(frozen=True)
 class Drawn:
-    """What a plot shows: the steps of each attempt's points, where runs resumed, which faults."""
+    """What a plot shows: the steps of each attempt's points and its label, where runs resumed,
+    which faults, and the endings marked on the curve."""
 
     path: Path
     attempts: list[list[int]] = field(default_factory=list)
     resumed_at: list[int] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    marked: list[str] = field(default_factory=list)  # "rank killed (restart) at step 80"
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt as the goodput ledger bounds it, with the rows it logged."""
+
+    label: str
+    resumed_step: int
+    rows: list[Mapping[str, object]]
+    ending: str = ""  # its verdict's ending, "" while it runs
+    action: str = ""
 
 
 def plot_run(run_dir: Path, out: Path, title: str) -> Drawn:
@@ -45,32 +60,33 @@ def plot_run(run_dir: Path, out: Path, title: str) -> Drawn:
     if not rows:
         raise UsageError(f"{run_dir} has no metrics yet (metrics.jsonl)", "plot once the run has logged a step")
     pyplot = _pyplot()
-    events = sorted((e for e in read_events(run_dir) if e.get("event") == "start"), key=lambda e: _number(e["time"]))
-    attempts = _by_attempt(rows, [_number(e["time"]) for e in events])
-    faults = [v for v in _verdicts(run_dir) if v.ending not in (Ending.COMPLETED, Ending.CANCELLED)]
-    labels = [v.attempt for v in _verdicts(run_dir)]
-    labels += [f"#{i}" for i in range(len(labels), len(attempts))]  # an attempt still running
+    verdicts = _verdicts(run_dir)
+    drawn = [a for a in _attempts(run_dir, rows, verdicts) if a.rows]  # a start that logged nothing has no point
     figure, axes = pyplot.subplots(len(PANELS), 1, figsize=(9, 8), sharex=True)
     for axis, (label, names) in zip(axes, PANELS, strict=True):
-        _panel(axis, label, names, attempts, labels)
-    resumed = [int(_number(e.get("resumed_step"))) for e in events[1:]]  # where each later attempt began
-    for axis in axes:
-        for step in resumed:
-            axis.axvline(step, color="grey", linestyle="--", linewidth=0.8)
-    for step, label in zip(resumed, labels[1:], strict=False):  # the line says what it is
-        where = {"xy": (step, 0.98), "xycoords": ("data", "axes fraction")}
+        _panel(axis, label, names, drawn)
+    for attempt in drawn[1:]:  # where each later attempt resumed, and which it is
+        for axis in axes:
+            axis.axvline(attempt.resumed_step, color="grey", linestyle="--", linewidth=0.8)
+        where = {"xy": (attempt.resumed_step, 0.98), "xycoords": ("data", "axes fraction")}
         axes[0].annotate(
-            f"attempt {label} ", **where, rotation=90, ha="right", va="top", fontsize="x-small", color="grey"
+            f"{attempt.label} ", **where, rotation=90, ha="right", va="top", fontsize="x-small", color="grey"
         )
-    ended = [v for v in _verdicts(run_dir) if v.ending is not Ending.COMPLETED]
-    _mark_endings(axes[0], ended, attempts)
+    marked = _mark_endings(axes[0], drawn)
     axes[0].set_title(title)
     axes[-1].set_xlabel("optimizer step")
     figure.tight_layout()
     figure.savefig(out)
     pyplot.close(figure)
-    steps = [[int(_number(r["step"])) for r in a] for a in attempts]
-    return Drawn(out, steps, resumed, [f"{v.ending}: {v.cause}" if v.cause else str(v.ending) for v in faults])
+    faults = [v for v in verdicts if v.ending not in (Ending.COMPLETED, Ending.CANCELLED)]
+    return Drawn(
+        out,
+        [[int(_number(r["step"])) for r in a.rows] for a in drawn],
+        [a.resumed_step for a in drawn[1:]],
+        [f"{v.ending}: {v.cause}" if v.cause else str(v.ending) for v in faults],
+        [a.label for a in drawn],
+        marked,
+    )
 
 
 def _pyplot() -> Any:
@@ -87,30 +103,38 @@ def _pyplot() -> Any:
     return pyplot
 
 
-def _by_attempt(rows: Sequence[Mapping[str, object]], starts: Sequence[float]) -> list[list[Mapping[str, object]]]:
-    """The rows split where each attempt started (the ledger's `start` events), in time order."""
-    bounds = sorted(starts)[1:]
-    attempts: list[list[Mapping[str, object]]] = [[] for _ in range(len(bounds) + 1)]
-    for row in sorted(rows, key=lambda r: _number(r.get("time"))):
-        index = sum(_number(row.get("time")) >= bound for bound in bounds)
-        attempts[index].append(row)
-    return [a for a in attempts if a]
+def _attempts(run_dir: Path, rows: Sequence[Mapping[str, object]], verdicts: Sequence[Verdict]) -> list[_Attempt]:
+    """The run's attempts as its goodput ledger bounds them (dist_jobs.rundir.ledger, the one
+    owner of which start, rows and verdict make an attempt), each with the rows it logged.
+    Labelled "attempt 0", "attempt 0.1", ..., or numbered "#1", "#2", ... where the labels
+    repeat (each `dist-jobs run` of a local run is a submission of its own, attempt 0)."""
+    book = account(read_events(run_dir), verdicts, rows, None, time.time())
+    if book is None:  # no ledger (a program of its own, an older run): one attempt
+        return [_Attempt("", 0, list(rows))]
+    found = [
+        _Attempt(
+            a.attempt,
+            a.resumed_from,
+            [r for r in rows if a.start <= _number(r.get("time")) <= a.end],
+            a.ending,
+            a.action,
+        )
+        for a in book.attempts
+    ]
+    labels = [a.label for a in found]
+    if len(set(labels)) < len(labels) or "" in labels:
+        return [replace(a, label=f"#{i}") for i, a in enumerate(found, start=1)]
+    return [replace(a, label=f"attempt {a.label}") for a in found]
 
 
-def _panel(
-    axis: Any,
-    label: str,
-    names: Sequence[str],
-    attempts: Sequence[Sequence[Mapping[str, object]]],
-    labels: Sequence[str],
-) -> None:
-    for index, rows in enumerate(attempts):
+def _panel(axis: Any, label: str, names: Sequence[str], attempts: Sequence[_Attempt]) -> None:
+    for index, attempt in enumerate(attempts):
         for name in names:
-            points = _rates(rows) if name == STEPS_PER_S else _points(rows, name)
+            points = _rates(attempt.rows) if name == STEPS_PER_S else _points(attempt.rows, name)
             if points:
                 xs, ys = zip(*points, strict=True)
                 style = "--" if name.startswith("eval_") else "-"
-                axis.plot(xs, ys, style, color=f"C{index % 10}", marker=".", label=f"{name} (attempt {labels[index]})")
+                axis.plot(xs, ys, style, color=f"C{index % 10}", marker=".", label=f"{name} ({attempt.label})")
     axis.set_ylabel(label)
     if axis.has_data():
         axis.legend(fontsize="x-small", loc="best")
@@ -133,19 +157,22 @@ def _rates(rows: Sequence[Mapping[str, object]]) -> list[tuple[float, float]]:
     return out
 
 
-def _mark_endings(axis: Any, ended: Sequence[Verdict], attempts: Sequence[Sequence[Mapping[str, object]]]) -> None:
+def _mark_endings(axis: Any, attempts: Sequence[_Attempt]) -> list[str]:
     """A cross at the last step of each attempt that did not complete, with its verdict and what
     followed: red for a fault, grey for the scheduler's or a person's doing (a preemption, a cancel)."""
-    for verdict, rows in zip(ended, attempts, strict=False):
-        last = rows[-1]
+    marked = []
+    for attempt in attempts:
+        last = attempt.rows[-1]
         metrics = last.get("metrics")
         value = metrics.get("loss") if isinstance(metrics, dict) else None
-        if value is None:
+        if attempt.ending in ("", Ending.COMPLETED.value) or value is None:
             continue
-        color = "grey" if verdict.ending in (Ending.PREEMPTED, Ending.CANCELLED) else "red"
-        then = f" ({verdict.action})" if verdict.action not in (Action.NONE, Action.DONE) else ""
+        color = "grey" if attempt.ending in (Ending.PREEMPTED.value, Ending.CANCELLED.value) else "red"
+        then = f" ({attempt.action})" if attempt.action not in (Action.NONE.value, Action.DONE.value) else ""
         axis.plot([_number(last["step"])], [value], "x", color=color, markersize=10)
-        axis.annotate(f"{verdict.ending}{then}", (_number(last["step"]), value), color=color, fontsize="small")
+        axis.annotate(f"{attempt.ending}{then}", (_number(last["step"]), value), color=color, fontsize="small")
+        marked.append(f"{attempt.ending}{then} at step {int(_number(last['step']))}")
+    return marked
 
 
 def _verdicts(run_dir: Path) -> list[Verdict]:

@@ -82,3 +82,29 @@ def test_a_rank_killed_after_a_checkpoint_costs_the_steps_since_and_status_tells
     )
     assert plotted.returncode == 0 and plotted.stdout.strip() == str(png), plotted.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_a_run_trained_further_plots_each_run_apart_with_its_own_ending(tmp_path: Path) -> None:
+    """Three `dist-jobs run`s of one local run, each a submission of its own whose attempt is "0":
+    the first completes at step 60; the second trains on from 60 and has a rank killed at step 80;
+    the third resumes at 80 and logs nothing. The plot numbers the runs instead of repeating
+    "attempt 0", draws the line where the second resumed, and marks the kill on the second run,
+    not on the first (the verdicts and rows are paired by the goodput ledger's attempts)."""
+    from dist_jobs.rundir.verdict import Action, Ending, Failure, Verdict, record
+
+    def lines(name: str, *records: dict) -> None:
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    starts = [(100.0, 0), (200.0, 60), (300.0, 80)]
+    lines("ledger.jsonl", *({"event": "start", "time": t, "attempt": 0, "resumed_step": s} for t, s in starts))
+    rows = [(step, 100.0 + step) for step in range(10, 70, 10)] + [(70, 230.0), (80, 240.0)]
+    lines("metrics.jsonl", *({"step": s, "time": t, "metrics": {"loss": 1.0 / s}} for s, t in rows))
+    killed = Failure(1, "host", signal="SIGKILL")
+    record(tmp_path, "a", Verdict(Ending.COMPLETED, Action.DONE, 0, attempt="0", time=170.0))
+    record(tmp_path, "b", Verdict(Ending.RANK_KILLED, Action.RESTART, 200, killed.told(), 1, attempt="0", time=250.0))
+    record(tmp_path, "c", Verdict(Ending.COMPLETED, Action.DONE, 0, attempt="0", time=310.0))
+    drawn = plot_run(tmp_path, tmp_path / "run.png", "three runs")
+    assert drawn.attempts == [[10, 20, 30, 40, 50, 60], [70, 80]], drawn  # the third logged nothing
+    assert drawn.labels == ["#1", "#2"] and drawn.resumed_at == [60], drawn
+    assert drawn.marked == ["rank killed (restart) at step 80"], drawn
+    assert drawn.faults == ["rank killed: killed by SIGKILL on host"], drawn
