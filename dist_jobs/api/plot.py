@@ -2,10 +2,11 @@
 
 Three panels over the optimizer step: train and eval loss, throughput (optimizer steps a second,
 from the times rank 0 logged them), train and eval accuracy; each attempt in its own colour
-(from the goodput ledger's starts), a dashed line where an attempt resumed from a checkpoint, and
-a cross with the verdict where an attempt ended in a fault ("rank killed", "hang", "preempted",
-...). Everything comes from the run directory's own records (metrics.jsonl, ledger.jsonl,
-verdicts/), so a run of any backend draws the same. matplotlib is an optional extra
+(as the goodput ledger bounds them), a dashed line where an attempt resumed from a checkpoint, and
+a cross with the verdict where an attempt did not complete: red for a fault as the ledger counts it
+("rank killed", "hang", "preempted", ...), grey for a cancel. Everything comes from the run
+directory's own records (metrics.jsonl, ledger.jsonl, verdicts/), so a run of any backend draws
+the same. matplotlib is an optional extra
 (`pip install 'dist-jobs[plot]'`).
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_jobs.errors import UsageError
-from dist_jobs.rundir.ledger import account, read_events
+from dist_jobs.rundir.ledger import account, is_fault, read_events
 from dist_jobs.rundir.progress import read_history
 from dist_jobs.rundir.verdict import VERDICTS, Action, Ending, Verdict, recorded
 
@@ -78,7 +79,7 @@ def plot_run(run_dir: Path, out: Path, title: str) -> Drawn:
     figure.tight_layout()
     figure.savefig(out)
     pyplot.close(figure)
-    faults = [v for v in verdicts if v.ending not in (Ending.COMPLETED, Ending.CANCELLED)]
+    faults = [v for v in verdicts if is_fault(v.ending)]
     return Drawn(
         out,
         [[int(_number(r["step"])) for r in a.rows] for a in drawn],
@@ -159,7 +160,7 @@ def _rates(rows: Sequence[Mapping[str, object]]) -> list[tuple[float, float]]:
 
 def _mark_endings(axis: Any, attempts: Sequence[_Attempt]) -> list[str]:
     """A cross at the last step of each attempt that did not complete, with its verdict and what
-    followed: red for a fault, grey for the scheduler's or a person's doing (a preemption, a cancel)."""
+    followed: red for a fault as the ledger counts it (a preemption too), grey for a cancel."""
     marked = []
     for attempt in attempts:
         last = attempt.rows[-1]
@@ -167,7 +168,7 @@ def _mark_endings(axis: Any, attempts: Sequence[_Attempt]) -> list[str]:
         value = metrics.get("loss") if isinstance(metrics, dict) else None
         if attempt.ending in ("", Ending.COMPLETED.value) or value is None:
             continue
-        color = "grey" if attempt.ending in (Ending.PREEMPTED.value, Ending.CANCELLED.value) else "red"
+        color = "red" if is_fault(Ending(attempt.ending)) else "grey"
         then = f" ({attempt.action})" if attempt.action not in (Action.NONE.value, Action.DONE.value) else ""
         axis.plot([_number(last["step"])], [value], "x", color=color, markersize=10)
         axis.annotate(f"{attempt.ending}{then}", (_number(last["step"]), value), color=color, fontsize="small")

@@ -73,6 +73,12 @@ def read_events(run_dir: Path) -> list[dict[str, object]]:
     return read_json_lines(run_dir / LEDGER, "time", (int, float))
 
 
+def is_fault(ending: Ending) -> bool:
+    """Whether an attempt that ended so is a fault, whose cost the ledger charges: every ending
+    but a completion and a cancel (a preemption costs the run its requeue too)."""
+    return ending not in _NOT_FAULTS
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One attempt's share of the wall time; `start`/`first_step`/`end` are unix times."""
@@ -98,7 +104,7 @@ class Attempt:
 
     @property
     def fault(self) -> bool:
-        return bool(self.ending) and Ending(self.ending) not in _NOT_FAULTS
+        return bool(self.ending) and is_fault(Ending(self.ending))
 
 
 @dataclass(frozen=True)
