@@ -15,6 +15,7 @@ import pytest
 
 import dist_jobs
 from dist_jobs.api.plot import plot_run
+from dist_jobs.rundir.verdict import Action, Ending, Failure, Verdict, record
 from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
@@ -90,7 +91,6 @@ def test_a_run_trained_further_plots_each_run_apart_with_its_own_ending(tmp_path
     the third resumes at 80 and logs nothing. The plot numbers the runs instead of repeating
     "attempt 0", draws the line where the second resumed, and marks the kill on the second run,
     not on the first (the verdicts and rows are paired by the goodput ledger's attempts)."""
-    from dist_jobs.rundir.verdict import Action, Ending, Failure, Verdict, record
 
     def lines(name: str, *records: dict) -> None:
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))

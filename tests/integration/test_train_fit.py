@@ -4,6 +4,7 @@ a user script of the kind the README shows (its own model and data, calling fit(
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -242,8 +243,6 @@ def test_a_new_run_removes_the_previous_result_and_owns_progress_from_its_start(
 ) -> None:
     """The stale-result case: a run of the same name that fails must leave no earlier result.json,
     and progress.json is this job's and attempt's before its first log interval."""
-    import json
-
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     run_dir = tmp_path / "default"
@@ -270,7 +269,6 @@ def test_each_logged_row_is_its_own_steps_so_a_resumed_run_logs_the_same_curve(
     """A log row's loss and throughput are those of the steps since the row before, not a running
     mean of the epoch: the plotted curve has no step where an epoch starts, nor where a resumed run
     begins again. A run stopped at step 4 and resumed logs the very rows of a run that never stopped."""
-    import json
 
     def rows(name: str, *stops: int) -> dict[int, dict[str, float]]:
         for stop in stops:
