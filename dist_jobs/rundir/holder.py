@@ -64,6 +64,22 @@ def process_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+def running(pid: int, start: int | None) -> bool:
+    """Whether process `pid` of this machine, started at `start` (process_start; None: not
+    known), still runs: not gone, not a zombie, not a later process given the same pid. Where
+    there is no /proc (macOS), a live pid is the best that is known."""
+    if not os.path.exists("/proc/self/stat"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's process
+            return True
+        return True
+    now = process_start(pid)
+    return now is not None and start in (None, now)
+
+
 def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
     """How often a holder touches its lock: DIST_JOBS_LOCK_HEARTBEAT_SECONDS, default 10 s."""
     return env_seconds("DIST_JOBS_LOCK_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS, environ)
@@ -146,8 +162,7 @@ class Holder:
         """True only when provably not running: on this machine, its process is not there."""
         if not self.on_this_machine():
             return False
-        start = process_start(self.pid)
-        return start is None or (self.pid_start is not None and start != self.pid_start)
+        return not running(self.pid, self.pid_start)
 
     def slurm_state(self) -> str | None:
         """SLURM's word for the holder's job ("GONE" once squeue no longer knows it), or None when

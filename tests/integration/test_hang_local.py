@@ -136,7 +136,7 @@ def test_a_sigstopped_rank_is_the_one_the_record_and_status_name_not_the_rank_wh
     submit = [arg for arg in command("submit") if arg != "--wait"]
     first = subprocess.run(submit, cwd=tmp_path, env=env(DJ_TEST_STEP_DELAY="0.2"), capture_output=True, text=True)
     assert first.returncode == 0, first.stdout + first.stderr
-    launcher = int((run_dir / "local" / "pid").read_text())
+    launcher = int((run_dir / "local" / "pid").read_text().split()[0])  # "PID START"
     log = run_dir / "local" / "output.log"
 
     def stepping() -> bool:

@@ -32,7 +32,7 @@ def one_process_job(tmp_path: Path, name: str, code: str, **fields: Any) -> JobS
 
 
 def _pid(path: Path) -> int:
-    return int(path.read_text().strip())
+    return int(path.read_text().split()[0])  # "PID START"
 
 
 def children(pid: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""Lock holders for tests: a holder on another host, and its heartbeat kept going."""
+"""Lock holders for tests: a holder on another host, and its heartbeat kept going; a local
+launcher long gone."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dist_jobs.rundir.holder import Holder
+from dist_jobs.backends.local.record import Started
+from dist_jobs.rundir.holder import Holder, process_start
 from dist_jobs.rundir.lease import Heartbeat
 from dist_jobs.rundir.lock import LOCK_NAME, Lock, new_token
 
@@ -29,3 +31,9 @@ def beating(path: Path, holder: Holder) -> Iterator[Heartbeat]:
     """The planted holder is alive: its heartbeat touches the lock every `holder.every` seconds."""
     with Heartbeat(Lock(path, holder, owned=True), every=holder.every) as beat:
         yield beat
+
+
+def gone_launcher() -> Started:
+    """A launcher's record whose process is gone: pid 1 with a start time not its own (the pid
+    since given to another process)."""
+    return Started(1, (process_start(1) or 0) + 1)

@@ -37,9 +37,11 @@ from dist_jobs.backends.local.record import (
     PID,
     REFUSED,
     SPEC,
+    Started,
     Tee,
     alive,
     claimed,
+    launcher_pid,
     read_int,
     run_recorded,
     write,
@@ -124,7 +126,7 @@ class LocalBackend(Backend):
             if alive(folder):  # a submitted or foreground run's launcher
                 handle = f"local://{folder.parent}"
                 raise UsageError(
-                    f"run {spec.run_id} is already running here ({handle}, launcher pid {read_int(folder / PID)})",
+                    f"run {spec.run_id} is already running here ({handle}, launcher pid {launcher_pid(folder)})",
                     f"wait for it (dist-jobs wait {handle}), cancel it (dist-jobs cancel {handle}), "
                     "or pick another --name",
                 )
@@ -153,7 +155,7 @@ class LocalBackend(Backend):
     def _here(self, spec: JobSpec, folder: Path) -> None:
         """The record of a run whose launcher is this process (`dist-jobs run`)."""
         self._begin(spec, None, folder)
-        write(folder / PID, str(os.getpid()))
+        Started.of(os.getpid()).write(folder / PID)
 
     def _start(self, spec: JobSpec, code: SnapshotPlan | None, folder: Path) -> None:
         """The detached launcher of a run whose record this process has claimed, from the copy of
@@ -170,7 +172,7 @@ class LocalBackend(Backend):
                 start_new_session=True,  # a closed terminal or Ctrl-C in this shell must not reach it
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        write(folder / PID, str(proc.pid))
+        Started.of(proc.pid).write(folder / PID)  # its start time is set at fork, the exec may still be under way
         # Reap it if this process outlives it (a notebook): no zombie that looks alive.
         threading.Thread(target=proc.wait, daemon=True).start()
 
@@ -206,8 +208,8 @@ class LocalBackend(Backend):
         if code is None and alive(folder):
             if (folder / CANCELLED).exists():  # SIGTERM sent: the ranks checkpoint and stop, which takes a while
                 # COMPLETING, as SLURM says of a job scancel has ended and whose processes are going
-                return JobStatus(job_id, name, "COMPLETING", f"stopping: cancelled, pid {read_int(folder / PID)}")
-            return JobStatus(job_id, name, "RUNNING", f"pid {read_int(folder / PID)}")
+                return JobStatus(job_id, name, "COMPLETING", f"stopping: cancelled, pid {launcher_pid(folder)}")
+            return JobStatus(job_id, name, "RUNNING", f"pid {launcher_pid(folder)}")
         if code is None:  # read again: the launcher may have written it and left since the first read
             code = read_int(folder / EXIT)
         if code is None:
@@ -234,7 +236,7 @@ class LocalBackend(Backend):
         """SIGTERM to the launcher, which stops its ranks as Ctrl-C does."""
         folder = _folder(job_id)
         write(folder / CANCELLED, time.strftime("%Y-%m-%dT%H:%M:%S"))
-        pid = read_int(folder / PID)
+        pid = launcher_pid(folder)
         assert pid is not None  # _alive read it
         os.kill(pid, signal.SIGTERM)
 
@@ -307,7 +309,7 @@ def _with_code(status: JobStatus, folder: Path) -> JobStatus:
 def _with_goodput(status: JobStatus, folder: Path) -> JobStatus:
     """The run's goodput ledger: this submission's (the launcher's pid names its verdicts), from
     when it was submitted (the pid file is written then) until it ended, or now."""
-    pid = read_int(folder / PID)
+    pid = launcher_pid(folder)
     try:
         submitted = (folder / PID).stat().st_mtime
     except OSError:

@@ -11,11 +11,13 @@ import fcntl
 import os
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from dist_jobs.errors import DistJobsError, UsageError
 from dist_jobs.rundir.atomic import write_atomic
+from dist_jobs.rundir.holder import process_start, running
 
 if TYPE_CHECKING:
     from dist_jobs.backends.local.runner import LocalRunner
@@ -97,27 +99,49 @@ def claimed(folder: Path, run: str) -> Iterator[None]:
             fh.truncate()  # before the lock goes with the file's closing
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+@dataclass(frozen=True)
+class Started:
+    """A detached process this machine started (a run's launcher, a sweep's driver), as its pid
+    file records it: the pid and the process's start time, which tell it from a later process
+    given the same pid. Asked by pid and start time, never by its command line: that reads
+    empty while the process is still being exec'd, and while it waits to be reaped."""
+
+    pid: int
+    start: int | None  # rundir.holder.process_start; None where unknown (no /proc)
+
+    @classmethod
+    def of(cls, pid: int) -> Started:
+        return cls(pid, process_start(pid))
+
+    @classmethod
+    def read(cls, path: Path) -> Started | None:
+        try:
+            words = path.read_text().split()
+        except OSError:
+            return None
+        if not words or not words[0].isdigit():
+            return None
+        return cls(int(words[0]), int(words[1]) if len(words) > 1 and words[1].isdigit() else None)
+
+    def write(self, path: Path) -> None:
+        write(path, str(self.pid) if self.start is None else f"{self.pid} {self.start}")
+
+    def running(self) -> bool:
+        return running(self.pid, self.start)
+
+
+def launcher_pid(folder: Path) -> int | None:
+    """The pid of the run's launcher, as its record names it."""
+    started = Started.read(folder / PID)
+    return started.pid if started else None
 
 
 def alive(folder: Path) -> bool:
-    """Whether the run's launcher (the pid recorded) still runs and has written no exit code."""
-    pid = read_int(folder / PID)
-    if pid is None or read_int(folder / EXIT) is not None:
+    """Whether the run's launcher (the process recorded) still runs and has written no exit code."""
+    started = Started.read(folder / PID)
+    if started is None or read_int(folder / EXIT) is not None:
         return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return _pid_alive(pid)  # no /proc (macOS): a live pid is the best we know
-    # a recycled pid runs something else; ours is `python -m dist_jobs` or the `dist-jobs` script
-    return b"dist_jobs" in cmdline or b"dist-jobs" in cmdline
+    return started.running()
 
 
 def read_int(path: Path) -> int | None:

@@ -6,7 +6,7 @@ take a copy of its own), unless the spec says `snapshot: false`.
 beside the manifest and starts `python -m dist_jobs.backends.local.sweep --drive driver.json` in a
 session of its own, so it outlives the shell, as `submit --backend local` does for one job. The
 driver submits a trial whenever fewer than K run, until all have been started and have ended;
-its output goes to `driver.log` beside the manifest, its pid to `driver.pid`.
+its output goes to `driver.log` beside the manifest, its pid and start time to `driver.pid`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import msgspec
 
 from dist_jobs.backends import Backend, get_backend
 from dist_jobs.backends.base import PreparedSweep
+from dist_jobs.backends.local.record import Started
 from dist_jobs.errors import DistJobsError
 from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.spec.load import load_spec
@@ -54,7 +55,7 @@ def start_driver(order: Path, workdir: Path) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    (order.parent / "driver.pid").write_text(f"{proc.pid}\n")
+    Started.of(proc.pid).write(order.parent / "driver.pid")
 
 
 def drive_local(order_path: Path, poll: float = 1.0) -> int:
@@ -77,12 +78,12 @@ def drive_local(order_path: Path, poll: float = 1.0) -> int:
 
 def stop_driver(folder: Path) -> bool:
     """SIGTERM the sweep's driver (so no further trial starts); False when none runs."""
+    driver = Started.read(folder / "driver.pid")
+    if driver is None or not driver.running():  # ended, or the pid is someone else's now
+        return False
     try:
-        pid = int((folder / "driver.pid").read_text().strip())
-        if b"--drive" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False  # ended, and the pid is someone else's now
-        os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError):
+        os.kill(driver.pid, signal.SIGTERM)
+    except ProcessLookupError:  # ended since
         return False
     return True
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dist_jobs.envnum import env_number
-from dist_jobs.rundir.holder import process_start
+from dist_jobs.rundir.holder import running
 
 WATCH_SECONDS = "DIST_JOBS_STEP_WATCH_SECONDS"
 EVERY_S = 30.0
@@ -63,7 +63,7 @@ def show_steps(job: str) -> dict[int, str] | None:
 def alive(pid: int) -> bool:
     """Whether srun still runs (not a zombie the batch shell has yet to reap), read as the lock's
     heartbeat reads the process it watches."""
-    return process_start(pid) is not None
+    return running(pid, None)
 
 
 def watch(

@@ -22,6 +22,7 @@ from dist_jobs.api.sweep_submit import plan_sweep
 from dist_jobs.cli.flags import _scalar
 from dist_jobs.errors import SpecError
 from dist_jobs.spec.sweep import Range, parse_grid, trial_name, trials
+from support.lock_support import gone_launcher
 from support.paths import PYTHON, REPO
 
 SWEEPS = [
@@ -266,7 +267,7 @@ def _fake_sweep(root: Path, runs: list[dict[str, Any]]) -> Path:
     for i, run in enumerate(runs):
         run_dir = root / "ck" / "sw" / f"sw-t{i}"
         (run_dir / "local").mkdir(parents=True)
-        (run_dir / "local" / "pid").write_text("1\n")
+        gone_launcher().write(run_dir / "local" / "pid")
         if run.get("exit") is not None:
             (run_dir / "local" / "exit_code").write_text(f"{run['exit']}\n")
         for step, metrics in enumerate(run.get("history", []), 1):
