@@ -214,10 +214,7 @@ def test_ctrl_c_stops_everything(tmp_path) -> None:
         stdout=subprocess.PIPE,
         text=True,
     )
-    seen = 0
-    assert proc.stdout is not None
-    while seen < 4:
-        seen += "up" in proc.stdout.readline()
+    _wait_up(proc, 4)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
@@ -263,7 +260,8 @@ def _start(args: list[str], cwd: Path, marker: str, script: str = PREEMPTIBLE) -
 def _wait_up(proc: subprocess.Popen[str], count: int) -> list[str]:
     lines: list[str] = []
     assert proc.stdout is not None
-    while sum(bool(re.search(r"[\]:] ?up\b", line)) for line in lines) < count:
+    # Counted in the whole text: torchrun's --tee can put two ranks' words on one line.
+    while len(re.findall(r"[\]:] ?up\b", "".join(lines))) < count:
         line = proc.stdout.readline()
         assert line, "launcher ended early:\n" + "".join(lines)
         lines.append(line)
