@@ -149,9 +149,9 @@ AuthInfo=cred_expire=$CRED_EXPIRE
 # passes (defaults 60 s and 30 s) would then add up to a minute. The queue here is tiny.
 SchedulerParameters=sched_interval=2,bf_interval=2
 # A node that stops answering is declared DOWN after this long (default 300 s), and its jobs
-# are cleaned up and requeued then: the node-failure test waits for it. Twice the link-drop
-# test's 30 s outage: a link that comes back in time is no node failure, as with the default.
-SlurmdTimeout=60
+# are cleaned up and requeued then: the node-failure test waits for it. Longer than the link-drop
+# test's 60 s outage, as the default is: a link that comes back in time is no node failure.
+SlurmdTimeout=90
 EOF
   for i in $(seq 1 "$NODES"); do
     echo "NodeName=n$i NodeHostname=n$i NodeAddr=$NET.$((10 + i)) CPUs=$CPUS Boards=1" \

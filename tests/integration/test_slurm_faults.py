@@ -386,7 +386,7 @@ def test_a_killed_node_is_kept_away_from_the_next_attempt_even_once_it_answers_a
     avoids it, resumes on the other two nodes from the newest committed checkpoint and completes,
     every checkpoint intact, 2 attempts counted.
     Slow by nature: SLURM only ends the step once it declares the node down, after the cluster's
-    SlurmdTimeout (60 s, far below SLURM's default of 300 s)."""
+    SlurmdTimeout (90 s, already far below SLURM's default of 300 s)."""
     require_three_nodes()
     name = "nodefail"
     job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, SLOW_FIRST_ATTEMPT % "0.5")
@@ -446,7 +446,7 @@ def test_a_dropped_link_ends_in_stack_dumps_a_restart_in_place_and_a_resume(
     ends it. The verdict is a hang, and the step is restarted in place (every node answers again
     by then); it resumes from the newest committed checkpoint and completes, not requeued.
     Slow by nature: the link stays down for the fixed 30 s outage (shorter than the cluster's SlurmdTimeout
-    of 60 s, so it is a link fault, not a node failure), the step ends once n2 is back, then the job trains
+    of 90 s, so it is a link fault, not a node failure), the step ends once n2 is back, then the job trains
     to the end; restoring the cluster afterwards reruns slurm/cluster/up.sh."""
     name = "linkdrop"
     watchdog = {"hang_min_seconds": 10, "hang_factor": 5, "collective_timeout": 120}
