@@ -111,6 +111,9 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "program_words": sh_argv(step_argv(spec)),
         "trials": [],
         "procs": spec.procs,
+        # Worth a step of its own where a node can differ from the batch host: another node, GPUs.
+        "node_check": spec.nodes > 1 or bool(spec.gpus_per_node),
+        "gpus": spec.gpus_per_node or 0,
         "master_port": spec.master_port,
         "array": bool(spec.slurm.array),
         "forward_signal": step_signal(spec),

@@ -8,6 +8,7 @@ longer answer, a peer that left) and `decide()` says what it means and what to d
     completed                  -> done
     preempted (warned, marker) -> requeue
     node lost                  -> requeue, elsewhere (SLURM's own requeue of a failed node's job: nothing)
+    node unfit (its node check) -> requeue, elsewhere
     rank killed by a signal nobody sent us, a peer lost, a hang
                                -> restart in place (while the allocation has restarts left), else requeue
     the program's own exit     -> fail at once: a bug is not retried
@@ -41,6 +42,7 @@ class Ending(str, Enum):
     COMPLETED = "completed"
     PREEMPTED = "preempted"
     NODE_LOST = "node lost"
+    NODE_UNFIT = "node unfit"  # it answers, but failed the node check (no shared run directory, a GPU gone)
     RANK_KILLED = "rank killed"
     PEER_LOST = "peer lost"
     HANG = "hang"
@@ -106,6 +108,7 @@ class Evidence:
     hang: str = ""  # the HANG record of this attempt, told ("rank 3 stopped at step 812"), "" if none
     lock_lost: bool = False
     lost_nodes: tuple[str, ...] = ()  # nodes of the allocation that no longer answer
+    unfit: tuple[tuple[str, str], ...] = ()  # (node, why): nodes that answer but failed the node check
     peer_left: str = ""  # a peer that was deleted or failed while the program ran ("pod w-1")
     step_lost: str = ""  # the launcher never heard its tasks end and was ended (its step was gone)
     said: str = ""  # the launcher's own words for a preemption or a cancel ("stopped by SIGTERM ...")
@@ -185,10 +188,14 @@ def _classify(ev: Evidence) -> Verdict:
         return Verdict(Ending.NODE_LOST, Action.NONE, ev.exit_code, f"{lost} no longer answered", node=lost)
     if ev.cancelled:  # the ranks' own endings followed the cancel: none of them is its cause
         return Verdict(Ending.CANCELLED, Action.NONE, ev.exit_code, ev.said or "a cancel or a requeue from outside")
-    if first is None:
-        return Verdict(Ending.COMPLETED, Action.DONE, 0)
     if lost:
         return Verdict(Ending.NODE_LOST, Action.REQUEUE, REQUEUE_EXIT_CODE, f"{lost} no longer answered", node=lost)
+    if ev.unfit:  # its ranks would start from an empty run directory, or find no GPU: not there again
+        why = "; ".join(f"{node} {problem}" for node, problem in ev.unfit)
+        unfit = ",".join(node for node, _ in ev.unfit)
+        return Verdict(Ending.NODE_UNFIT, Action.REQUEUE, REQUEUE_EXIT_CODE, why, node=unfit)
+    if first is None:
+        return Verdict(Ending.COMPLETED, Action.DONE, 0)
     if ev.hang:
         return Verdict(Ending.HANG, Action.RESTART, REQUEUE_EXIT_CODE, ev.hang, rank=rank, node=node)
     if ev.preempted or ev.warned:

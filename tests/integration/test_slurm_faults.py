@@ -44,6 +44,7 @@ from support.slurm_jobs import (
     cli,
     committed_steps,
     final_sacct_state,
+    logs,
     resumed_step,
     spec_data,
     submit,
@@ -429,6 +430,68 @@ def test_a_killed_node_is_kept_away_from_the_next_attempt_even_once_it_answers_a
     assert resumed_step(tmp_path, name, job) >= killed_at
     assert status.extra.get("attempts") == "2", status
     assert assert_every_checkpoint_intact(run_dir, world_size=4)[-1] == 24
+
+
+def slurmd_pid(node: str) -> int:
+    return int(Path(f"/run/slurm/slurmd-{node}.pid").read_text().split()[0])
+
+
+@pytest.fixture
+def unmounted() -> Iterator[Callable[[str, Path], None]]:
+    """hide(node, folder): the node loses its mount of the shared filesystem at `folder`: an empty
+    tmpfs on it in the node's own mount namespace (slurm/cluster/up.sh gives each slurmd one, and
+    every job step inherits it), as a failed or stale NFS mount shows a node an empty folder."""
+    hidden: list[tuple[str, Path]] = []
+
+    def hide(node: str, folder: Path) -> None:
+        mnt = f"--mount=/proc/{slurmd_pid(node)}/ns/mnt"
+        subprocess.run(["nsenter", mnt, "mount", "-t", "tmpfs", "unmounted", str(folder)], check=True)
+        hidden.append((mnt, folder))
+
+    yield hide
+    for mnt, folder in hidden:
+        subprocess.run(["nsenter", mnt, "umount", str(folder)], capture_output=True)
+
+
+def test_a_node_without_the_shared_filesystem_is_kept_away_before_any_rank_starts(
+    tmp_path: Path, cleanup: list[str], unmounted: Callable[[str, Path], None]
+) -> None:
+    """n2 of a 2-node job (n1 its batch host) no longer has the shared filesystem: its ranks would
+    start from an empty run directory while n1's resume, and write where no other node reads.
+    Before the step, every node checks that it sees the run directory the batch host wrote a
+    nonce into: n2 does not, so no rank starts anywhere; the job is requeued keeping n2 away
+    (status says so, and why) and runs on n1 and n3. A user's own program: the check comes before
+    any program, the built-in trainer's or not."""
+    require_three_nodes()
+    name = "unmounted"
+    (tmp_path / "checkpoints").mkdir()
+    unmounted("n2", tmp_path / "checkpoints")
+    data = spec_data(tmp_path, name, slurm={"nodelist": "n1"})  # n1 heads it; SLURM adds n2, the lowest idle
+    program = "import os, socket; print('ran on', socket.gethostname(), 'rank', os.environ['RANK'])"
+    job = submit(tmp_path, write_spec(tmp_path, data), "python3", "-c", program)
+    cleanup.append(job)
+    run_dir = tmp_path / "checkpoints" / name
+    # Requeued, SLURM holds it a few seconds (the cluster's credential lifetime): status says why.
+    wait_for("n2 kept away", lambda: kept_away(run_dir, job), 120, job, tmp_path, name)
+    pending = cli(tmp_path, "status", "--backend", "slurm", job).stdout
+    status = wait_finished(tmp_path, name, job, timeout=180)
+    batch = batch_log(tmp_path, name, job)
+    assert status.state == "COMPLETED", batch
+    assert re.search(rf"job {job} attempt 0 on n\[1-2\],", batch), batch  # the node lost its mount
+    why = f"n2 its {run_dir} is not the directory the batch host sees (no shared filesystem mounted there"
+    assert f"attempt 0 ended: node unfit: {why}" in batch, batch
+    verdicts = recorded(run_dir, job)
+    assert [(v.ending, v.action, v.node) for v in verdicts] == [
+        (Ending.NODE_UNFIT, Action.REQUEUE, "n2"),
+        (Ending.COMPLETED, Action.DONE, ""),
+    ], verdicts
+    assert [q.node for q in kept_away(run_dir, job)] == ["n2"]
+    assert f"keeps away from n2 ({why}" in pending, pending
+    assert not list((tmp_path / "logs").glob(f"{name}-{job}-attempt0-rank*.out"))  # no rank started on n[1-2]
+    second = re.search(rf"job {job} attempt 1 on (\S+),", batch)
+    assert second and expand(second.group(1)) == ["n1", "n3"], batch
+    ran = "".join(logs(tmp_path, job, rank) for rank in range(4))
+    assert "ran on n2" not in ran and ran.count("ran on n3") == 2, ran
 
 
 # How long n2's link stays down: shorter than the cluster's SlurmdTimeout (slurm/cluster/up.sh), so no

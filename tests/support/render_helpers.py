@@ -25,16 +25,24 @@ sys.exit(int(os.environ.get("STUB_RC", "0")))
 """
 
 
-# srun as the batch script meets it: a node probe (`printenv SLURMD_NODENAME`, one task per node)
-# answers with STUB_NODES; each job step exits with the next of STUB_RCS (the last repeats) and
-# writes the matching `|`-separated part of STUB_ERRS to stderr, as srun reports its tasks.
+# srun as the batch script meets it: a node check (dist_jobs.backends.slurm.nodecheck, one task per
+# node) answers "NODE<TAB>ok" for each node of STUB_NODES (`|` between the answers of successive
+# checks, the last repeats), or what STUB_UNFIT ("NODE:why") says of one; each job step exits
+# with the next of STUB_RCS (the last repeats) and writes the matching `|`-separated part of
+# STUB_ERRS to stderr, as srun reports its tasks.
 SRUN_STUB = """#!{python}
 import json, os, sys
 with open(os.environ["STUB_OUT"], "a") as f:
     record = {{"prog": "srun", "argv": sys.argv[1:], "env": dict(os.environ)}}
     f.write(json.dumps(record) + "\\n")
-if sys.argv[-2:] == ["printenv", "SLURMD_NODENAME"]:
-    print("\\n".join(os.environ.get("STUB_NODES", "").split(",")))
+if "dist_jobs.backends.slurm.nodecheck" in sys.argv:
+    checks = os.environ["STUB_OUT"] + ".checks"
+    n = int(open(checks).read()) if os.path.exists(checks) else 0
+    open(checks, "w").write(str(n + 1))
+    answers = os.environ.get("STUB_NODES", "").split("|")
+    unfit = dict([os.environ["STUB_UNFIT"].split(":", 1)]) if os.environ.get("STUB_UNFIT") else {{}}
+    for node in filter(None, answers[min(n, len(answers) - 1)].split(",")):
+        print(f"{{node}}\\t{{unfit.get(node, 'ok')}}")
     sys.exit(0)
 counter = os.environ["STUB_OUT"] + ".steps"
 n = int(open(counter).read()) if os.path.exists(counter) else 0
@@ -57,8 +65,8 @@ def make_stubs(folder: Path, python: str) -> Path:
 
 
 def step_calls(calls: list[dict]) -> list[dict]:
-    """The job steps among the stub calls (srun, the node probes left out)."""
-    return [c for c in calls if c["prog"] == "srun" and c["argv"][-2:] != ["printenv", "SLURMD_NODENAME"]]
+    """The job steps among the stub calls (srun, the node checks left out)."""
+    return [c for c in calls if c["prog"] == "srun" and "dist_jobs.backends.slurm.nodecheck" not in c["argv"]]
 
 
 def run_script(
@@ -68,6 +76,7 @@ def run_script(
     out = workdir / "stub-calls.jsonl"
     out.unlink(missing_ok=True)
     Path(f"{out}.steps").unlink(missing_ok=True)
+    Path(f"{out}.checks").unlink(missing_ok=True)
     (workdir / "job.sbatch").write_text(script)
     env = {
         "PATH": f"{stubs}:{venv_bin()}:/usr/bin:/bin",

@@ -4,10 +4,14 @@ what the step's end means (dist_jobs.rundir.verdict decides) and what to do next
 It gathers the evidence only the allocation has: srun's own lines about the tasks (which failed
 first, how), the PREEMPTED marker and the HANG record newer than the step's start, whether the
 lock is still this job's, and, before a restart in place, whether every node of the allocation
-still answers (one task per node). The verdict is recorded in the run directory, told on stderr
-(the batch log) and printed as `ACTION EXIT_CODE` for the script:
+still answers and passes the node check (one task per node). The verdict is recorded in the run
+directory, told on stderr (the batch log) and printed as `ACTION EXIT_CODE` for the script:
 
     done 0 | restart 200 | requeue 200 | fail 3 | stop 6 | none 143
+
+With `--before`, it checks the nodes before the step starts (every node answers and passes
+dist_jobs.backends.slurm.nodecheck: the run directory is the shared one, the GPUs are there):
+`go 0` to start the step, else the verdict on a node lost or unfit, as above.
 
 Before a requeue, the nodes the verdict blames are kept away from the job's next attempts
 (dist_jobs.rundir.quarantine): a third word then gives the job's whole node exclusion from now on,
@@ -24,15 +28,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from dist_jobs.backends.slurm.batchlog import srun_failures
 from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
+from dist_jobs.backends.slurm.nodecheck import NONCE_FILE, parse_reports
 from dist_jobs.backends.slurm.stepwatch import step_lost
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import attempt_hang, describe_hang, job_id, preempted_since
@@ -40,21 +46,33 @@ from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost, stamp_of
 from dist_jobs.rundir.quarantine import blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record
 
-PROBE_SECONDS = 30  # a node that cannot run `printenv` within this is lost to this allocation
+PROBE_SECONDS = 30  # a node that cannot run the node check within this is lost to this allocation
 
-Probe = Callable[[list[str]], list[str]]
+Probe = Callable[[list[str]], dict[str, str]]  # nodes -> each answering node's problem ("" when fit)
+Failed = Callable[[list[str]], list[str]]  # nodes -> those the scheduler says failed
 
 
-def answering_nodes(nodes: list[str]) -> list[str]:
-    """The allocation's nodes that run a task now: one `printenv SLURMD_NODENAME` per node."""
+def node_reports(nodes: list[str], run_dir: Path, gpus: int = 0) -> dict[str, str]:
+    """The allocation's nodes that run a task now, each with what makes it unfit for the job (""
+    when nothing): one node check (dist_jobs.backends.slurm.nodecheck) per node, against a nonce
+    this process (on the batch host) writes into the run directory first."""
+    nonce = secrets.token_hex(8)
+    try:
+        (run_dir / NONCE_FILE).write_text(nonce + "\n", encoding="ascii")
+    except OSError as exc:  # the batch host's own trouble, not a node's: the step will meet it
+        print(f"dist-jobs: cannot check the nodes: {exc}", file=sys.stderr)
+        return dict.fromkeys(nodes, "")
     argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--cpus-per-task=1"]
-    argv += ["--kill-on-bad-exit=0", "--wait=5", "printenv", "SLURMD_NODENAME"]
+    argv += ["--kill-on-bad-exit=0", "--wait=5", sys.executable, "-m", "dist_jobs.backends.slurm.nodecheck"]
+    argv += [str(run_dir), nonce, f"--gpus={gpus}"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"dist-jobs: probing the nodes failed: {exc}", file=sys.stderr)
-        return []
-    return sorted(set(done.stdout.split()))
+        print(f"dist-jobs: checking the nodes failed: {exc}", file=sys.stderr)
+        return {}
+    finally:
+        (run_dir / NONCE_FILE).unlink(missing_ok=True)
+    return parse_reports(done.stdout)
 
 
 def evidence(args: argparse.Namespace) -> Evidence:
@@ -95,12 +113,12 @@ def failed_nodes(nodes: list[str]) -> list[str]:
     return [n for n, s in states.items() if not s.responding or s.state.startswith(("down", "fail"))]
 
 
-def silent_nodes(nodes: list[str], probe: Probe, failed: Probe, here: str | None = None) -> tuple[str, ...]:
+def silent_nodes(nodes: list[str], answered: Iterable[str], failed: Failed, here: str | None = None) -> tuple[str, ...]:
     """The allocation's nodes that did not answer the probe. The batch host runs this process, so
     it answers; a probe that reached no node at all failed as a whole (its srun cannot start a
     step while a node of the allocation is dead): then sinfo's failed nodes, when it names any."""
     here = os.environ.get("SLURMD_NODENAME", "") if here is None else here
-    answered = set(probe(nodes))
+    answered = set(answered)
     if not answered:
         down = [n for n in failed(nodes) if n != here]
         if down:
@@ -108,21 +126,39 @@ def silent_nodes(nodes: list[str], probe: Probe, failed: Probe, here: str | None
     return tuple(n for n in nodes if n not in answered and n != here)
 
 
-def judge(
-    ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe = answering_nodes, failed: Probe = failed_nodes
-) -> Verdict:
-    """The verdict; a restart in place only once every node has answered. A cancel (SLURM's own
-    requeue when it declares a node down) asks sinfo which node failed."""
+def unfit_nodes(reports: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The answering nodes that cannot run the job's ranks, each with why, in node order."""
+    return tuple((node, why) for node, why in sorted(reports.items()) if why)
+
+
+def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe, failed: Failed) -> Verdict:
+    """The verdict; a restart in place only once every node has answered the node check, and
+    passed it. A cancel (SLURM's own requeue when it declares a node down) asks sinfo which node
+    failed."""
     verdict = decide(ev, restarts_left=restarts_left)
     if verdict.fault_in_place:
-        lost = silent_nodes(nodes, probe, failed)
-        if lost:
-            verdict = decide(replace(ev, lost_nodes=lost), restarts_left=restarts_left)
+        reports = probe(nodes)
+        lost, unfit = silent_nodes(nodes, reports, failed), unfit_nodes(reports)
+        if lost or unfit:
+            verdict = decide(replace(ev, lost_nodes=lost, unfit=unfit), restarts_left=restarts_left)
     elif verdict.ending is Ending.CANCELLED and nodes:
         down = tuple(failed(nodes))
         if down:
             verdict = decide(replace(ev, lost_nodes=down), restarts_left=restarts_left)
     return verdict
+
+
+def before_step(nodes: list[str], probe: Probe, failed: Failed) -> Verdict | None:
+    """Before the step starts: a verdict when a node of the allocation is lost or unfit (the
+    attempt ends here, to run again elsewhere), else None (start the step). A probe that reached
+    no node and sinfo naming none failed for its own reasons: the step itself will tell."""
+    reports = probe(nodes)
+    if not reports and not failed(nodes):
+        return None
+    lost, unfit = silent_nodes(nodes, reports, failed), unfit_nodes(reports)
+    if not lost and not unfit:
+        return None
+    return decide(Evidence(exit_code=0, lost_nodes=lost, unfit=unfit))
 
 
 def excluded_now(scontrol_show_job: str) -> list[str]:
@@ -188,13 +224,15 @@ def quarantine(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m dist_jobs.backends.slurm.step_end")
-    p.add_argument("--rc", type=int, required=True, help="the step's exit code")
-    p.add_argument("--errors", type=Path, required=True, help="srun's stderr of the step")
-    p.add_argument("--since", type=Path, required=True, help="a file touched when the step started")
+    p.add_argument("--before", action="store_true", help="before the step: check the nodes (prints go 0 when fit)")
+    p.add_argument("--rc", type=int, help="the step's exit code")
+    p.add_argument("--errors", type=Path, help="srun's stderr of the step")
+    p.add_argument("--since", type=Path, help="a file touched when the step started")
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--token", default="", help="this job's lock token")
     p.add_argument("--attempt", default="0", help="the step's label: requeue count[.restart]")
     p.add_argument("--nodes", default="", help="the allocation's SLURM_JOB_NODELIST")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs per node the job asks for (the node check lists them)")
     p.add_argument("--restarts-left", type=int, default=0)
     p.add_argument("--warned", action="store_true", help="the batch shell got the scheduler's warning")
     p.add_argument("--cancelled", action="store_true", help="the batch shell got SIGTERM (scancel, requeue)")
@@ -202,9 +240,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    ev = evidence(args)
-    verdict = judge(ev, expand(args.nodes) if args.nodes else [], args.restarts_left)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.before and (args.rc is None or args.errors is None or args.since is None):
+        parser.error("--rc, --errors and --since are required after a step")
+    nodes = expand(args.nodes) if args.nodes else []
+
+    def probe(nodes: list[str]) -> dict[str, str]:
+        return node_reports(nodes, args.run_dir, args.gpus)
+
+    if args.before:
+        found = before_step(nodes, probe, failed_nodes)
+        if found is None:
+            print("go 0")
+            return 0
+        verdict = found
+    else:
+        verdict = judge(evidence(args), nodes, args.restarts_left, probe, failed_nodes)
     verdict = replace(verdict, attempt=args.attempt, time=time.time())
     try:
         record(args.run_dir, job_id(), verdict)

@@ -32,7 +32,7 @@ from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED, re
 from dist_jobs.spec.train import TrainConfig
 from support import kubelet
 from support.props import examples
-from support.render_helpers import make_stubs, run_script
+from support.render_helpers import make_stubs, run_script, step_calls
 from support.specs import direct_pods_spec
 from support.yaml11 import KubectlRefused, read_like_kubectl, require_kubectl
 
@@ -131,7 +131,7 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
         proc, calls = run_script(script, work, _STUBS)
         assert proc.returncode == 0, proc.stderr
         assert not (work / "x").exists()  # no `$(touch x)` ran
-        (srun,) = [c for c in calls if c["prog"] == "srun"]
+        (srun,) = step_calls(calls)
         expected_tail = ["python3", "-u", "user script.py", *args]  # torchrun too: interpreter and flags kept
         tail = srun["argv"][-len(expected_tail) :]
         if launcher == "torchrun":  # what torchrun does to each worker arg (torch's elastic `macros`)
@@ -156,7 +156,7 @@ def test_torchrun_mode_args_survive_torchruns_own_substitution(tmp_path: Path) -
     spec = load_spec(data=data)
     proc, calls = run_script(render(spec, "slurm"), tmp_path, _STUBS)
     assert proc.returncode == 0, proc.stderr
-    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    (srun,) = step_calls(calls)
     assert [string.Template(w).safe_substitute(local_rank="1") for w in srun["argv"][-4:]] == words
 
 
@@ -173,7 +173,7 @@ def test_env_names_bash_or_the_launch_own_are_refused_or_delivered(name: str, va
         proc, calls = run_script(render(spec, "slurm"), Path(tmp), _STUBS)
         assert not (Path(tmp) / "x").exists()
     assert proc.returncode == 0, proc.stderr
-    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    (srun,) = step_calls(calls)
     assert srun["env"][name] == value
 
 

@@ -91,7 +91,7 @@ def test_head_node_from_nodelist_and_derived_port(tmp_path) -> None:
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs)
     assert proc.returncode == 0, proc.stderr
-    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    (srun,) = step_calls(calls)
     assert srun["env"]["MASTER_ADDR"] == "gpu007"  # never localhost
     port = int(srun["env"]["MASTER_PORT"])
     assert 1024 <= port <= 65535
@@ -107,7 +107,7 @@ def test_checkpoint_dir_reaches_the_job_exactly(tmp_path, ckpt: str) -> None:
     spec = load_spec(data={**SEED, "checkpoint_dir": ckpt if ckpt[0] != "/" else str(tmp_path) + ckpt})
     proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs)
     assert proc.returncode == 0, proc.stderr
-    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    (srun,) = step_calls(calls)
     want = str(tmp_path / ckpt) if ckpt[0] != "/" else str(tmp_path) + ckpt
     assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == want
 
@@ -167,14 +167,35 @@ def test_restarts_used_up_or_a_silent_node_give_the_allocation_up(tmp_path) -> N
     # the killed rank's node is kept away from the next attempt: excluded once the job is requeued
     show, requeue = ["show", "job", "-o", "4242"], ["requeue", "4242"]
     assert scontrol_calls(calls) == [show, requeue, ["update", "JobId=4242", "ExcNodeList=gpu008"]]
-    # gpu008 does not answer the probe: requeued at once, no restart on a broken allocation
-    env = {"STUB_RCS": "137", "STUB_ERRS": KILLED, "STUB_NODES": "gpu007"}
+    # gpu008 answers the check before the step, not the one after it: requeued at once, no
+    # restart on a broken allocation
+    env = {"STUB_RCS": "137", "STUB_ERRS": KILLED, "STUB_NODES": "gpu007,gpu008|gpu007"}
     (tmp_path / "b").mkdir()  # another run directory: no quarantine of the first run's
     proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path / "b", stubs, env)
     assert proc.returncode == 200 and len(step_calls(calls)) == 1, proc.stderr
     assert scontrol_calls(calls) == [show, requeue, ["update", "JobId=4242", "ExcNodeList=gpu008"]]
     assert "ended: node lost: gpu008 no longer answered; to resume from the latest checkpoint" in proc.stderr
     assert "the next attempt keeps away from gpu008 (gpu008 no longer answered; until " in proc.stderr
+
+
+def test_a_node_that_fails_its_check_ends_the_attempt_before_any_rank_starts(tmp_path) -> None:
+    """gpu008 answers, but its run directory is not the batch host's (its shared filesystem is not
+    mounted): no step starts, the job is requeued keeping gpu008 away, the verdict names it."""
+    stubs = make_stubs(tmp_path / "bin", sys.executable)
+    why = "its /ck is not the directory the batch host sees (no shared filesystem mounted there, or a stale mount)"
+    proc, calls = run_script(render(load_spec(data=SEED), "slurm"), tmp_path, stubs, {"STUB_UNFIT": f"gpu008:{why}"})
+    assert proc.returncode == 200 and step_calls(calls) == [], proc.stderr
+    (check,) = [c for c in calls if c["prog"] == "srun"]
+    assert check["argv"][-5:-2] == [
+        "-m",
+        "dist_jobs.backends.slurm.nodecheck",
+        str(tmp_path / "checkpoints" / "resnet50-ddp"),
+    ]
+    show, requeue = ["show", "job", "-o", "4242"], ["requeue", "4242"]
+    assert scontrol_calls(calls) == [show, requeue, ["update", "JobId=4242", "ExcNodeList=gpu008"]]
+    assert f"attempt 0 ended: node unfit: gpu008 {why}; to resume from the latest checkpoint" in proc.stderr
+    assert [(v["ending"], v["action"], v["node"]) for v in verdicts(tmp_path)] == [("node unfit", "requeue", "gpu008")]
+    assert not (tmp_path / "checkpoints" / "resnet50-ddp" / ".nodecheck").exists()  # the nonce is gone again
 
 
 def test_requeue_after_a_preemption_checkpoint(tmp_path) -> None:
@@ -213,13 +234,13 @@ def test_restart_cap_counted_in_the_run_directory(tmp_path) -> None:
     script = render(load_spec(data={**SEED, "preemption": preemption}), "slurm")
     for attempt in range(2):  # the first start and one requeue, as SLURM_RESTART_COUNT never says
         proc, calls = run_script(script, tmp_path, stubs, rc=200)
-        assert proc.returncode == 200 and [c for c in calls if c["prog"] == "srun"], proc.stderr
+        assert proc.returncode == 200 and step_calls(calls), proc.stderr
         assert f"batch start {attempt + 1} of at most 2" in proc.stdout
     proc, calls = run_script(script, tmp_path, stubs, rc=200)
     assert proc.returncode == REQUEUE_LIMIT_EXIT_CODE and calls == []
     assert "has started 2 times for this submission and preemption.max_requeues is 1" in proc.stderr
     proc, calls = run_script(script, tmp_path, stubs, {"SLURM_JOB_ID": "4243"})  # resubmitted: its own count
-    assert proc.returncode == 0 and [c for c in calls if c["prog"] == "srun"]
+    assert proc.returncode == 0 and step_calls(calls)
     counts = tmp_path / "checkpoints" / "resnet50-ddp" / "attempts"
     assert len((counts / "4242" / "batch").read_text().splitlines()) == 2
     assert not (counts / "4243" / "batch").exists()  # a success closes its count: no start reads it
@@ -271,7 +292,7 @@ def test_home_in_folders_is_the_submitters_for_the_job_its_record_and_status(tmp
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     proc, calls = run_script(prepared.payload, cwd, stubs, {"HOME": str(node_home)})
     assert proc.returncode == 0, proc.stderr
-    (srun,) = [c for c in calls if c["prog"] == "srun"]
+    (srun,) = step_calls(calls)
     run_dir = submitter / "ck" / "resnet50-ddp"
     assert srun["env"]["DIST_JOBS_CHECKPOINT_DIR"] == str(submitter / "ck")  # what the trainer writes under
     assert srun["env"]["DIST_JOBS_LOG_DIR"] == str(submitter / "logs")

@@ -17,7 +17,7 @@ from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lock import LOCK_NAME
 from dist_jobs.spec.load import load_spec
 from support.lock_support import beating, foreign, plant
-from support.render_helpers import make_stubs, run_pod_entrypoint, run_script
+from support.render_helpers import make_stubs, run_pod_entrypoint, run_script, step_calls
 from support.tiers import requires
 
 SLURM = {"name": "locked", "nodes": 2, "procs_per_node": 2}
@@ -59,7 +59,7 @@ def test_a_requeued_attempt_takes_its_own_jobs_lock_over(tmp_path: Path) -> None
     stubs = make_stubs(tmp_path / "bin", sys.executable)
     plant(tmp_path / "checkpoints" / "locked", foreign("slurm:4242", "slurm", "4242"))
     proc, calls = run_script(render(load_spec(data=SLURM), "slurm"), tmp_path, stubs, {"SLURM_RESTART_COUNT": "1"})
-    assert proc.returncode == 0 and [c for c in calls if c["prog"] == "srun"], proc.stderr
+    assert proc.returncode == 0 and step_calls(calls), proc.stderr
     assert "took over the lock" in proc.stderr and "same job (slurm:4242)" in proc.stderr
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dist_jobs.backends.slurm.step_end import excluded_now, judge, quarantine, silent_nodes
+from dist_jobs.backends.slurm.nodecheck import NONCE_FILE, check, parse_reports
+from dist_jobs.backends.slurm.step_end import before_step, excluded_now, judge, quarantine, silent_nodes
 from dist_jobs.rundir.quarantine import QUARANTINE, Quarantine, blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide
 
@@ -95,10 +96,70 @@ def test_the_batch_host_answers_and_a_probe_that_reached_nobody_asks_sinfo() -> 
     """srun cannot start the probe's step while a node of the allocation is dead: it reaches no
     node. The batch host runs the verdict itself, so it is never the lost node."""
     nobody = lambda nodes: []
-    assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: ["n2"], here="n1") == ("n2",)
-    assert silent_nodes(["n1", "n2"], nobody, failed=lambda nodes: [], here="n1") == ("n2",)
-    assert silent_nodes(["n1", "n2", "n3"], lambda nodes: ["n1", "n3"], failed=nobody, here="n1") == ("n2",)
-    assert silent_nodes(["n1", "n2"], lambda nodes: ["n1", "n2"], failed=nobody, here="n1") == ()
+    assert silent_nodes(["n1", "n2"], [], failed=lambda nodes: ["n2"], here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2"], [], failed=lambda nodes: [], here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2", "n3"], ["n1", "n3"], failed=nobody, here="n1") == ("n2",)
+    assert silent_nodes(["n1", "n2"], ["n1", "n2"], failed=nobody, here="n1") == ()
+
+
+UNFIT = "its /ck/run is not the directory the batch host sees (no shared filesystem mounted there, or a stale mount)"
+
+
+def test_a_node_that_answers_but_fails_its_check_is_unfit_before_the_step_and_before_a_restart() -> None:
+    """The node check's answers: before the step, an unfit node ends the attempt (requeue, the
+    node kept away); after a killed rank, it turns the restart in place into that requeue."""
+    reports = {"n1": "", "n2": UNFIT}
+    before = before_step(["n1", "n2"], lambda nodes: reports, failed=lambda nodes: [])
+    assert before is not None and (before.ending, before.action, before.node) == (
+        Ending.NODE_UNFIT,
+        Action.REQUEUE,
+        "n2",
+    )
+    assert before.told() == f"node unfit: n2 {UNFIT}; to resume from the latest checkpoint"
+    assert blamed_nodes(before) == ("n2",)
+    assert before_step(["n1", "n2"], lambda nodes: {"n1": "", "n2": ""}, failed=lambda nodes: []) is None
+    # A probe that reached nobody, sinfo naming no failed node: the check itself failed, the step will tell.
+    assert before_step(["n1", "n2"], lambda nodes: {}, failed=lambda nodes: []) is None
+    killed = Evidence(137, (Failure(3, "n2", signal="SIGKILL"),))
+    after = judge(killed, ["n1", "n2"], 1, probe=lambda nodes: reports, failed=lambda nodes: [])
+    assert (after.ending, after.action, after.node) == (Ending.NODE_UNFIT, Action.REQUEUE, "n2")
+    fine = judge(killed, ["n1", "n2"], 1, probe=lambda nodes: {"n1": "", "n2": ""}, failed=lambda nodes: [])
+    assert (fine.ending, fine.action) == (Ending.RANK_KILLED, Action.RESTART)
+
+
+def test_the_node_check_reads_the_batch_hosts_nonce_and_writes_in_the_run_directory(tmp_path: Path) -> None:
+    """A node whose run directory is another (its shared filesystem not mounted) has no nonce, or
+    another one; one where it cannot write says so; the batch script reads one line per node."""
+    assert check(tmp_path, "abc", host="n2").startswith(f"its {tmp_path} is not the directory the batch host sees")
+    (tmp_path / NONCE_FILE).write_text("abd\n")
+    assert "is not the directory the batch host sees" in check(tmp_path, "abc", host="n2")
+    (tmp_path / NONCE_FILE).write_text("abc\n")
+    assert check(tmp_path, "abc", host="n2") == ""
+    assert list(tmp_path.iterdir()) == [tmp_path / NONCE_FILE]  # its own file is gone again
+    assert parse_reports(f"n1\tok\nsrun: warning\nn2\t{UNFIT}\n") == {"n1": "", "n2": UNFIT}
+
+
+def test_a_gpu_job_lists_its_gpus_on_each_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi -L listing fewer GPUs than the job asks for (or failing: a GPU that fell off the
+    bus) makes the node unfit; a node without nvidia-smi is not judged by it."""
+    (tmp_path / NONCE_FILE).write_text("abc\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-1)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert check(tmp_path, "abc", gpus=1, host="n1") == ""
+    assert (
+        check(tmp_path, "abc", gpus=2, host="n1")
+        == "nvidia-smi -L lists 1 of the 2 GPUs the job asks for (GPU 0: NVIDIA H100 (UUID: GPU-1))"
+    )
+    smi.write_text("#!/bin/sh\necho 'Unable to determine the device handle for GPU0: Unknown Error' >&2\nexit 15\n")
+    assert "lists 0 of the 1 GPUs the job asks for (Unable to determine the device handle" in check(
+        tmp_path, "abc", 1, "n1"
+    )
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert check(tmp_path, "abc", gpus=8, host="n1") == ""
 
 
 def test_a_node_is_not_kept_away_when_too_few_others_could_run_the_job(
