@@ -533,7 +533,7 @@ def test_a_dropped_link_ends_in_stack_dumps_a_restart_in_place_and_a_resume(
     batch = batch_log(tmp_path, name, job)
     verdicts = recorded(run_dir, job)
     assert [(v.ending, v.action) for v in verdicts] == [(Ending.HANG, Action.RESTART), (Ending.COMPLETED, Action.DONE)]
-    assert f"dist-jobs: srun lost its step: step {job}.0 ended at SLURM" in batch, batch
+    assert f"dist-jobs: srun lost its step: step {job}.1 ended at SLURM" in batch, batch  # step 0: the node check
     assert "dist-jobs: restarting in place: restart 1" in batch and status.extra.get("attempts") == "1", batch
     assert resumed_step(tmp_path, name, job) >= saved
     assert assert_every_checkpoint_intact(run_dir, world_size=4)[-1] == 24
