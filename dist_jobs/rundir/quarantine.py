@@ -43,7 +43,8 @@ class Quarantine:
 
 def blamed_nodes(verdict: Verdict) -> tuple[str, ...]:
     """The nodes the verdict blames for the attempt's end: those that no longer answered or failed
-    their node check, or the node of a rank killed by a signal once the allocation gave up restarting in place."""
+    their node check, or the node of a rank killed by a signal once the allocation gave up
+    restarting in place."""
     if verdict.ending in (Ending.NODE_LOST, Ending.NODE_UNFIT):
         return tuple(n.strip() for n in verdict.node.split(",") if n.strip())
     if verdict.ending is Ending.RANK_KILLED and verdict.action is Action.REQUEUE and verdict.node:

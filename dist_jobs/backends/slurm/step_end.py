@@ -153,9 +153,10 @@ def before_step(nodes: list[str], probe: Probe, failed: Failed) -> Verdict | Non
     attempt ends here, to run again elsewhere), else None (start the step). A probe that reached
     no node and sinfo naming none failed for its own reasons: the step itself will tell."""
     reports = probe(nodes)
-    if not reports and not failed(nodes):
+    down = [] if reports else failed(nodes)  # asked once: silent_nodes asks it only of a probe that reached nobody
+    if not reports and not down:
         return None
-    lost, unfit = silent_nodes(nodes, reports, failed), unfit_nodes(reports)
+    lost, unfit = silent_nodes(nodes, reports, lambda _: down), unfit_nodes(reports)
     if not lost and not unfit:
         return None
     return decide(Evidence(exit_code=0, lost_nodes=lost, unfit=unfit))

@@ -120,6 +120,9 @@ def test_a_node_that_answers_but_fails_its_check_is_unfit_before_the_step_and_be
     assert before_step(["n1", "n2"], lambda nodes: {"n1": "", "n2": ""}, failed=lambda nodes: []) is None
     # A probe that reached nobody, sinfo naming no failed node: the check itself failed, the step will tell.
     assert before_step(["n1", "n2"], lambda nodes: {}, failed=lambda nodes: []) is None
+    asked: list[list[str]] = []  # a probe that reached nobody asks sinfo once, and blames what it names
+    lost = before_step(["n1", "n2"], lambda nodes: {}, failed=lambda nodes: asked.append(nodes) or ["n2"])
+    assert lost is not None and (lost.ending, lost.node) == (Ending.NODE_LOST, "n2") and len(asked) == 1
     killed = Evidence(137, (Failure(3, "n2", signal="SIGKILL"),))
     after = judge(killed, ["n1", "n2"], 1, probe=lambda nodes: reports, failed=lambda nodes: [])
     assert (after.ending, after.action, after.node) == (Ending.NODE_UNFIT, Action.REQUEUE, "n2")
