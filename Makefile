@@ -36,10 +36,13 @@ demo: $(VENV)/.installed
 SIDE_LOG := build/test-side.log
 # 3 SLURM nodes: the node-failure test needs one to spare for a 2-node job (its failed node is kept away).
 SLURM_NODES := 3
+# 4 CPUs a node (the nodes share this machine's cores): two of the tests' 2 x 2 jobs fit side by
+# side, so a test can run its launch modes' jobs at once and wait on SLURM's timers once.
+SLURM_CPUS := 4
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null && command -v chromium >/dev/null || \
 	    (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck chromium)
-	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) bash slurm/cluster/up.sh
+	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) DIST_JOBS_SLURM_CPUS=$(SLURM_CPUS) bash slurm/cluster/up.sh
 	bash k8s/apiserver/up.sh
 	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	mkdir -p build
@@ -67,7 +70,7 @@ test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m 'not slurm and not apiserver and not realpods'; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 cluster-up:
-	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) bash slurm/cluster/up.sh
+	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) DIST_JOBS_SLURM_CPUS=$(SLURM_CPUS) bash slurm/cluster/up.sh
 cluster-down:
 	bash slurm/cluster/down.sh
 apiserver-up:

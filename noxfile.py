@@ -4,7 +4,8 @@
   the Python the pinned torch has wheels for (TORCH_PYTHONS).
 - `torch_free-3.X`: on every other promised Python, a fresh venv with dist-jobs and the test tools
   but no torch, running every test that needs no torch (`pytest --torch-free`, tests/conftest.py):
-  spec, render, CLI, backends with captured scheduler output, the real apiserver tier. The SLURM
+  spec, render, CLI, backends with captured scheduler output, the real apiserver tier; on a
+  Python between the oldest and the newest, the unit tests only (WHOLE_SET_PYTHONS). The SLURM
   cluster and operator-harness tiers run jobs of the built-in trainer, so they run in `full` only.
 
 Interpreters are found on PATH (`python3.X`); where pyenv manages them, the newest installed
@@ -26,8 +27,19 @@ REPO = Path(__file__).resolve().parent
 # The pinned torch (Makefile TORCH_PINS) has wheels here for these only; the others would each
 # download several GB of CUDA wheels.
 TORCH_PYTHONS = ["3.11"]
+
+
+def _minor(version: str) -> int:
+    return int(version.split(".")[1])
+
+
 PYTHONS = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', (REPO / "pyproject.toml").read_text())
 TORCH_FREE_PYTHONS = [v for v in PYTHONS if v not in TORCH_PYTHONS]
+# The oldest and the newest of them also run the torch-free integration tests (the CLI and local
+# launches in subprocesses, the wheel, the apiserver tier); a Python between them runs the unit
+# tests, which import and exercise every module. The integration tests drive that same code through
+# subprocesses: on a Python between two that pass them, they cost CPU the suite's budget lacks.
+WHOLE_SET_PYTHONS = [min(TORCH_FREE_PYTHONS, key=_minor), max(TORCH_FREE_PYTHONS, key=_minor)]
 
 nox.options.sessions = ["full", *(f"torch_free-{v}" for v in TORCH_FREE_PYTHONS)]
 nox.options.error_on_missing_interpreters = True
@@ -80,6 +92,7 @@ def torch_free(session: nox.Session) -> None:
     # The SLURM cluster's, the operator harness's and the real pods' jobs run the trainer.
     tiers = "not slurm and not pods and not realpods and not gpu"
     xdist = ["-n", TORCH_FREE_WORKERS, "--dist", "loadgroup"]
-    argv = ["python", "-m", "pytest", "-q", *xdist, "--torch-free", "-m", tiers, *session.posargs]
+    tests = [] if session.python in WHOLE_SET_PYTHONS else ["tests/unit"]
+    argv = ["python", "-m", "pytest", "-q", *xdist, "--torch-free", "-m", tiers, *tests, *session.posargs]
     # Each property runs here to prove the code on this Python; the full session does the search.
     session.run(*argv, success_codes=[0, 5], env={"DIST_JOBS_PROPERTY_SHARE": PROPERTY_SHARE})

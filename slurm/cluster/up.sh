@@ -126,6 +126,9 @@ ProctrackType=$(proctrack)
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+# Each node advertises DIST_JOBS_SLURM_CPUS whatever the machine has: the nodes share its cores,
+# and without this slurmd's own count (the real one) makes a node that claims more INVAL.
+SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
 JobAcctGatherType=jobacct_gather/linux
 AccountingStorageType=accounting_storage/slurmdbd

@@ -1,4 +1,4 @@
-"""dist-jobs on the real SLURM cluster of slurm/cluster/up.sh (nodes n1, n2 and, under make test, n3; 2 CPUs each).
+"""dist-jobs on the real SLURM cluster of slurm/cluster/up.sh (nodes n1, n2 and, under make test, n3 with 4 CPUs each).
 
 Every job is small: the tiny conv net of support/workloads.py on the fake images (16 px, 128 images,
 batch 4 per rank: 8 steps an epoch, 24 in all), deterministic, gloo on CPU, 2 nodes x 2 ranks,
@@ -9,8 +9,9 @@ What is checked: rank identity and placement in srun and torchrun mode; training
 both; `sbatch --test-only` of the checked-in examples; preemption by an external
 `scontrol requeue` (srun mode) and by the time-limit warning signal (torchrun mode), each
 resuming from its latest checkpoint and ending bit-identical to an uninterrupted run; cancel;
-the error for an unknown partition; a submitit job. The cluster runs one such job at a time,
-so the whole file takes a few minutes.
+the error for an unknown partition; a submitit job. The suite's SLURM tests run one after
+another; a test whose two jobs mostly wait on SLURM's timers (a time limit, a requeue's hold) runs
+them side by side (`support.waiting.side_by_side`), which `make test`'s 4-CPU nodes have room for.
 
 Without a cluster answering `sinfo` with two usable nodes the file is skipped, except under CI,
 where slurm/cluster/up.sh runs before pytest and a silent cluster is a failure (support.tiers).
@@ -49,7 +50,7 @@ from support.slurm_jobs import (
     write_spec,
 )
 from support.tiers import require_module, requires
-from support.waiting import eventually
+from support.waiting import eventually, side_by_side
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -157,23 +158,23 @@ def test_srun_mode_ranks_hosts_and_training(tmp_path: Path, cleanup: list[str], 
 def test_torchrun_mode_ranks_hosts_and_training(tmp_path: Path, cleanup: list[str], reference: dict[str, Any]) -> None:
     """One SLURM task per node runs torchrun (c10d rendezvous on n1); the node's file holds both
     of its ranks. The training ends bit-identical to srun mode's: same ranks on the same nodes.
-    Slow by nature: two 2-node SLURM jobs (the identity probe, then the training), torchrun starting the ranks
-    on each node."""
+    Slow by nature: two 2-node SLURM jobs (the identity probe and the training), torchrun starting the ranks
+    on each node; both submitted at once (the cluster's nodes have room for both)."""
     (tmp_path / "ident.py").write_text(IDENT)
     spec = write_spec(tmp_path, spec_data(tmp_path, "ident-torchrun", launcher="torchrun"))
     job_id = submit(tmp_path, spec, "python3", str(tmp_path / "ident.py"))
     cleanup.append(job_id)
+    spec = write_spec(tmp_path, spec_data(tmp_path, "train-torchrun", launcher="torchrun"))
+    train_id = submit(tmp_path, spec)
+    cleanup.append(train_id)
     assert wait_finished(tmp_path, "ident-torchrun", job_id).state == "COMPLETED", batch_log(
         tmp_path, "ident-torchrun", job_id
     )
     check_identity(tmp_path, job_id, "torchrun", per_rank_file=False)
 
-    spec = write_spec(tmp_path, spec_data(tmp_path, "train-torchrun", launcher="torchrun"))
-    job_id = submit(tmp_path, spec)
-    cleanup.append(job_id)
-    status = wait_finished(tmp_path, "train-torchrun", job_id)
-    assert status.state == "COMPLETED", batch_log(tmp_path, "train-torchrun", job_id)
-    assert f"step {TOTAL_STEPS}/{TOTAL_STEPS} epoch 2" in logs(tmp_path, job_id, 0)
+    status = wait_finished(tmp_path, "train-torchrun", train_id)
+    assert status.state == "COMPLETED", batch_log(tmp_path, "train-torchrun", train_id)
+    assert f"step {TOTAL_STEPS}/{TOTAL_STEPS} epoch 2" in logs(tmp_path, train_id, 0)
     assert_bit_identical(final_model(tmp_path / "checkpoints", "train-torchrun"), reference["model"])
 
 
@@ -246,107 +247,124 @@ def assert_second_attempt(root: Path, name: str, job_id: str, tasks: int) -> Non
     assert files == [f"{name}-{job_id}-attempt{a}-rank{t}.out" for a in (0, 1) for t in range(tasks)]
 
 
-def test_external_requeue_resumes_from_latest_checkpoint_bit_identical(
+def test_a_job_requeued_or_signalled_from_outside_checkpoints_and_resumes_bit_identical(
     tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
 ) -> None:
+    """Two jobs side by side (the cluster's nodes have room for both): one requeued with `scontrol
+    requeue` (`requeued_from_outside`), one sent `scancel --signal=TERM` (`signalled_from_outside`).
+    Slow by nature: each job runs twice: attempt 0 is slowed to 1 s a step so the requeue or signal lands
+    mid-training after step 6, and the requeued attempt waits out the cluster's credential hold before it may
+    start again and train to the end."""
+    side_by_side(
+        lambda: requeued_from_outside(tmp_path / "requeue", cleanup, reference),
+        lambda: signalled_from_outside(tmp_path / "scancel", cleanup, reference),
+    )
+
+
+def requeued_from_outside(root: Path, cleanup: list[str], reference: dict[str, Any]) -> None:
     """`scontrol requeue` of the running srun-mode job (as a preempting scheduler does): slurmd
     sends the ranks SIGTERM (SIGKILL only after KillWait, 30 s), they checkpoint at the next step
     and exit; SLURM requeues (the script must not requeue again), and attempt 1 resumes from the
-    newest committed checkpoint, which is that preemption checkpoint.
-    Slow by nature: the job runs twice: attempt 0 is slowed to 1 s a step so the requeue lands mid-training
-    after step 6, and the requeued attempt waits out the cluster's 10 s credential hold before it may start
-    again and train to the end."""
+    newest committed checkpoint, which is that preemption checkpoint."""
+    root.mkdir()
     name = "requeue"
-    job_id = submit_api(tmp_path, spec_data(tmp_path, name), cleanup, slow_first="1.0")
-    slurm = backend(tmp_path)
-    log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
-    wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
+    job_id = submit_api(root, spec_data(root, name), cleanup, slow_first="1.0")
+    slurm = backend(root)
+    log0 = root / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
+    wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, root, name)
     proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     # Once PENDING, attempt 0's processes are gone: the newest checkpoint now is what must resume.
     pending = wait_for(
-        "PENDING after the requeue", lambda: slurm.status(job_id).state == "PENDING", 60, job_id, tmp_path, name
+        "PENDING after the requeue", lambda: slurm.status(job_id).state == "PENDING", 60, job_id, root, name
     )
     assert pending
-    latest = committed_steps(tmp_path / "checkpoints" / name)[-1]
+    latest = committed_steps(root / "checkpoints" / name)[-1]
     assert 4 <= latest < TOTAL_STEPS
 
-    status = wait_finished(tmp_path, name, job_id)
-    assert status.state == "COMPLETED", batch_log(tmp_path, name, job_id)
-    assert resumed_step(tmp_path, name, job_id) == latest
-    first = (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
+    status = wait_finished(root, name, job_id)
+    assert status.state == "COMPLETED", batch_log(root, name, job_id)
+    assert resumed_step(root, name, job_id) == latest
+    first = (root / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
     assert f"preempted by SIGTERM at step {latest}: checkpoint step-{latest} " in first, first[-3000:]
-    batch = batch_log(tmp_path, name, job_id)
+    batch = batch_log(root, name, job_id)
     assert "terminated by SLURM (scancel or external requeue); not requeueing from here" in batch, batch
-    assert_second_attempt(tmp_path, name, job_id, tasks=4)
+    assert_second_attempt(root, name, job_id, tasks=4)
     assert final_sacct_state(job_id) == ("COMPLETED", 2)
-    stitched = logs(tmp_path, job_id, 0)
+    stitched = logs(root, job_id, 0)
     assert stitched.index("-attempt0-rank0.out <==") < stitched.index("-attempt1-rank0.out <==")
-    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+    assert_bit_identical(final_model(root / "checkpoints", name), reference["model"])
 
 
-@pytest.mark.parametrize("launcher,signal", [("srun", "SIGUSR1"), ("torchrun", "SIGTERM")])
-def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical(
-    launcher: str, signal: str, tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
+def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical_in_srun_and_torchrun_mode(
+    tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
+) -> None:
+    """Two jobs side by side, one per launch mode (the cluster's nodes have room for both), each
+    warned by its time limit (`warned_by_the_time_limit`).
+    Slow by nature: the warning can only come from SLURM's own time-limit check (`time: 2`, `grace_seconds:
+    60`), which fires 30-60 s after the start, so attempt 0 must still be training then; the requeued attempt
+    waits out the credential hold (cred_expire, 5 s) and trains the rest, starting torch in every rank again."""
+    side_by_side(
+        lambda: warned_by_the_time_limit("srun", "SIGUSR1", tmp_path / "srun", cleanup, reference),
+        lambda: warned_by_the_time_limit("torchrun", "SIGTERM", tmp_path / "torchrun", cleanup, reference),
+    )
+
+
+def warned_by_the_time_limit(
+    launcher: str, signal: str, root: Path, cleanup: list[str], reference: dict[str, Any]
 ) -> None:
     """`time: 2` minutes, `grace_seconds: 60`: SLURM sends the batch shell USR1 30-60 s after the
     start (it checks every ~30 s, so up to 30 s early). The script passes the step the spec's
     signal (USR1) in srun mode, SIGTERM in torchrun mode (torchrun hands it to its workers); the
     ranks agree, save a checkpoint, rank 0 leaves the PREEMPTED marker, the script requeues, and
     attempt 1 resumes from that checkpoint. Attempt 0 is slowed to 3 s a step (72 s of training)
-    so the warning lands mid-training.
-    Slow by nature: the warning can only come from SLURM's own time-limit check (`time: 2`, `grace_seconds:
-    60`), which fires 30-60 s after the start, so attempt 0 must still be training then; the requeued attempt
-    waits out the credential hold (cred_expire, 5 s) and trains the rest, starting torch in every rank again."""
+    so the warning lands mid-training."""
+    root.mkdir()
     name = f"warned-{launcher}"
-    data = spec_data(tmp_path, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
-    job_id = submit_api(tmp_path, data, cleanup, slow_first="3.0")
+    data = spec_data(root, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
+    job_id = submit_api(root, data, cleanup, slow_first="3.0")
     warned = "dist-jobs: preemption warning, checkpointing"
-    wait_for("SLURM's warning", lambda: warned in batch_log(tmp_path, name, job_id), 180, job_id, tmp_path, name)
+    wait_for("SLURM's warning", lambda: warned in batch_log(root, name, job_id), 180, job_id, root, name)
     # The warning to attempt 0 is what this test is about. The requeued attempt keeps the job's
     # 2-minute limit, so on a busy machine it could be warned too before it finishes (a third
     # attempt): it gets a limit it cannot reach. (scontrol refuses while the job is between states.)
     raise_limit = ["scontrol", "update", f"JobId={job_id}", "TimeLimit=30"]
     raised = lambda: subprocess.run(raise_limit, capture_output=True).returncode == 0
-    wait_for("the requeued attempt's time limit raised", raised, 60, job_id, tmp_path, name)
-    status = wait_finished(tmp_path, name, job_id, timeout=240)
-    batch = batch_log(tmp_path, name, job_id)
+    wait_for("the requeued attempt's time limit raised", raised, 60, job_id, root, name)
+    status = wait_finished(root, name, job_id, timeout=240)
+    batch = batch_log(root, name, job_id)
     assert status.state == "COMPLETED", batch
     assert "dist-jobs: preemption warning, checkpointing" in batch
     assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch
     assert "dist-jobs: step finished with exit code 200" in batch
-    first = (tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
+    first = (root / "logs" / f"{name}-{job_id}-attempt0-rank0.out").read_text(errors="replace")
     preempted = re.search(rf"preempted by {signal} at step (\d+): checkpoint step-\1 .* is committed", first)
     assert preempted, first[-3000:]
     step = int(preempted.group(1))
     assert 0 < step < TOTAL_STEPS
-    assert resumed_step(tmp_path, name, job_id) == step
-    assert_second_attempt(tmp_path, name, job_id, tasks=4 if launcher == "srun" else 2)
+    assert resumed_step(root, name, job_id) == step
+    assert_second_attempt(root, name, job_id, tasks=4 if launcher == "srun" else 2)
     assert final_sacct_state(job_id) == ("COMPLETED", 2)
-    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+    assert_bit_identical(final_model(root / "checkpoints", name), reference["model"])
 
 
-def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
-    tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
-) -> None:
+def signalled_from_outside(root: Path, cleanup: list[str], reference: dict[str, Any]) -> None:
     """`scancel --signal=TERM` (what an admin or a preempting tool sends the job's steps): the
     ranks checkpoint at the next step boundary and exit 200, the batch script requeues the job,
     and attempt 1 resumes from that checkpoint, ending bit-identical to the uninterrupted run.
     The batch shell of attempt 0 holds the run directory lock (and releases it), attempt 1 takes
-    it again, and it is gone once the job has finished.
-    Slow by nature: the job runs twice: attempt 0 is slowed to 1 s a step so the signal lands mid-training
-    after step 6, and the requeued attempt waits out the cluster's 10 s credential hold before it may start
-    again and train to the end."""
+    it again, and it is gone once the job has finished."""
+    root.mkdir()
     name = "scancel-term"
-    job_id = submit_api(tmp_path, spec_data(tmp_path, name), cleanup, slow_first="1.0")
-    log0 = tmp_path / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
-    wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, tmp_path, name)
-    lock = json.loads((tmp_path / "checkpoints" / name / "LOCK").read_text())
+    job_id = submit_api(root, spec_data(root, name), cleanup, slow_first="1.0")
+    log0 = root / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
+    wait_for("step 6", lambda: log0.exists() and "step 6/24" in log0.read_text(), 120, job_id, root, name)
+    lock = json.loads((root / "checkpoints" / name / "LOCK").read_text())
     assert (lock["backend"], lock["job_id"], lock["owner"], lock["host"]) == ("slurm", job_id, f"slurm:{job_id}", "n1")
     proc = subprocess.run(["scancel", "--signal=TERM", job_id], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    status = wait_finished(tmp_path, name, job_id, timeout=240)
-    batch = batch_log(tmp_path, name, job_id)
+    status = wait_finished(root, name, job_id, timeout=240)
+    batch = batch_log(root, name, job_id)
     assert status.state == "COMPLETED", batch
     first = log0.read_text(errors="replace")
     stopped = re.search(r"preempted by SIGTERM at step (\d+): checkpoint step-\1 .* is committed", first)
@@ -355,10 +373,10 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes_bit_identical(
     assert 6 <= step < TOTAL_STEPS
     assert f"dist-jobs: requeueing job {job_id}: requeue 1 of at most 3" in batch, batch
     assert "dist-jobs: attempt 0 ended: preempted: checkpointed on a signal" in batch, batch
-    assert resumed_step(tmp_path, name, job_id) == step
+    assert resumed_step(root, name, job_id) == step
     assert final_sacct_state(job_id) == ("COMPLETED", 2)
-    assert not (tmp_path / "checkpoints" / name / "LOCK").exists()
-    assert_bit_identical(final_model(tmp_path / "checkpoints", name), reference["model"])
+    assert not (root / "checkpoints" / name / "LOCK").exists()
+    assert_bit_identical(final_model(root / "checkpoints", name), reference["model"])
 
 
 def test_a_rank_that_stops_stepping_is_dumped_restarted_in_place_and_resumes(
@@ -597,14 +615,24 @@ def env_spec(root: Path, name: str, **fields: Any) -> Path:
     return write_spec(root, data)
 
 
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
-def test_unmodified_env_script_gets_torchs_contract(tmp_path: Path, cleanup: list[str], launcher: str) -> None:
-    """Slow by nature: a 2-node SLURM job whose four ranks each start torch to read its contract."""
-    name = f"env-{launcher}"
-    job_id = submit(tmp_path, env_spec(tmp_path, name, launcher=launcher), "python", str(ENV_SCRIPT))
-    cleanup.append(job_id)
-    assert wait_finished(tmp_path, name, job_id).state == "COMPLETED", batch_log(tmp_path, name, job_id)
-    got = results(tmp_path, job_id)
+def test_unmodified_env_script_gets_torchs_contract_in_srun_and_torchrun_mode(
+    tmp_path: Path, cleanup: list[str]
+) -> None:
+    """One job per launch mode, both submitted at once (the cluster's nodes have room for both).
+    Slow by nature: 2-node SLURM jobs whose four ranks each start torch to read its contract."""
+    jobs = {}
+    for launcher in ("srun", "torchrun"):
+        spec = env_spec(tmp_path, f"env-{launcher}", launcher=launcher)
+        jobs[launcher] = submit(tmp_path, spec, "python", str(ENV_SCRIPT))
+        cleanup.append(jobs[launcher])
+    for launcher, job_id in jobs.items():
+        name = f"env-{launcher}"
+        assert wait_finished(tmp_path, name, job_id).state == "COMPLETED", batch_log(tmp_path, name, job_id)
+        assert_env_contract(results(tmp_path, job_id))
+
+
+def assert_env_contract(got: list[dict[str, Any]]) -> None:
+    """Ranks 0-3, two a node on n1 and n2, each with torch's env:// contract as torch reads it."""
     assert [r["rank"] for r in got] == [0, 1, 2, 3], got
     for r in got:
         node = r["rank"] // 2

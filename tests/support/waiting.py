@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pytest
@@ -71,3 +72,13 @@ def eventually(
     else:
         why = f"waited {timeout:.0f} s for {what}"
     pytest.fail(f"{why} (last seen: {last!r}){detail}", pytrace=False)
+
+
+def side_by_side(*scenarios: Callable[[], object]) -> None:
+    """Run each scenario in a thread of its own and wait for all of them; then raise the first
+    one's failure, in the order given. For cluster jobs whose test mostly waits on the scheduler's
+    own timers (a time limit, a requeue's hold): two such jobs at once cost the wait once."""
+    with ThreadPoolExecutor(max_workers=len(scenarios)) as pool:
+        futures = [pool.submit(scenario) for scenario in scenarios]
+    for future in futures:
+        future.result()
