@@ -7,6 +7,8 @@ one JSON line each, O_APPEND like metrics.jsonl:
     {"event": "first_step", "time", "step"}                       the attempt's first optimizer step is done
     {"event": "save", "time", "step", "blocked_s"}                a checkpoint save, and how long it held the loop
 
+Each event carries the writing holder's lock stamp (dist_jobs.rundir.stamps), as the verdicts do.
+
 The launchers' verdicts (dist_jobs.rundir.verdict) say when and how each attempt ended, and
 metrics.jsonl (dist_jobs.rundir.progress) how far each got. `ledger()` puts them together; it
 is pure (files in, numbers out), so status computes it on every backend that can read the run
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from dist_jobs.rundir.holder import process_start
 from dist_jobs.rundir.progress import read_history, read_json_lines
+from dist_jobs.rundir.stamps import live_rows
 from dist_jobs.rundir.verdict import Action, Ending, Verdict, recorded
 
 LEDGER = "ledger.jsonl"
@@ -69,8 +72,9 @@ def process_started(now: float | None = None) -> float:
 
 
 def read_events(run_dir: Path) -> list[dict[str, object]]:
-    """Every complete event, oldest first; torn or foreign lines are skipped."""
-    return read_json_lines(run_dir / LEDGER, "time", (int, float))
+    """Every complete event, oldest first; torn or foreign lines are skipped, and so are the late
+    ones: an event of a holder superseded before it landed (dist_jobs.rundir.stamps)."""
+    return live_rows(read_json_lines(run_dir / LEDGER, "time", (int, float)))[0]
 
 
 def is_fault(ending: Ending) -> bool:

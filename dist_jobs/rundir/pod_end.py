@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         warned=args.leaving,
     )
     # The operator recreates the pod: its fresh start is the restart (no in-place loop here).
-    verdict = replace(decide(evidence, restarts_left=1), node=member, time=time.time())
+    verdict = replace(decide(evidence, restarts_left=1), node=member, time=time.time(), stamp=stamp)
     try:
         record(run_dir, os.environ.get("DIST_JOBS_SUBMISSION", ""), verdict)
     except OSError as exc:

@@ -4,15 +4,18 @@ A holder of the run directory's lock that was only paused (SIGSTOP, a suspended 
 stall) can wake after another run took the lock over; `Fence.check()` before each write stops most
 of its writes, but one that passed its fence and then stalled still lands, late. So every record a
 holder writes (progress.json, each metrics.jsonl row, result.json, the PREEMPTED marker, the HANG
-record) carries `"stamp"`: the holder's `Fence.stamp` (`stamp_of(token)`, 12 hex digits), or "" for
-a run that holds no lock (a plain `python -m dist_jobs.train`): nothing of it is filtered, as
-nothing of older versions (no stamp) is. The rules, without an epoch counter or a clock:
+record, each ledger event and each verdict) carries `"stamp"`: the holder's `Fence.stamp`
+(`stamp_of(token)`, 12 hex digits), or "" for a run that holds no lock (a plain
+`python -m dist_jobs.train`): nothing of it is filtered, as nothing of older versions (no stamp)
+is. The rules, without an epoch counter or a clock:
 
 - metrics.jsonl, appended: a stamp is retired once a row of another non-empty stamp follows it,
   or the takeover row a successor appends the moment it takes the lock over (dist_jobs.rundir.lock)
   names it; a later row of a retired stamp is a late write, and `live_rows()` drops it. The takeover
   row retires the predecessor before the successor has logged anything (or if it never does), so
   only a row already in flight while the lock itself changed hands can still land unretired.
+  ledger.jsonl's events and each submission's verdicts (verdicts/<submission>.jsonl), appended
+  too, follow the same rule (without takeover rows of their own).
 - progress.json and result.json, replaced: `believed()` refuses one whose stamp is retired in
   metrics.jsonl, or is not the stamp of the holder LOCK names while it names one.
 - PREEMPTED and HANG, one per attempt: `this_attempts()` takes one for the reader's attempt only

@@ -19,7 +19,9 @@ A rank that died because a peer vanished is a consequence, not a cause: only the
 counts, and what the launcher stopped after it does not. The pod entrypoint asks through
 `python -m dist_jobs.rundir.pod_end`, the batch script through dist_jobs.backends.slurm.step_end;
 every verdict is recorded in `<run dir>/verdicts/<submission>.jsonl`,
-which status reads back. Stdlib only: it runs in any image, before and after the program.
+which status reads back. Each line carries the stamp of the lock its launcher held
+(dist_jobs.rundir.stamps): a verdict an older attempt lands after a newer attempt's is a late
+write, and `recorded()` leaves it out. Stdlib only: it runs in any image, before and after the program.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import signal
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
 from dist_jobs.rundir.attempts import UNSTAMPED, safe_name
+from dist_jobs.rundir.stamps import live_rows
 
 VERDICTS = "verdicts"  # folder of the run directory: one JSON-lines file per submission
 # A shell's "killed by signal N" (128+N), short of the requeue code.
@@ -125,6 +129,7 @@ class Verdict:
     attempt: str = ""  # the launcher's label: "0", "0.1" (attempt 0, first restart in place)
     time: float = 0.0
     extra: dict[str, str] = field(default_factory=dict, hash=False)
+    stamp: str = ""  # the stamp of the lock the launcher held ("" for none: a pod that holds no token)
 
     @property
     def fault_in_place(self) -> bool:
@@ -153,7 +158,10 @@ class Verdict:
 
     @classmethod
     def from_json(cls, text: str) -> Verdict:
-        data = json.loads(text)
+        return cls.from_record(json.loads(text))
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Verdict:
         return cls(
             ending=Ending(data["ending"]),
             action=Action(data["action"]),
@@ -164,6 +172,7 @@ class Verdict:
             attempt=str(data.get("attempt", "")),
             time=float(data.get("time", 0.0)),
             extra={str(k): str(v) for k, v in dict(data.get("extra") or {}).items()},
+            stamp=str(data.get("stamp") or ""),
         )
 
 
@@ -230,15 +239,24 @@ def record(run_dir: Path, submission: str, verdict: Verdict) -> None:
 
 
 def recorded(run_dir: Path, submission: str) -> list[Verdict]:
-    """Every verdict of a submission, oldest first; unreadable lines are skipped."""
+    """Every verdict of a submission, oldest first, without the late ones (a superseded
+    attempt's, landing after its successor's); unreadable lines are skipped."""
     try:
         lines = _record_of(run_dir, submission).read_text(encoding="utf-8").splitlines()
     except OSError:
         return []
-    found = []
+    rows = []
     for line in lines:
         try:
-            found.append(Verdict.from_json(line))
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            rows.append(data)
+    found = []
+    for row in live_rows(rows)[0]:
+        try:
+            found.append(Verdict.from_record(row))
         except (ValueError, KeyError, TypeError):
             continue
     return found

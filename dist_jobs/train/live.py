@@ -112,7 +112,7 @@ class Live:
         if self.folder is None or not self.guard.holds(f"note {event} in the ledger"):
             return
         try:
-            note(self.folder, event, **fields)
+            note(self.folder, event, stamp=self.guard.stamp, **fields)  # a superseded run's late note is dropped
         except OSError as exc:
             log.warning("ledger: cannot write %s: %s (training goes on)", self.folder, exc)
 

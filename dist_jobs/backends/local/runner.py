@@ -220,7 +220,7 @@ class LocalRunner:
                 procs = plan(spec, workdir, port, job_id, use_gpus)
                 code = group.run([(p.label, p.argv, {**os.environ, **p.env, **token}) for p in procs], cwd=workdir)
                 verdict = replace(group.verdict or decide(Evidence(code)), attempt=f"0.{restart}" if restart else "0")
-                record(run_dir, job_id, replace(verdict, time=time.time()))
+                record(run_dir, job_id, replace(verdict, time=time.time(), stamp=lock.fence().stamp))
                 if verdict.action is not Action.RESTART or gone:
                     break
                 restart, port = restart + 1, free_port()  # a fresh rendezvous port: the last may linger

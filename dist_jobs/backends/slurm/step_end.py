@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = found
     else:
         verdict = judge(evidence(args), nodes, args.restarts_left, probe, failed_nodes)
-    verdict = replace(verdict, attempt=args.attempt, time=time.time())
+    verdict = replace(verdict, attempt=args.attempt, time=time.time(), stamp=stamp_of(args.token))
     try:
         record(args.run_dir, job_id(), verdict)
     except OSError as exc:  # the run directory's own trouble fails the next step loudly anyway

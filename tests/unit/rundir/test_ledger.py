@@ -105,3 +105,17 @@ def test_no_trainer_start_no_ledger_and_torn_lines_are_skipped(tmp_path: Path) -
     found = ledger(tmp_path, "7", None, now=2000.0)  # submitted: unknown, the first start then
     assert found is not None and (found.wall_s, found.startup_s, found.faults) == (29.0, 29.0, 1)
     assert json.loads(json.dumps(found.summary()))["percent"] == 0.0
+
+
+def test_an_event_a_superseded_holder_lands_late_is_not_counted(tmp_path: Path) -> None:
+    """Attempt 0's rank 0 (stamp a) is paused past its lease; attempt 1 (stamp b) starts; attempt
+    0's save event lands after that: a late write, which the ledger does not count."""
+    note(tmp_path, "start", time=1000.0, attempt=0, job="7", resumed_step=0, stamp="a" * 12)
+    note(tmp_path, "start", time=1100.0, attempt=1, job="7", resumed_step=0, stamp="b" * 12)
+    note(tmp_path, "save", time=1101.0, step=40, blocked_s=30.0, stamp="a" * 12)
+    note(tmp_path, "first_step", time=1110.0, step=1, stamp="b" * 12)
+    assert [(e["event"], e["stamp"]) for e in read_events(tmp_path)] == [
+        ("start", "a" * 12),
+        ("start", "b" * 12),
+        ("first_step", "b" * 12),
+    ]

@@ -80,6 +80,20 @@ def test_verdicts_are_recorded_per_submission_and_read_back(tmp_path: Path) -> N
     assert recorded(tmp_path, "43") == []
 
 
+def test_a_verdict_a_superseded_attempt_lands_late_is_not_read_back(tmp_path: Path) -> None:
+    """Attempt 0 (lock stamp a) restarted in place under the same lock, then attempt 1 (stamp b)
+    took over; attempt 0's launcher, paused past its lease, lands one more verdict after attempt
+    1's: a late write, left out. A verdict without a stamp (a pod that holds no token) always counts."""
+    killed = Verdict(Ending.RANK_KILLED, Action.RESTART, 200, attempt="0", stamp="a" * 12)
+    lost = Verdict(Ending.NODE_LOST, Action.REQUEUE, 200, attempt="0.1", stamp="a" * 12)
+    done = Verdict(Ending.COMPLETED, Action.DONE, 0, attempt="1", stamp="b" * 12)
+    late = Verdict(Ending.PROGRAM_ERROR, Action.FAIL, 1, attempt="0.1", stamp="a" * 12)
+    pod = Verdict(Ending.PEER_LOST, Action.RESTART, 200, node="w-1")
+    for verdict in (killed, lost, done, late, pod):
+        record(tmp_path, "42", verdict)
+    assert recorded(tmp_path, "42") == [killed, lost, done, pod]
+
+
 # -- the pod entrypoint (templates/pod-entrypoint.sh), as its container runs it ---------------------
 
 POD = {"name": "pods", "nodes": 2, "procs_per_node": 1, "image": "x/y:1", "k8s": {"namespace": "ml"}}
