@@ -25,6 +25,7 @@ from pathlib import Path
 
 NONCE_FILE = ".nodecheck"  # in the run directory: written by the batch host, read back by every node
 OK = "ok"
+NOT_SHARED = "is not the directory the batch host sees"  # the nonce check's failure, as a report says it
 GPU_LIST_SECONDS = 20  # nvidia-smi on a healthy node answers in well under a second
 
 
@@ -38,10 +39,7 @@ def check(run_dir: Path, nonce: str, gpus: int = 0, host: str = "") -> str:
     except OSError as exc:
         return f"cannot read the run directory {run_dir}: {exc.strerror or exc}"
     if seen != nonce:
-        return (
-            f"its {run_dir} is not the directory the batch host sees (no shared filesystem mounted there, "
-            "or a stale mount)"
-        )
+        return f"its {run_dir} {NOT_SHARED} (no shared filesystem mounted there, or a stale mount)"
     probe = run_dir / f".nodecheck-{host}-{os.getpid()}"
     try:
         probe.write_bytes(b"")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dist_jobs.backends.slurm.batchlog import srun_failures
 from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
-from dist_jobs.backends.slurm.nodecheck import NONCE_FILE, parse_reports
+from dist_jobs.backends.slurm.nodecheck import NONCE_FILE, NOT_SHARED, parse_reports
 from dist_jobs.backends.slurm.stepwatch import step_lost
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import attempt_hang, describe_hang, job_id, preempted_since
@@ -126,9 +126,24 @@ def silent_nodes(nodes: list[str], answered: Iterable[str], failed: Failed, here
     return tuple(n for n in nodes if n not in answered and n != here)
 
 
-def unfit_nodes(reports: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """The answering nodes that cannot run the job's ranks, each with why, in node order."""
-    return tuple((node, why) for node, why in sorted(reports.items()) if why)
+def unfit_nodes(reports: dict[str, str], here: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The answering nodes that cannot run the job's ranks, each with why, in node order.
+
+    The batch host (`here`) wrote the nonce the others read back, so a node that does not see it
+    has another run directory than the batch host's. When those nodes are more than the batch host
+    and the nodes that do see it, the batch host's side is the odd one out (its own mount is
+    missing, say): its nodes are the ones to keep away. A tie (two nodes) blames the others."""
+    here = os.environ.get("SLURMD_NODENAME", "") if here is None else here
+    unfit = {node: why for node, why in reports.items() if why}
+    blind = [node for node in reports if node != here and NOT_SHARED in unfit.get(node, "")]
+    seeing = [node for node in reports if node not in blind]
+    if here in reports and len(blind) > len(seeing):
+        for node in blind:
+            del unfit[node]
+        for node in seeing:
+            shared = f"its run directory is not the one {len(blind)} of the job's {len(reports)} nodes share"
+            unfit[node] = f"{shared}; {unfit[node]}" if node in unfit else shared
+    return tuple(sorted(unfit.items()))
 
 
 def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe, failed: Failed) -> Verdict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dist_jobs.backends.slurm.nodecheck import NONCE_FILE, check, parse_reports
-from dist_jobs.backends.slurm.step_end import before_step, excluded_now, judge, quarantine, silent_nodes
+from dist_jobs.backends.slurm.step_end import before_step, excluded_now, judge, quarantine, silent_nodes, unfit_nodes
 from dist_jobs.rundir.quarantine import QUARANTINE, Quarantine, blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide
 
@@ -140,6 +140,27 @@ def test_the_node_check_reads_the_batch_hosts_nonce_and_writes_in_the_run_direct
     assert check(tmp_path, "abc", host="n2") == ""
     assert list(tmp_path.iterdir()) == [tmp_path / NONCE_FILE]  # its own file is gone again
     assert parse_reports(f"n1\tok\nsrun: warning\nn2\t{UNFIT}\n") == {"n1": "", "n2": UNFIT}
+
+
+def test_when_most_nodes_miss_the_batch_hosts_nonce_the_batch_host_is_the_one_kept_away() -> None:
+    """The batch host (n1) wrote the nonce into a run directory only it sees (its own mount is
+    missing): on 3 nodes the two that miss it outnumber it, so n1 is blamed, not them. A tie (2
+    nodes) still blames the other node; a node that sees the nonce sides with the batch host."""
+    blind = UNFIT
+    assert unfit_nodes({"n1": "", "n2": blind, "n3": blind}, here="n1") == (
+        ("n1", "its run directory is not the one 2 of the job's 3 nodes share"),
+    )
+    assert unfit_nodes({"n1": "", "n2": blind}, here="n1") == (("n2", blind),)
+    assert unfit_nodes({"n1": "", "n2": blind, "n3": ""}, here="n1") == (("n2", blind),)
+    assert unfit_nodes({"n1": "", "n2": blind, "n3": blind, "n4": "no GPU"}, here="n1") == (
+        ("n2", blind),
+        ("n3", blind),
+        ("n4", "no GPU"),
+    )
+    assert unfit_nodes({"n1": "", "n2": blind, "n3": blind, "n4": blind, "n5": "no GPU"}, here="n1") == (
+        ("n1", "its run directory is not the one 3 of the job's 5 nodes share"),
+        ("n5", "its run directory is not the one 3 of the job's 5 nodes share; no GPU"),
+    )
 
 
 def test_a_gpu_job_lists_its_gpus_on_each_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
