@@ -148,14 +148,20 @@ def unfit_nodes(reports: dict[str, str], here: str | None = None) -> tuple[tuple
 
 def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe, failed: Failed) -> Verdict:
     """The verdict; a restart in place only once every node has answered the node check, and
-    passed it. A cancel (SLURM's own requeue when it declares a node down) asks sinfo which node
-    failed."""
+    passed it. The program's own error is checked too: a rank that failed because its node lost
+    the run directory (its writes failing) is the node's fault, not a bug; only a node that
+    answers and fails the check says so (a node slow to answer does not turn a bug into a requeue).
+    A cancel (SLURM's own requeue when it declares a node down) asks sinfo which node failed."""
     verdict = decide(ev, restarts_left=restarts_left)
     if verdict.fault_in_place:
         reports = probe(nodes)
         lost, unfit = silent_nodes(nodes, reports, failed), unfit_nodes(reports)
         if lost or unfit:
             verdict = decide(replace(ev, lost_nodes=lost, unfit=unfit), restarts_left=restarts_left)
+    elif verdict.ending is Ending.PROGRAM_ERROR and nodes:
+        unfit = unfit_nodes(probe(nodes))
+        if unfit:
+            verdict = decide(replace(ev, unfit=unfit), restarts_left=restarts_left)
     elif verdict.ending is Ending.CANCELLED and nodes:
         down = tuple(failed(nodes))
         if down:

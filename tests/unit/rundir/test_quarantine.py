@@ -130,6 +130,18 @@ def test_a_node_that_answers_but_fails_its_check_is_unfit_before_the_step_and_be
     assert (fine.ending, fine.action) == (Ending.RANK_KILLED, Action.RESTART)
 
 
+def test_a_program_error_on_a_node_that_fails_the_node_check_is_the_nodes_not_a_bug() -> None:
+    """Rank 2 on n2 exits 1 because n2 lost the run directory: the node check names n2, and the
+    job is requeued without it. The same error with every node fit, or with n2 merely slow to
+    answer, is the program's: it fails at once."""
+    error = Evidence(1, (Failure(2, "n2", code=1),))
+    blamed = judge(error, ["n1", "n2"], 1, probe=lambda nodes: {"n1": "", "n2": UNFIT}, failed=lambda nodes: [])
+    assert (blamed.ending, blamed.action, blamed.node) == (Ending.NODE_UNFIT, Action.REQUEUE, "n2")
+    for reports in ({"n1": "", "n2": ""}, {"n1": ""}):
+        bug = judge(error, ["n1", "n2"], 1, probe=lambda nodes, r=reports: r, failed=lambda nodes: ["n2"])
+        assert (bug.ending, bug.action, bug.exit_code) == (Ending.PROGRAM_ERROR, Action.FAIL, 1)
+
+
 def test_the_node_check_reads_the_batch_hosts_nonce_and_writes_in_the_run_directory(tmp_path: Path) -> None:
     """A node whose run directory is another (its shared filesystem not mounted) has no nonce, or
     another one; one where it cannot write says so; the batch script reads one line per node."""
