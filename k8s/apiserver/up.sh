@@ -327,10 +327,13 @@ start_servers() {
     port_free "$p" || die "port 127.0.0.1:$p is taken by something up.sh did not start" \
       "stop it, or choose other ports with DIST_JOBS_APISERVER_PORT / DIST_JOBS_ETCD_PORT / DIST_JOBS_ETCD_PEER_PORT"
   done
+  # One member: no peer to heartbeat, but raft ticks at the heartbeat interval all the same (100 ms
+  # by default), a steady load on a small test machine; the election timeout keeps its 10x.
   start_daemon etcd "$STATE/etcd.log" etcd --name default --data-dir "$STATE/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-    --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT"
+    --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --heartbeat-interval 500 --election-timeout 5000
   wait_for 30 etcd "$STATE/etcd.pid" etcd "$STATE/etcd.log" etcd_healthy
   log "etcd ready on 127.0.0.1:$ETCD_PORT"
   # 1.20 only accepts --insecure-port=0; AlwaysAllow turns anonymous auth off, hence the token.

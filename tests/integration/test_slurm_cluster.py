@@ -302,7 +302,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical_in_sru
     """Two jobs side by side, one per launch mode (the cluster's nodes have room for both), each
     warned by its time limit (`warned_by_the_time_limit`).
     Slow by nature: the warning can only come from SLURM's own time-limit check (`time: 2`, `grace_seconds:
-    60`), which fires 30-60 s after the start, so attempt 0 must still be training then; the requeued attempt
+    45`), which fires 45-75 s after the start, so attempt 0 must still be training then; the requeued attempt
     waits out the credential hold (cred_expire, 5 s) and trains the rest, starting torch in every rank again."""
     side_by_side(
         lambda: warned_by_the_time_limit("srun", "SIGUSR1", tmp_path / "srun", cleanup, reference),
@@ -313,16 +313,17 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical_in_sru
 def warned_by_the_time_limit(
     launcher: str, signal: str, root: Path, cleanup: list[str], reference: dict[str, Any]
 ) -> None:
-    """`time: 2` minutes, `grace_seconds: 60`: SLURM sends the batch shell USR1 30-60 s after the
-    start (it checks every ~30 s, so up to 30 s early). The script passes the step the spec's
-    signal (USR1) in srun mode, SIGTERM in torchrun mode (torchrun hands it to its workers); the
-    ranks agree, save a checkpoint, rank 0 leaves the PREEMPTED marker, the script requeues, and
-    attempt 1 resumes from that checkpoint. Attempt 0 is slowed to 3 s a step (72 s of training)
-    so the warning lands mid-training."""
+    """`time: 2` minutes, `grace_seconds: 45`: SLURM sends the batch shell USR1 45-75 s after the
+    start (it checks every ~30 s, so up to 30 s early), after the ranks' start-up even when two
+    jobs start side by side on a busy machine (a 60 s grace once let it land 30 s in, before the
+    first step). The script passes the step the spec's signal (USR1) in srun mode, SIGTERM in
+    torchrun mode (torchrun hands it to its workers); the ranks agree, save a checkpoint, rank 0
+    leaves the PREEMPTED marker, the script requeues, and attempt 1 resumes from that checkpoint.
+    Attempt 0 is slowed to 4 s a step (96 s of training) so the warning lands mid-training."""
     root.mkdir()
     name = f"warned-{launcher}"
-    data = spec_data(root, name, launcher=launcher, time="2", preemption={"grace_seconds": 60})
-    job_id = submit_api(root, data, cleanup, slow_first="3.0")
+    data = spec_data(root, name, launcher=launcher, time="2", preemption={"grace_seconds": 45})
+    job_id = submit_api(root, data, cleanup, slow_first="4.0")
     warned = "dist-jobs: preemption warning, checkpointing"
     wait_for("SLURM's warning", lambda: warned in batch_log(root, name, job_id), 180, job_id, root, name)
     # The warning to attempt 0 is what this test is about. The requeued attempt keeps the job's

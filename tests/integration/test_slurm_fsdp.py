@@ -24,7 +24,6 @@ from support.slurm_jobs import (
     write_spec,
 )
 from support.tiers import requires
-from support.waiting import side_by_side
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -48,21 +47,13 @@ GPT = {
 }
 
 
-def test_an_fsdp_job_requeued_from_outside_resumes_from_its_sharded_checkpoint_in_srun_and_torchrun_mode(
-    tmp_path: Path, cleanup: list[str]
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_an_fsdp_job_requeued_from_outside_resumes_from_its_sharded_checkpoint(
+    launcher: str, tmp_path: Path, cleanup: list[str]
 ) -> None:
-    """One job per launch mode, side by side (the cluster's nodes have room for both).
-    Slow by nature: each job runs twice: attempt 0 is slowed to 0.4 s a step so the requeue lands after a
-    sharded checkpoint is committed, and the requeued attempt waits out the cluster's credential hold, then
-    sets up FSDP and loads the shards through DCP again."""
-    side_by_side(
-        *(lambda launcher=launcher: requeued(launcher, tmp_path, cleanup) for launcher in ("srun", "torchrun"))
-    )
-
-
-def requeued(launcher: str, tmp_path: Path, cleanup: list[str]) -> None:
-    """The job in `launcher` mode, requeued once step 4's shards are committed, resumes from the
-    newest committed checkpoint and completes."""
+    """Slow by nature: the job runs twice in each mode: attempt 0 is slowed to 0.4 s a step so the requeue lands
+    after a sharded checkpoint is committed, and the requeued attempt waits out the cluster's 10 s credential
+    hold, then sets up FSDP and loads the shards through DCP again."""
     name = f"fsdp-{launcher}"
     data = spec_data(tmp_path, name, train=GPT, launcher=launcher)
     data["setup"].append('if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export DJ_TEST_STEP_DELAY=0.4; fi')
