@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,31 +301,51 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_bit_identical_in_sru
     tmp_path: Path, cleanup: list[str], reference: dict[str, Any]
 ) -> None:
     """Two jobs side by side, one per launch mode (the cluster's nodes have room for both), each
-    warned by its time limit (`warned_by_the_time_limit`).
+    warned by its time limit (`warned_by_the_time_limit`). The torchrun job is submitted once the
+    srun job trains: eight ranks starting torch at once on the loaded 2-core machine once took
+    longer than SLURM waited to warn them.
     Slow by nature: the warning can only come from SLURM's own time-limit check (`time: 2`, `grace_seconds:
-    45`), which fires 45-75 s after the start, so attempt 0 must still be training then; the requeued attempt
+    30`), which fires 60-90 s after the start, so attempt 0 must still be training then; the requeued attempt
     waits out the credential hold (cred_expire, 5 s) and trains the rest, starting torch in every rank again."""
+    first_trains = threading.Event()
     side_by_side(
-        lambda: warned_by_the_time_limit("srun", "SIGUSR1", tmp_path / "srun", cleanup, reference),
-        lambda: warned_by_the_time_limit("torchrun", "SIGTERM", tmp_path / "torchrun", cleanup, reference),
+        lambda: warned_by_the_time_limit("srun", "SIGUSR1", tmp_path / "srun", cleanup, reference, trains=first_trains),
+        lambda: warned_by_the_time_limit(
+            "torchrun", "SIGTERM", tmp_path / "torchrun", cleanup, reference, after=first_trains
+        ),
     )
 
 
 def warned_by_the_time_limit(
-    launcher: str, signal: str, root: Path, cleanup: list[str], reference: dict[str, Any]
+    launcher: str,
+    signal: str,
+    root: Path,
+    cleanup: list[str],
+    reference: dict[str, Any],
+    trains: threading.Event | None = None,
+    after: threading.Event | None = None,
 ) -> None:
-    """`time: 2` minutes, `grace_seconds: 45`: SLURM sends the batch shell USR1 45-75 s after the
-    start (it checks every ~30 s, so up to 30 s early), after the ranks' start-up even when two
-    jobs start side by side on a busy machine (a 60 s grace once let it land 30 s in, before the
-    first step). The script passes the step the spec's signal (USR1) in srun mode, SIGTERM in
-    torchrun mode (torchrun hands it to its workers); the ranks agree, save a checkpoint, rank 0
-    leaves the PREEMPTED marker, the script requeues, and attempt 1 resumes from that checkpoint.
-    Attempt 0 is slowed to 4 s a step (96 s of training) so the warning lands mid-training."""
+    """`time: 2` minutes, `grace_seconds: 30`: SLURM sends the batch shell USR1 60-90 s after the
+    start (it checks every ~30 s, so up to 30 s early): after the ranks' start-up on a busy machine
+    (a 60 s grace once let it land 30 s in, and a 45 s grace 45 s in, before the first step; a rank
+    still importing torch then dies of the signal, and there is nothing to checkpoint). The script
+    passes the step the spec's signal (USR1) in srun mode, SIGTERM in torchrun mode (torchrun hands
+    it to its workers); the ranks agree, save a checkpoint, rank 0 leaves the PREEMPTED marker, the
+    script requeues, and attempt 1 resumes from that checkpoint. Attempt 0 is slowed to 4 s a step
+    (96 s of training) so the warning lands mid-training. `after`: submit once it is set (or after
+    4 minutes); `trains`: set once attempt 0 has taken its first step."""
+    if after is not None:
+        after.wait(timeout=240)
     root.mkdir()
     name = f"warned-{launcher}"
-    data = spec_data(root, name, launcher=launcher, time="2", preemption={"grace_seconds": 45})
+    data = spec_data(root, name, launcher=launcher, time="2", preemption={"grace_seconds": 30})
     job_id = submit_api(root, data, cleanup, slow_first="4.0")
     warned = "dist-jobs: preemption warning, checkpointing"
+    if trains is not None:
+        log0 = root / "logs" / f"{name}-{job_id}-attempt0-rank0.out"
+        stepped = lambda: (log0.exists() and "step 1/24" in log0.read_text()) or warned in batch_log(root, name, job_id)
+        wait_for("the first step", stepped, 180, job_id, root, name)
+        trains.set()
     wait_for("SLURM's warning", lambda: warned in batch_log(root, name, job_id), 180, job_id, root, name)
     # The warning to attempt 0 is what this test is about. The requeued attempt keeps the job's
     # 2-minute limit, so on a busy machine it could be warned too before it finishes (a third
