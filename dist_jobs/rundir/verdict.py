@@ -35,6 +35,7 @@ from typing import Any
 
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
 from dist_jobs.rundir.attempts import UNSTAMPED, safe_name
+from dist_jobs.rundir.history import read_objects
 from dist_jobs.rundir.stamps import live_rows
 
 VERDICTS = "verdicts"  # folder of the run directory: one JSON-lines file per submission
@@ -157,10 +158,6 @@ class Verdict:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Verdict:
-        return cls.from_record(json.loads(text))
-
-    @classmethod
     def from_record(cls, data: dict[str, Any]) -> Verdict:
         return cls(
             ending=Ending(data["ending"]),
@@ -241,20 +238,8 @@ def record(run_dir: Path, submission: str, verdict: Verdict) -> None:
 def recorded(run_dir: Path, submission: str) -> list[Verdict]:
     """Every verdict of a submission, oldest first, without the late ones (a superseded
     attempt's, landing after its successor's); unreadable lines are skipped."""
-    try:
-        lines = _record_of(run_dir, submission).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            rows.append(data)
     found = []
-    for row in live_rows(rows)[0]:
+    for row in live_rows(read_objects(_record_of(run_dir, submission)))[0]:
         try:
             found.append(Verdict.from_record(row))
         except (ValueError, KeyError, TypeError):
