@@ -113,11 +113,16 @@ def failed_nodes(nodes: list[str]) -> list[str]:
     return [n for n, s in states.items() if not s.responding or s.state.startswith(("down", "fail"))]
 
 
+def batch_host() -> str:
+    """The node this process (the batch script's) runs on: the one that wrote the nonce."""
+    return os.environ.get("SLURMD_NODENAME", "")
+
+
 def silent_nodes(nodes: list[str], answered: Iterable[str], failed: Failed, here: str | None = None) -> tuple[str, ...]:
     """The allocation's nodes that did not answer the probe. The batch host runs this process, so
     it answers; a probe that reached no node at all failed as a whole (its srun cannot start a
     step while a node of the allocation is dead): then sinfo's failed nodes, when it names any."""
-    here = os.environ.get("SLURMD_NODENAME", "") if here is None else here
+    here = batch_host() if here is None else here
     answered = set(answered)
     if not answered:
         down = [n for n in failed(nodes) if n != here]
@@ -133,7 +138,7 @@ def unfit_nodes(reports: dict[str, str], here: str | None = None) -> tuple[tuple
     has another run directory than the batch host's. When those nodes are more than the batch host
     and the nodes that do see it, the batch host's side is the odd one out (its own mount is
     missing, say): its nodes are the ones to keep away. A tie (two nodes) blames the others."""
-    here = os.environ.get("SLURMD_NODENAME", "") if here is None else here
+    here = batch_host() if here is None else here
     unfit = {node: why for node, why in reports.items() if why}
     blind = [node for node in reports if node != here and NOT_SHARED in unfit.get(node, "")]
     seeing = [node for node in reports if node not in blind]
