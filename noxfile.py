@@ -5,7 +5,7 @@
 - `torch_free-3.X`: on every other promised Python, a fresh venv with dist-jobs and the test tools
   but no torch, running every test that needs no torch (`pytest --torch-free`, tests/conftest.py):
   spec, render, CLI, backends with captured scheduler output, the real apiserver tier; on all
-  but the newest of them, the unit tests only (WHOLE_SET_PYTHONS). The SLURM
+  but the newest of them, the unit tests only (WHOLE_SET_PYTHON). The SLURM
   cluster and operator-harness tiers run jobs of the built-in trainer, so they run in `full` only.
 
 Interpreters are found on PATH (`python3.X`); where pyenv manages them, the newest installed
@@ -40,7 +40,7 @@ TORCH_FREE_PYTHONS = [v for v in PYTHONS if v not in TORCH_PYTHONS]
 # run the unit tests, which import and exercise every module (an older Python's missing stdlib
 # name or syntax fails there). The integration tests drive that same code through subprocesses: a
 # third and fourth time they cost CPU the suite's budget lacks (README, Tests).
-WHOLE_SET_PYTHONS = [max(TORCH_FREE_PYTHONS, key=_minor)]
+WHOLE_SET_PYTHON = max(TORCH_FREE_PYTHONS, key=_minor)
 
 nox.options.sessions = ["full", *(f"torch_free-{v}" for v in TORCH_FREE_PYTHONS)]
 nox.options.error_on_missing_interpreters = True
@@ -93,7 +93,7 @@ def torch_free(session: nox.Session) -> None:
     # The SLURM cluster's, the operator harness's and the real pods' jobs run the trainer.
     tiers = "not slurm and not pods and not realpods and not gpu"
     xdist = ["-n", TORCH_FREE_WORKERS, "--dist", "loadgroup"]
-    tests = [] if session.python in WHOLE_SET_PYTHONS else ["tests/unit"]
+    tests = [] if session.python == WHOLE_SET_PYTHON else ["tests/unit"]
     argv = ["python", "-m", "pytest", "-q", *xdist, "--torch-free", "-m", tiers, *tests, *session.posargs]
     # Each property runs here to prove the code on this Python; the full session does the search.
     session.run(*argv, success_codes=[0, 5], env={"DIST_JOBS_PROPERTY_SHARE": PROPERTY_SHARE})
