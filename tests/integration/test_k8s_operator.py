@@ -25,7 +25,7 @@ from dist_jobs.rundir.holder import Holder
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.crds import crd_path
 from support.kube_standin import FakeKubeAPI, write_kubeconfig
-from support.lock_support import foreign
+from support.lock_support import foreign, take_over
 from support.operator_harness import Operator, defaulted, operator_env, pods, retries
 from support.paths import REPO, TESTS
 from support.specs import POD_TRAIN, paced
@@ -340,7 +340,7 @@ def test_a_job_whose_lock_is_taken_over_stops_its_pods_and_fails_without_writing
     thief = foreign("k8s:pytorchjob/other/op-harness", "k8s", "pytorchjob/other/op-harness")
     with Operator(job, tmp_path / "logs") as operator:
         first_checkpoint(operator, run_dir)
-        (run_dir / "LOCK").write_bytes(thief.to_bytes())
+        take_over(run_dir, thief)
         taken = time.time()
         phase = operator.finish(timeout=300)
     codes = operator.codes()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_jobs.rundir.holder import Holder
-from support.lock_support import foreign
+from support.lock_support import foreign, take_over
 from support.tiers import requires
 from support.train_support import start_ranks, wait_all
 from support.waiting import eventually
@@ -100,7 +100,7 @@ def test_a_run_whose_lock_is_taken_over_stops_and_writes_nothing_more(tmp_path: 
             context=lambda: ranks[0].text()[-3000:],
         )
         thief = foreign("slurm:4300", "slurm", "4300")
-        (run_dir / "LOCK").write_bytes(thief.to_bytes())  # the takeover: from now on the folder is 4300's
+        take_over(run_dir, thief)  # the takeover: from now on the folder is 4300's
         taken = time.time()
         before = mtimes(run_dir)
     finally:

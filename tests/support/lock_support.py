@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dist_jobs.backends.local.record import Started
+from dist_jobs.rundir.atomic import write_atomic
 from dist_jobs.rundir.holder import Holder, process_start
 from dist_jobs.rundir.lease import Heartbeat
 from dist_jobs.rundir.lock import LOCK_NAME, Lock, new_token
@@ -24,6 +25,12 @@ def plant(run_dir: Path, holder: Holder) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOCK_NAME).write_bytes(holder.to_bytes())
     return run_dir / LOCK_NAME
+
+
+def take_over(run_dir: Path, holder: Holder) -> None:
+    """Another run takes the lock over as a newcomer does: its record replaces LOCK in one rename,
+    so a heartbeat never reads a half-written one (that case has its own test)."""
+    write_atomic(run_dir / LOCK_NAME, holder.to_bytes(), durable=False)
 
 
 @contextmanager

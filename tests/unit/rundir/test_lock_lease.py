@@ -23,7 +23,7 @@ from dist_jobs.rundir.history import HISTORY
 from dist_jobs.rundir.holder import Holder
 from dist_jobs.rundir.lease import Heartbeat
 from dist_jobs.rundir.lock import LOCK_NAME, Lock, LockHeld, LockLost, acquire, new_token
-from support.lock_support import beating
+from support.lock_support import beating, plant, take_over
 
 Reader = Callable[[Path], "bytes | None"]
 
@@ -230,12 +230,6 @@ def test_a_late_breaker_never_makes_the_rightful_holders_fence_fail(
     assert failures == [] and Holder.parse(path.read_bytes()) == first.holder
 
 
-def planted(run_dir: Path, holder: Holder) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / LOCK_NAME).write_bytes(holder.to_bytes())
-    return run_dir / LOCK_NAME
-
-
 def remote(owner: str = "slurm:77", every: float = 0.1) -> Holder:
     """A holder on another host: only its heartbeat says whether it lives."""
     holder = Holder.this(new_token(), owner, "slurm", owner.rpartition(":")[2], every=every)
@@ -248,7 +242,7 @@ def test_a_verdict_never_takes_a_lock_that_beats(tmp_path: Path, monkeypatch: py
     job pending (requeued) and the new attempt is the same job, but the lock beats: a live run."""
     monkeypatch.setattr(Holder, "job_ended", lambda self: "PENDING")
     old = remote("slurm:77" if why == "same job" else "slurm:76")
-    path = planted(tmp_path / "run", old)
+    path = plant(tmp_path / "run", old)
     with beating(path, old), pytest.raises(LockHeld):
         acquire(tmp_path / "run", me(), stale_after=30)
     assert Holder.parse(path.read_bytes()) == old
@@ -260,7 +254,7 @@ def test_a_verdict_shortens_the_wait_once_no_beat_came_for_two_periods(
 ) -> None:
     monkeypatch.setattr(Holder, "job_ended", lambda self: "PENDING")
     old = remote("slurm:77" if why == "same job" else "slurm:76", every=0.3)
-    planted(tmp_path / "run", old)
+    plant(tmp_path / "run", old)
     started = time.monotonic()
     lock = acquire(tmp_path / "run", me(), stale_after=30)
     assert 0.6 <= time.monotonic() - started < 20  # two periods, not the stale limit
@@ -286,7 +280,7 @@ def test_an_old_attempts_heartbeat_leaves_the_new_attempts_steps_alone(
         thief = dataclasses.replace(lock.holder, token=new_token(), attempt="1", host="n2")
     else:
         thief = remote("slurm:78")
-    threading.Timer(0.3, lambda: lock.path.write_bytes(thief.to_bytes())).start()
+    threading.Timer(0.3, take_over, (tmp_path / "run", thief)).start()
     code, stopped = run_heartbeat(monkeypatch, tmp_path / "run", lock)
     assert code == LOCK_LOST_EXIT_CODE
     if successor == "newer attempt":
