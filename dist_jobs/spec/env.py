@@ -39,6 +39,10 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
         # Every collective's limit once the ranks have met (the trainer's init_process_group):
         # by default twice the hang watchdog's floor, so the watchdog fires first.
         ("DIST_JOBS_COLLECTIVE_TIMEOUT", collective_timeout(spec)),
+        # A pod's processes see every core of its node (a CPU request is a share of the node, not a
+        # cpuset), and torch starts a thread per core in each: each gets the CPUs it asked for. On
+        # SLURM and locally the per-task launcher does the same (dist_jobs.ranks.threads).
+        ("OMP_NUM_THREADS", str(spec.cpus_per_task) if backend == "k8s" else None),
         # torchrun reads PET_* as its flags.
         *((("PET_TEE", "3"), ("PET_LOG_LINE_PREFIX_TEMPLATE", "[rank ${rank}] ")) if torchrun_logs else ()),
     ]

@@ -52,6 +52,19 @@ def test_seed_job_master_and_worker() -> None:
     assert "backoffLimit" not in doc["spec"]["runPolicy"]
 
 
+def env_of(doc: dict, rtype: str = "Master") -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(doc, rtype)["env"] if "value" in e}
+
+
+def test_each_process_gets_the_threads_of_its_cpus_unless_the_user_says() -> None:
+    """A pod sees every core of its node; without OMP_NUM_THREADS torch would start a thread per
+    core in every process of every pod there."""
+    assert env_of(manifest(SEED))["OMP_NUM_THREADS"] == "8"  # cpus_per_task, each of the 4 processes
+    assert env_of(manifest(SEED), "Worker")["OMP_NUM_THREADS"] == "8"
+    assert env_of(manifest({**SEED, "cpus_per_task": 1}))["OMP_NUM_THREADS"] == "1"
+    assert env_of(manifest({**SEED, "env": {"OMP_NUM_THREADS": "3"}}))["OMP_NUM_THREADS"] == "3"
+
+
 def test_single_node_has_no_worker() -> None:
     doc = manifest({**SEED, "nodes": 1})
     assert list(doc["spec"]["pytorchReplicaSpecs"]) == ["Master"]
