@@ -17,6 +17,12 @@ if str(TESTS) not in sys.path:
 from support import tiers  # noqa: E402
 from support.torch_free import file_needs_torch  # noqa: E402
 
+# One intra-op thread for every torch process the suite starts (this process's, the local runs',
+# the SLURM jobs', which inherit it): several run at once on few cores, and torch's default of a
+# thread per core then spends most of its CPU time spinning (README, Tests). A run that sets its
+# own, or a developer who exports another value, wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -4,7 +4,6 @@ built-in language model. The 2-rank runs use tests/support/regression_job.py, a 
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 from pathlib import Path
@@ -164,7 +163,6 @@ SMALL_GPT = TrainConfig(
 def test_language_model_learns_in_a_few_cpu_steps(one_process: None) -> None:
     """The built-in GPT learns the generated grammar (eval loss below 2.2, against ln(96) = 4.56 for a guess). Slow
     by nature: 120 CPU steps is what that takes."""
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
     config = replace(
         SMALL_GPT,
         gpt_width=64,

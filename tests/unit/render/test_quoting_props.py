@@ -71,8 +71,13 @@ env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True).filter(
 names = hostile.filter(lambda s: bool(run_id(s)) and bool(dns1035(s)))
 PROPS = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-_STUBS = Path(tempfile.mkdtemp(prefix="dj-stubs-"))
-make_stubs(_STUBS, sys.executable)
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in srun and friends, made once for the module's examples."""
+    folder = tmp_path_factory.mktemp("stubs")
+    make_stubs(folder, sys.executable)
+    return folder
 
 
 @settings(max_examples=examples(400), deadline=None)
@@ -107,7 +112,9 @@ def test_yaml_value_round_trip(value: object) -> None:
     log=one_line,
     launcher=st.sampled_from(["srun", "torchrun"]),
 )
-def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: str, log: str, launcher: str) -> None:
+def test_script_reproduces_argv_and_env(
+    stubs: Path, name: str, env: dict, args: list, ckpt: str, log: str, launcher: str
+) -> None:
     ckpt_rel = "ck-" + ckpt.replace("/", "_")  # relative and inside the test folder: the script mkdirs it
     log_rel = "lg-" + log.replace("/", "_")
     spec = load_spec(
@@ -128,7 +135,7 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
         work = Path(tmp)
         (work / "job.sbatch").write_text(script)
         assert subprocess.run(["bash", "-n", str(work / "job.sbatch")]).returncode == 0
-        proc, calls = run_script(script, work, _STUBS)
+        proc, calls = run_script(script, work, stubs)
         assert proc.returncode == 0, proc.stderr
         assert not (work / "x").exists()  # no `$(touch x)` ran
         (srun,) = step_calls(calls)
@@ -148,13 +155,13 @@ def test_script_reproduces_argv_and_env(name: str, env: dict, args: list, ckpt: 
         assert srun["env"]["DIST_JOBS_LOG_DIR"] == str(work / log_rel)
 
 
-def test_torchrun_mode_args_survive_torchruns_own_substitution(tmp_path: Path) -> None:
+def test_torchrun_mode_args_survive_torchruns_own_substitution(tmp_path: Path, stubs: Path) -> None:
     """torchrun turns `$$` into `$` and `${local_rank}` into the local rank in every worker arg
     (string.Template in torch's elastic `macros`): the script escapes them for it."""
     words = ["$$x", "${local_rank}", "$local_rank", "a$b"]
     data = {"name": "t", "nodes": 2, "procs_per_node": 2, "launcher": "torchrun", "command": ["python3", *words]}
     spec = load_spec(data=data)
-    proc, calls = run_script(render(spec, "slurm"), tmp_path, _STUBS)
+    proc, calls = run_script(render(spec, "slurm"), tmp_path, stubs)
     assert proc.returncode == 0, proc.stderr
     (srun,) = step_calls(calls)
     assert [string.Template(w).safe_substitute(local_rank="1") for w in srun["argv"][-4:]] == words
@@ -162,7 +169,7 @@ def test_torchrun_mode_args_survive_torchruns_own_substitution(tmp_path: Path) -
 
 @PROPS
 @given(name=st.sampled_from(BASH_NAMES + sorted(DIST_JOBS_OWNED | TORCH_OWNED)), value=hostile)
-def test_env_names_bash_or_the_launch_own_are_refused_or_delivered(name: str, value: str) -> None:
+def test_env_names_bash_or_the_launch_own_are_refused_or_delivered(stubs: Path, name: str, value: str) -> None:
     """A name in `env:` is refused at spec time, or its value reaches the program exactly."""
     try:
         spec = load_spec(data={"name": "n", "nodes": 2, "procs_per_node": 1, "env": {name: value}})
@@ -170,7 +177,7 @@ def test_env_names_bash_or_the_launch_own_are_refused_or_delivered(name: str, va
         assert [p.field for p in err.problems] == [f"env.{name} (the key)"]
         return
     with tempfile.TemporaryDirectory() as tmp:
-        proc, calls = run_script(render(spec, "slurm"), Path(tmp), _STUBS)
+        proc, calls = run_script(render(spec, "slurm"), Path(tmp), stubs)
         assert not (Path(tmp) / "x").exists()
     assert proc.returncode == 0, proc.stderr
     (srun,) = step_calls(calls)
