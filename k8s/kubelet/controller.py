@@ -18,7 +18,11 @@ In place of the missing control plane:
 * scheduler: spec.nodeName, the Master on the first node and the Workers alternating;
 * endpoints controller + cluster DNS: the Endpoints of each pod's Service, and `hostAliases`
   naming the other pods of the job by those endpoints (so MASTER_ADDR stays the Service name, and
-  a Worker is created once its Master has an address);
+  a Worker is created once its Master has an address). A cluster's DNS answers with the current
+  endpoint on every lookup: when one changes (a recreated Master has a new address, a failed one
+  none), the running pods' hosts files (the kubelet's etc-hosts, bind-mounted as /etc/hosts) are
+  rewritten in place, so a pod started while the old Master still ran finds the new one, as
+  torch's store client does by resolving the name again on each connect retry;
 * PV controller: a pending claim is bound to a new hostPath volume under the tier's state dir
   (shared by both nodes, like an RWX filesystem), which is removed with the claim;
 * garbage collector: pods of a deleted job are deleted; foreground deletion finishes once they
@@ -152,6 +156,7 @@ class Controller:
     def __init__(self, api: Api, state: Path, nodes: list[str], mounts: list[str]) -> None:
         self.api, self.state, self.nodes = api, state, nodes
         self.mounts = mounts
+        self.hosts_seen: dict[str, dict[str, str]] = {}  # pod uid -> the names its hosts file gives
 
     # -- the tier's admission: the runtime comes from read-only host mounts -------------------
     def admit(self, spec: dict[str, Any]) -> None:
@@ -265,6 +270,7 @@ class Controller:
             ip = ((pod or {}).get("status") or {}).get("podIP")
             if ip and alive(pod):
                 aliases[pname] = ip
+        self.follow_dns(mine, aliases)
         has_master = any(r == "Master" for _, r, _ in expected)
         for pname, rtype, index in expected:
             pod = mine.get(pname)
@@ -326,6 +332,40 @@ class Controller:
                     status, "Running", "PyTorchJobRunning", f"PyTorchJob {job['metadata']['name']} is running."
                 )
         return False
+
+    def follow_dns(self, pods: dict[str, dict[str, Any]], endpoints: dict[str, str]) -> None:
+        """Each running pod's hosts file names the others by their current endpoints (none for a
+        pod that has ended), as cluster DNS would answer now."""
+        for pname, pod in pods.items():
+            uid = pod["metadata"]["uid"]
+            want = {k: v for k, v in endpoints.items() if k != pname}
+            had = self.hosts_seen.get(uid)
+            if had is None:  # what the kubelet wrote from the pod's hostAliases
+                had = {a["hostnames"][0]: a["ip"] for a in (pod.get("spec") or {}).get("hostAliases") or []}
+            if not alive(pod) or want == had:
+                self.hosts_seen[uid] = had
+                continue
+            path = self.hosts_file(pod)
+            if path is None:
+                continue
+            rewrite_aliases(path, want)
+            self.hosts_seen[uid] = want
+            log(f"{pname}: hosts now {sorted(want.items())}")
+
+    def hosts_file(self, pod: dict[str, Any]) -> Path | None:
+        """The kubelet's etc-hosts of the pod (None until the kubelet has written it)."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        root = self.kubelet_root(self.nodes.index(node) + 1) if node in self.nodes else None
+        path = root / "pods" / pod["metadata"]["uid"] / "etc-hosts" if root else None
+        return path if path and path.is_file() else None
+
+    def kubelet_root(self, node: int) -> Path | None:
+        """Node `node`'s /var/lib/kubelet, seen through its kubelet's own mount namespace."""
+        try:
+            pid = int((self.state / f"node{node}" / "kubelet.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return Path(f"/proc/{pid}/root/var/lib/kubelet")
 
     def keep_log(self, pod: dict[str, Any]) -> Path:
         """The log of a pod about to be deleted, kept in the state dir (the kubelet drops it)."""
@@ -503,6 +543,8 @@ class Controller:
             except ApiException as exc:
                 log(f"reconcile of TrainJob {tj['metadata']['name']}: HTTP {exc.status}: {str(exc.body)[:300]}")
         self.collect(jobs + trainjobs, pods)
+        live = {p["metadata"]["uid"] for p in pods}
+        self.hosts_seen = {uid: names for uid, names in self.hosts_seen.items() if uid in live}
 
     # -- TrainJobs (trainjob.py) ------------------------------------------------------------------
     def reconcile_trainjob(self, tj: dict[str, Any], pods: list[dict[str, Any]]) -> None:
@@ -562,6 +604,20 @@ def alive(pod: dict[str, Any] | None) -> bool:
         and not pod["metadata"].get("deletionTimestamp")
         and pod["status"].get("phase") in ("Pending", "Running")
     )
+
+
+ALIASES_HEADER = "# Entries added by HostAliases."  # the kubelet's, above the hostAliases lines
+
+
+def rewrite_aliases(path: Path, names: dict[str, str]) -> None:
+    """The hostAliases section of a kubelet's etc-hosts replaced by `names`, in place: the file is
+    bind-mounted into the container, so the inode must stay."""
+    text = path.read_text()
+    head = text.split(ALIASES_HEADER)[0].rstrip("\n")
+    lines = [f"{ip}\t{name}" for name, ip in sorted(names.items())]
+    with path.open("r+") as fh:
+        fh.write("\n".join([head, "", ALIASES_HEADER, *lines]) + "\n")
+        fh.truncate()
 
 
 def exit_code(pod: dict[str, Any]) -> int:

@@ -64,3 +64,26 @@ def test_a_worker_gone_while_its_failed_master_is_listed_waits_for_the_new_maste
     (worker,) = [b for b in api.created if b.get("kind") == "Pod"]
     assert worker["metadata"]["name"] == "pj-worker-0"
     assert worker["spec"]["hostAliases"] == [{"ip": "10.78.16.9", "hostnames": ["pj-master-0"]}]
+
+
+def test_a_running_pods_hosts_file_follows_its_masters_endpoint(tmp_path: Path) -> None:
+    """A Worker recreated while the old Master still ran names that Master's address. A cluster's
+    DNS would give the new Master's on the next lookup (torch's store client looks again on each
+    connect retry): its hosts file is rewritten in place, the address gone while no Master runs."""
+    ctl = controller.Controller(RecordingApi(), tmp_path, ["10.78.0.11", "10.78.0.12"], [])
+    ctl.kubelet_root = lambda node: tmp_path / f"node{node}"
+    worker = _pod("pj-worker-0", "Running", "10.78.16.7")
+    worker["spec"] = {"nodeName": "10.78.0.12", "hostAliases": [{"ip": "10.78.16.5", "hostnames": ["pj-master-0"]}]}
+    hosts = tmp_path / "node2" / "pods" / "uid-pj-worker-0" / "etc-hosts"
+    hosts.parent.mkdir(parents=True)
+    kubelets = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.78.16.7\tpj-worker-0\n"
+    hosts.write_text(kubelets + "\n# Entries added by HostAliases.\n10.78.16.5\tpj-master-0\n")
+    inode = hosts.stat().st_ino
+
+    ctl.follow_dns({"pj-worker-0": worker}, {"pj-master-0": "10.78.16.5", "pj-worker-0": "10.78.16.7"})
+    assert hosts.read_text().endswith("10.78.16.5\tpj-master-0\n")  # still the Master's: untouched
+    ctl.follow_dns({"pj-worker-0": worker}, {"pj-worker-0": "10.78.16.7"})  # the old Master ended
+    assert hosts.read_text() == kubelets + "\n# Entries added by HostAliases.\n"
+    ctl.follow_dns({"pj-worker-0": worker}, {"pj-master-0": "10.78.16.9", "pj-worker-0": "10.78.16.7"})
+    assert hosts.read_text() == kubelets + "\n# Entries added by HostAliases.\n10.78.16.9\tpj-master-0\n"
+    assert hosts.stat().st_ino == inode  # bind-mounted into the container: the same file
