@@ -8,10 +8,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: demo test test-fast lint docs cluster-up cluster-down apiserver-up apiserver-down pods-up pods-down examples bench clean
 
+# One pip call: the pins and the package in one resolution (a second call resolves everything again).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH_PINS)
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q $(TORCH_PINS) -e '.[train,dev]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -26,8 +26,10 @@ demo: $(VENV)/.installed
 # cluster jobs, and the side work fills the cores then without slowing what it waits on. The full
 # session's own processes yield too, a little (nice 3), to the jobs the cluster tiers run (started by
 # slurmd and the kubelet at normal priority): the SLURM tests, one at a time, are its longest lane
-# (the README's Tests section). The side work's output follows the full session's; either failing
-# fails `make test`. The nice levels order this session's own processes: Linux's autogroup
+# (the README's Tests section). The side work starts before the tiers come up: it needs none of
+# them until the newest torch-free Python's apiserver tests, long after, and it fills the cores
+# while the tiers' daemons start (the run is bound by its CPU work, so idle time is lost time).
+# The side work's output follows the full session's; either failing fails `make test`. The nice levels order this session's own processes: Linux's autogroup
 # scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
 # local rank is a session of its own. Lowering this session's own autogroup weight (nice 10 on
 # /proc/self/autogroup) was measured: the full session then ended 4 minutes sooner, but the side
@@ -42,12 +44,11 @@ SLURM_CPUS := 4
 test: $(VENV)/.installed
 	command -v shellcheck >/dev/null && command -v chromium >/dev/null || \
 	    (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck chromium)
-	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) DIST_JOBS_SLURM_CPUS=$(SLURM_CPUS) bash slurm/cluster/up.sh
-	bash k8s/apiserver/up.sh
-	DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh
 	mkdir -p build
 	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
+	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) DIST_JOBS_SLURM_CPUS=$(SLURM_CPUS) bash slurm/cluster/up.sh && \
+	bash k8s/apiserver/up.sh && DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh && \
 	DIST_JOBS_VENV=$(VENV) nice -n 3 $(VENV)/bin/nox -s full; full=$$?; \
 	wait $$side; other=$$?; \
 	echo "---- lint and the torch-free sessions ($(SIDE_LOG)) ----"; cat $(SIDE_LOG); \

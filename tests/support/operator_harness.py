@@ -346,9 +346,10 @@ class Operator:
         pod = self.pods[name]
         number = sum(1 for a in self.attempts if a.pod == name)
         log = self.logs / f"{name}.{number}.log"
-        env = {**pod.env, "PATH": self.path, "HOME": str(self.logs), "HOSTNAME": name}
-        if os.environ.get("PYTHONPATH"):  # the image's python path: the checkout under test
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        # The image's python path (the checkout under test) under the container's own env, which
+        # overrides the image's as the kubelet does: a spec's PYTHONPATH wins over the caller's.
+        image = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        env = {**image, **pod.env, "PATH": self.path, "HOME": str(self.logs), "HOSTNAME": name}
         with log.open("wb") as out:
             process = subprocess.Popen(
                 self.network.argv(name, pod.command),
