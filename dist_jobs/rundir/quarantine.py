@@ -56,8 +56,11 @@ def keep_away(
     run_dir: Path, job: str, verdict: Verdict, now: float, seconds: float = KEEP_AWAY_SECONDS
 ) -> list[Quarantine]:
     """Record every node the verdict blames as kept away from `job` until `now + seconds`; the
-    new records (none when the verdict blames no node)."""
-    found = [Quarantine(node, verdict.cause, job, now, now + seconds) for node in blamed_nodes(verdict)]
+    new records (none when the verdict blames no node). A node already kept away keeps its record:
+    handed back anyway, it is refused again until the same time, not an hour more."""
+    held = {q.node for q in kept_away(run_dir, job) if q.active(now)}
+    blamed = [node for node in blamed_nodes(verdict) if node not in held]
+    found = [Quarantine(node, verdict.cause, job, now, now + seconds) for node in blamed]
     if found:
         path = run_dir / QUARANTINE
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ from dist_jobs.backends.slurm.stepwatch import step_lost
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import attempt_hang, describe_hang, job_id, preempted_since
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost, stamp_of
-from dist_jobs.rundir.quarantine import blamed_nodes, exclusion, keep_away, kept_away
+from dist_jobs.rundir.quarantine import Quarantine, blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record
 
 PROBE_SECONDS = 30  # a node that cannot run the node check within this is lost to this allocation
@@ -174,10 +174,18 @@ def judge(ev: Evidence, nodes: list[str], restarts_left: int, probe: Probe, fail
     return verdict
 
 
-def before_step(nodes: list[str], probe: Probe, failed: Failed) -> Verdict | None:
+def before_step(nodes: list[str], probe: Probe, failed: Failed, kept: Iterable[Quarantine] = ()) -> Verdict | None:
     """Before the step starts: a verdict when a node of the allocation is lost or unfit (the
     attempt ends here, to run again elsewhere), else None (start the step). A probe that reached
-    no node and sinfo naming none failed for its own reasons: the step itself will tell."""
+    no node and sinfo naming none failed for its own reasons: the step itself will tell.
+
+    A node the job keeps away (`kept`, its quarantine still active) is unfit even when it answers:
+    SLURM hands it back when the exclusion never landed (SLURM requeued the job itself while the
+    batch host was still cleaning up, and refuses ExcNodeList on a job that is not pending)."""
+    now = time.time()
+    held = tuple((q.node, f"is kept away from this job ({q.why})") for q in kept if q.active(now) and q.node in nodes)
+    if held:
+        return decide(Evidence(exit_code=0, unfit=held))
     reports = probe(nodes)
     down = [] if reports else failed(nodes)  # asked once: silent_nodes asks it only of a probe that reached nobody
     if not reports and not down:
@@ -277,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return node_reports(nodes, args.run_dir, args.gpus)
 
     if args.before:
-        found = before_step(nodes, probe, failed_nodes)
+        found = before_step(nodes, probe, failed_nodes, kept_away(args.run_dir, job_id()))
         if found is None:
             print("go 0")
             return 0

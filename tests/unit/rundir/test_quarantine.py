@@ -102,6 +102,28 @@ def test_the_batch_host_answers_and_a_probe_that_reached_nobody_asks_sinfo() -> 
     assert silent_nodes(["n1", "n2"], ["n1", "n2"], failed=nobody, here="n1") == ()
 
 
+def test_a_node_kept_away_but_handed_back_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    """SLURM requeued the job itself (a node failed) while the batch host still cleaned up, so the
+    exclusion never landed and the flapped node came back in the next allocation: the check before
+    the step refuses it without probing, its record keeps its expiry, and the script's requeue
+    excludes it again. An expired quarantine no longer counts."""
+    keep_away(tmp_path, "7", NODE_LOST, now=1000.0, seconds=10**10)  # active until long after today
+    kept = kept_away(tmp_path, "7")
+
+    def no_probe(nodes: list[str]) -> dict[str, str]:
+        raise AssertionError("a node kept away needs no probe")
+
+    held = before_step(["n1", "n2"], no_probe, failed=lambda nodes: [], kept=kept)
+    assert held is not None and (held.ending, held.action, held.node) == (Ending.NODE_UNFIT, Action.REQUEUE, "n2")
+    assert "n2 is kept away from this job (n2, n3 no longer answered)" in held.told()
+    assert quarantine(tmp_path, "7", held, current=lambda job: [], in_service=lambda: ["n1", "n2", "n3", "n4"]) == (
+        "n2,n3"
+    )
+    assert kept_away(tmp_path, "7") == kept  # not kept away an hour more for coming back
+    expired = [Quarantine("n2", "n2 no longer answered", "7", 0.0, 1.0)]
+    assert before_step(["n1", "n2"], lambda nodes: {"n1": "", "n2": ""}, failed=lambda nodes: [], kept=expired) is None
+
+
 UNFIT = "its /ck/run is not the directory the batch host sees (no shared filesystem mounted there, or a stale mount)"
 
 
