@@ -29,7 +29,8 @@ demo: $(VENV)/.installed
 # (the README's Tests section). The side work starts before the tiers come up: it needs none of
 # them until the newest torch-free Python's apiserver tests, long after, and it fills the cores
 # while the tiers' daemons start (the run is bound by its CPU work, so idle time is lost time).
-# The side work's output follows the full session's; either failing fails `make test`. The nice levels order this session's own processes: Linux's autogroup
+# The side work's output follows the full session's; either failing fails `make test`. The nice
+# levels order this session's own processes: Linux's autogroup
 # scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
 # local rank is a session of its own. Lowering this session's own autogroup weight (nice 10 on
 # /proc/self/autogroup) was measured: the full session then ended 4 minutes sooner, but the side
