@@ -46,6 +46,7 @@ test: $(VENV)/.installed
 	command -v shellcheck >/dev/null && command -v chromium >/dev/null || \
 	    (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck chromium)
 	mkdir -p build
+	@echo "make test: $$(nproc) cores, autogroup scheduling $$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo unknown)"
 	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
 	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) DIST_JOBS_SLURM_CPUS=$(SLURM_CPUS) bash slurm/cluster/up.sh && \

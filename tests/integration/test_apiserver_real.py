@@ -20,6 +20,7 @@ import yaml
 from support import apiserver_tier, tiers
 from support.paths import PYTHON, REPO
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 pytestmark = [requires("apiserver"), pytest.mark.slow]
 
@@ -60,33 +61,36 @@ def _namespaced(path: Path, tmp_path: Path) -> Path:
 def test_kubectl_apply_rendered_example(kubeconfig: Path, example: Path, tmp_path: Path) -> None:
     manifest = _namespaced(example, tmp_path)
     kc = [kubectl(), "--kubeconfig", str(kubeconfig)]
-    applied = subprocess.run([*kc, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=60)
+    applied = subprocess.run([*kc, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=HUNG_S)
     assert applied.returncode == 0, applied.stderr
     assert "created" in applied.stdout or "configured" in applied.stdout
     name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
-    got = subprocess.run([*kc, "get", "pytorchjob", name, "-o", "yaml"], capture_output=True, text=True, timeout=60)
+    got = subprocess.run([*kc, "get", "pytorchjob", name, "-o", "yaml"], capture_output=True, text=True, timeout=HUNG_S)
     assert got.returncode == 0, got.stderr
     stored = yaml.safe_load(got.stdout)
     want = yaml.safe_load(manifest.read_text())
     assert stored["spec"]["pytorchReplicaSpecs"].keys() == want["spec"]["pytorchReplicaSpecs"].keys()
-    subprocess.run([*kc, "delete", "pytorchjob", name], capture_output=True, timeout=60, check=True)
+    subprocess.run([*kc, "delete", "pytorchjob", name], capture_output=True, timeout=HUNG_S, check=True)
 
 
 def test_pvc_example_is_a_valid_readwritemany_claim(kubeconfig: Path, tmp_path: Path) -> None:
     """k8s/pvc-example.yaml through the real apiserver's own validation of core objects."""
     manifest = _namespaced(REPO / "k8s" / "pvc-example.yaml", tmp_path)
     kc = [kubectl(), "--kubeconfig", str(kubeconfig)]
-    applied = subprocess.run([*kc, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=60)
+    applied = subprocess.run([*kc, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=HUNG_S)
     assert applied.returncode == 0, applied.stderr
     name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
-    got = subprocess.run([*kc, "get", "pvc", name, "-o", "yaml"], capture_output=True, text=True, timeout=60)
+    got = subprocess.run([*kc, "get", "pvc", name, "-o", "yaml"], capture_output=True, text=True, timeout=HUNG_S)
     assert yaml.safe_load(got.stdout)["spec"]["accessModes"] == ["ReadWriteMany"]
-    subprocess.run([*kc, "delete", "pvc", name, "--wait=false"], capture_output=True, timeout=60, check=True)
+    subprocess.run([*kc, "delete", "pvc", name, "--wait=false"], capture_output=True, timeout=HUNG_S, check=True)
 
 
 def dj(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "dist_jobs", *args, "--kubeconfig", str(kubeconfig)], capture_output=True, text=True, timeout=120
+        [PYTHON, "-m", "dist_jobs", *args, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=HUNG_S,
     )
 
 
@@ -342,10 +346,10 @@ def test_a_snapshot_is_a_configmap_owned_by_its_job(kubeconfig: Path, tmp_path: 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = [PYTHON, "-m", "dist_jobs", *argv]
     dry = subprocess.run(
-        [*run[:4], "--dry-run", *run[4:]], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+        [*run[:4], "--dry-run", *run[4:]], capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path, env=env
     )
     assert dry.returncode == 0 and "accepted by the apiserver" in dry.stderr, dry.stderr
-    sub = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    sub = subprocess.run(run, capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path, env=env)
     assert sub.returncode == 0, sub.stderr
     try:
         with apiserver_tier.kube_client() as api:

@@ -14,12 +14,13 @@ import pytest
 from support import apiserver_tier
 from support.paths import PYTHON, REPO
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 pytestmark = [requires("apiserver"), pytest.mark.slow]
 
 
 def dj(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, timeout=HUNG_S, cwd=cwd)
 
 
 def test_one_labelled_pytorchjob_per_trial(tmp_path: Path) -> None:

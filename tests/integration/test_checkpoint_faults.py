@@ -16,7 +16,7 @@ import pytest
 
 from support.paths import REPO
 from support.tiers import require_module, requires
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 torch = require_module("torch")
 
@@ -84,7 +84,7 @@ def test_sigkill_mid_write_keeps_previous_checkpoint(tmp_path: Path, mode: str) 
     try:
         assert proc.stdout.readline().strip() == "committed"
         _kill_when_writing(proc, tmp_path / ".step-2.partial", 60)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert proc.wait(timeout=HUNG_S) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -20,6 +20,7 @@ from dist_jobs.spec import load_spec
 from support.operator_harness import Operator
 from support.paths import PYTHON, TESTS
 from support.tiers import require_module, requires
+from support.waiting import HUNG_S
 
 ENV_SCRIPT = TESTS / "support" / "envscript.py"
 
@@ -43,7 +44,7 @@ def check_world(got: list[dict[str, Any]], nodes: int, procs: int) -> None:
 def run_locally(cwd: Path, *options: str) -> subprocess.CompletedProcess[str]:
     """`dist-jobs run --backend local OPTIONS -- python envscript.py`, run in `cwd`."""
     argv = [PYTHON, "-m", "dist_jobs", "run", "--backend", "local", *options, "--", "python", str(ENV_SCRIPT)]
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=180)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=HUNG_S)
 
 
 @requires("torch")

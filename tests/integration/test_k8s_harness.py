@@ -18,6 +18,7 @@ from support.k8s_offline.crds import crd_path
 from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.operator_harness import Operator
 from support.tiers import require_module, requires
+from support.waiting import HUNG_S
 
 require_module("kubernetes")
 
@@ -48,19 +49,19 @@ def operate(tmp_path: Path, manifest: dict) -> Operator:
 
 def test_exit_code_restarts_have_no_cap_whatever_backoff_limit(tmp_path: Path) -> None:
     with operate(tmp_path, job(tmp_path, {"Master": FLAKY}, backoff=2)) as operator:
-        assert operator.run(timeout=60) == "Succeeded"
+        assert operator.run(timeout=HUNG_S) == "Succeeded"
     assert [a.code for a in operator.attempts] == [REQUEUE_EXIT_CODE] * 4 + [0]  # 4 restarts past backoffLimit 2
 
 
 def test_backoff_limit_0_fails_the_job_on_a_preemption(tmp_path: Path) -> None:
     with operate(tmp_path, job(tmp_path, {"Master": FLAKY}, backoff=0)) as operator:
-        assert operator.run(timeout=60) == "Failed"
+        assert operator.run(timeout=HUNG_S) == "Failed"
     assert [a.code for a in operator.attempts] == [REQUEUE_EXIT_CODE]
 
 
 def test_on_failure_restarts_count_against_backoff_limit(tmp_path: Path) -> None:
     with operate(tmp_path, job(tmp_path, {"Master": "exit 1"}, policy="OnFailure", backoff=2)) as operator:
-        assert operator.run(timeout=60) == "Failed"
+        assert operator.run(timeout=HUNG_S) == "Failed"
     assert [a.code for a in operator.attempts] == [1, 1, 1]
 
 
@@ -68,7 +69,7 @@ def test_on_failure_restarts_count_against_backoff_limit(tmp_path: Path) -> None
 def test_the_master_ends_the_job_and_the_other_pods_keep_running(tmp_path: Path, master: str, condition: str) -> None:
     """cleanPodPolicy None: the operator deletes nothing when the job ends (a Worker keeps its GPUs)."""
     with operate(tmp_path, job(tmp_path, {"Master": master, "Worker": "sleep 60"})) as operator:
-        assert operator.run(timeout=60) == condition
+        assert operator.run(timeout=HUNG_S) == condition
         worker = operator.current("hj-worker-0")
         assert worker.process.poll() is None and worker.code is None
         operator.kill("hj-worker-0")
@@ -101,7 +102,7 @@ def direct(tmp_path: Path, command: list[str], **extra: Any) -> dict[str, Any]:
 def test_the_pod_entrypoint_caps_restarts_at_max_requeues(tmp_path: Path) -> None:
     stored = submit(tmp_path, direct(tmp_path, ["sh", "-c", "exit 200"], preemption={"max_requeues": 2}))
     with operate(tmp_path, stored) as operator:
-        assert operator.run(timeout=90) == "Failed"
+        assert operator.run(timeout=HUNG_S) == "Failed"
     assert [a.code for a in operator.attempts] == [REQUEUE_EXIT_CODE] * 3 + [REQUEUE_LIMIT_EXIT_CODE]
     last = operator.attempts[-1].text()
     assert "capped-master-0 has started 3 times for this submission and preemption.max_requeues is 2" in last
@@ -115,5 +116,5 @@ def test_values_reach_the_process_as_written(tmp_path: Path) -> None:
     script = 'printf "%s|%s|%s\\n" "$A" "$B" "$1"'
     data = direct(tmp_path, ["sh", "-c", script, "sh", "--x=$(DIST_JOBS_RUN)"], env={"A": "cost $$5", "B": "$(A)"})
     with operate(tmp_path, submit(tmp_path, data)) as operator:
-        assert operator.run(timeout=60) == "Succeeded"
+        assert operator.run(timeout=HUNG_S) == "Succeeded"
     assert "cost $$5|$(A)|--x=$(DIST_JOBS_RUN)\n" in operator.attempts[0].text()

@@ -30,7 +30,7 @@ from support.operator_harness import Operator, defaulted, operator_env, pods, re
 from support.paths import REPO, TESTS
 from support.specs import POD_TRAIN, paced
 from support.tiers import require_module, requires
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 require_module("kubernetes")
 
@@ -171,7 +171,7 @@ def test_submitted_job_trains_to_completion_with_pod_ranks(submitted: Any, tmp_p
     job = submitted(spec(tmp_path))
     (tmp_path / "logs").mkdir()
     with Operator(job, tmp_path / "logs") as operator:
-        assert operator.run(timeout=240) == "Succeeded", operator.attempts[-1].text()[-3000:]
+        assert operator.run(timeout=HUNG_S) == "Succeeded", operator.attempts[-1].text()[-3000:]
     assert operator.restarts() == 0
     master, worker = (operator.current(f"{JOB}-{r}-0").text() for r in ("master", "worker"))
     line = "dist-jobs: rank {r}/4 node {n}/2 local {l}/2 master %s-master-0:23456 (torchrun, host %s-{p}-0)"

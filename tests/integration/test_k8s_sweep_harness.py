@@ -16,6 +16,7 @@ from support.kube_standin import FakeKubeAPI, write_kubeconfig
 from support.operator_harness import Operator
 from support.paths import REPO, TESTS
 from support.tiers import require_module, requires
+from support.waiting import HUNG_S
 
 require_module("kubernetes")
 
@@ -63,7 +64,7 @@ def test_each_trial_is_a_labelled_pytorchjob_that_trains_its_own_run(
             logs = tmp_path / f"logs-{index}"
             logs.mkdir()
             with Operator(job, logs) as operator:
-                assert operator.run(timeout=240) == "Succeeded", operator.attempts[-1].text()[-3000:]
+                assert operator.run(timeout=HUNG_S) == "Succeeded", operator.attempts[-1].text()[-3000:]
         # The volume is mounted at the same path here: the table has each trial's own numbers.
         assert main(["sweep", "status", NAME, "-o", "json"]) == 0, capsys.readouterr().err
         rows = json.loads(capsys.readouterr().out)

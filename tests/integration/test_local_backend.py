@@ -20,7 +20,7 @@ from dist_jobs.ranks import resolve
 from dist_jobs.spec.load import load_spec
 from support.paths import PYTHON
 from support.tiers import requires
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 ALLREDUCE = textwrap.dedent("""
     import json, os, socket, datetime
@@ -216,7 +216,7 @@ def test_ctrl_c_stops_everything(tmp_path) -> None:
     )
     _wait_up(proc, 4)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=HUNG_S) == 130
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes left running: {left}"
 
@@ -304,7 +304,7 @@ def test_term_hup_and_int_reach_every_rank_as_the_preemption_signal(tmp_path: Pa
     lines = _wait_up(proc, 4)
     assert len(_left(marker)) >= 4
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=HUNG_S)
     text = "".join(lines) + out
     assert proc.returncode == 200, text
     assert f"dist-jobs: got {sig.name}: sending SIGUSR1 to every process" in text
@@ -321,7 +321,7 @@ def test_ranks_without_checkpointing_end_in_128_plus_the_signal(tmp_path: Path) 
     _wait_up(proc, 2)
     assert len(_left(marker)) >= 2
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=HUNG_S)
     assert proc.returncode == 143, out
     assert "exit code 143: cancelled: stopped by SIGTERM before every rank checkpointed" in out
     assert _left(marker) == []
@@ -341,7 +341,7 @@ def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
     assert proc.poll() is None  # still in its grace period
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=HUNG_S)
     assert time.monotonic() - started < 15
     assert proc.returncode == 143 and "got SIGTERM again: killing every process now" in out, out
     assert _left(marker) == []
@@ -379,7 +379,7 @@ def test_what_a_rank_leaves_behind_does_not_outlive_the_run(tmp_path: Path) -> N
         print("up", flush=True)
     """)
     proc = _start(["--nodes", "1", "--procs-per-node", "2"], tmp_path, marker, daemon)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=HUNG_S)
     assert proc.returncode == 0, out
     _all_gone(marker, within=5.0)
 
@@ -406,7 +406,7 @@ def test_the_launcher_and_keepers_sleep_while_the_ranks_work(tmp_path: Path) -> 
     before = {pid: _wakeups(pid) for pid in [proc.pid, *keepers]}
     time.sleep(2.0)
     woke = {pid: _wakeups(pid) - count for pid, count in before.items()}
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=HUNG_S)
     assert proc.returncode == 0, out
     # A 50 ms poll would show about 40 here, a 100 ms one 20; the lock's heartbeat beats far less often.
     assert all(count <= 3 for count in woke.values()), f"wake-ups in 2 s, by pid: {woke}"
@@ -430,7 +430,7 @@ def test_a_second_run_in_the_same_run_directory_is_refused(tmp_path: Path) -> No
         assert _run(other, tmp_path).returncode == 0  # another run directory: no conflict
     finally:
         first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=60)
+        first.communicate(timeout=HUNG_S)
     assert first.returncode == 200
     third = _run(["--procs-per-node", "1", "--", PYTHON, "-c", "print('third run')"], tmp_path)
     assert third.returncode == 0 and "took over" not in third.stdout, third.stdout + third.stderr
@@ -453,7 +453,7 @@ def test_a_launcher_that_lost_its_lock_ends_its_run(tmp_path: Path) -> None:
     lock = tmp_path / "checkpoints" / "dist-job" / "LOCK"
     record = json.loads(lock.read_text())
     lock.write_text(json.dumps({**record, "token": "someone-else", "pid": 1}))
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=HUNG_S)
     assert proc.returncode == 6, out  # as on every backend: LOCK_LOST_EXIT_CODE
     assert f"dist-jobs: lost the lock of {lock.parent} (it is now held by local run, pid 1 on host " in out
     assert "checkpointed after" not in out and _left(marker) == []
@@ -548,7 +548,7 @@ def test_a_stopped_launcher_stops_its_ranks_and_continues_them_when_it_runs_agai
             what="the ranks continued",
             context=lambda: _states(ranks),
         )
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=HUNG_S)
     finally:
         proc.kill()
     assert proc.returncode == 0, out

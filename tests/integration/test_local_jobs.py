@@ -20,7 +20,7 @@ from dist_jobs.api.job import Job
 from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -155,7 +155,9 @@ def test_status_by_handle_stays_light(tmp_path: Path) -> None:
             rc = main(["status", {sub.stdout.strip()!r}])
         print(json.dumps([rc, sorted({{m.split(".")[0] for m in sys.modules}})]))
     """)
-    out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=60)
+    out = subprocess.run(
+        [PYTHON, "-c", probe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=HUNG_S
+    )
     rc, modules = json.loads(out.stdout)
     assert rc == 0 and not {"jinja2", "torch", "kubernetes", "submitit"} & set(modules), out.stderr
 
@@ -242,7 +244,7 @@ def test_a_foreground_run_is_a_job_other_shells_can_ask_about(tmp_path: Path) ->
         assert handle in dj("list", "--backend", "local", cwd=tmp_path).stdout
     finally:
         go.touch()
-        out, _ = run.communicate(timeout=60)
+        out, _ = run.communicate(timeout=HUNG_S)
     assert run.returncode == 0 and "[rank 0] waiting" in out  # on the terminal too
     ended = json.loads(dj("status", handle, "-o", "json", cwd=tmp_path).stdout)
     assert (ended["state"], ended["detail"]) == ("succeeded", "exit 0"), ended

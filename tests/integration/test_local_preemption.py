@@ -25,7 +25,7 @@ from support.paths import PYTHON, REPO, TESTS
 from support.specs import tiny_train
 from support.tiers import requires
 from support.train_support import assert_bit_identical, final_state, preempted_why
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
 pytestmark = [
@@ -120,7 +120,7 @@ def test_sigterm_to_the_launcher_checkpoints_and_the_rerun_is_bit_identical(
         )
         try:
             lines = stop_at(proc, 6)
-            out, _ = proc.communicate(timeout=180)
+            out, _ = proc.communicate(timeout=HUNG_S)
         finally:
             proc.kill()
         text = "".join(lines) + out

@@ -22,7 +22,7 @@ from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.local.runner import LocalRunner
 from support.git_project import git
 from support.paths import PYTHON, REPO, TESTS
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -40,7 +40,7 @@ def environ(proj: Path) -> dict[str, str]:
 def dj(*args: str, cwd: Path, proj: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = environ(proj) if proj else {**os.environ, **ENV}
     return subprocess.run(
-        [PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+        [PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=HUNG_S
     )
 
 
@@ -117,7 +117,7 @@ def test_submit_with_snapshot_runs_the_code_as_submitted_and_without_it_as_found
     again = subprocess.Popen([PYTHON, "-m", "dist_jobs", "run", "--backend", "local", str(recorded)],
                              cwd=proj, env=environ(proj), stdout=subprocess.PIPE, text=True)  # fmt: skip
     release(tmp_path / "gate")
-    assert again.communicate(timeout=120)[0].count("submitted version lib as submitted") == 1
+    assert again.communicate(timeout=HUNG_S)[0].count("submitted version lib as submitted") == 1
     assert again.returncode == 0
     # Without --snapshot nothing changes: the job runs the script as it is when it gets there.
     assert "[rank 0] edited after submit" in dj("logs", plain, cwd=proj).stdout
@@ -175,7 +175,7 @@ def test_a_local_sweep_runs_every_trial_from_the_snapshot_taken_at_submit(
     for fifo in gates:
         release(fifo)
     for job in sweep.jobs:
-        assert job.wait(timeout=120, poll=0.2).word == "COMPLETED"
+        assert job.wait(timeout=HUNG_S, poll=0.2).word == "COMPLETED"
         assert "[rank 0] submitted version lib as submitted" in "\n".join(job.logs())
     codes = {job.status().extra["code"] for job in sweep.jobs}
     assert len(codes) == 1 and f"in {proj.resolve()}/checkpoints/sw/snapshots/sw-" in codes.pop()

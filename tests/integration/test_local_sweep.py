@@ -12,7 +12,7 @@ import pytest
 
 import dist_jobs
 from dist_jobs.spec.model import JobSpec
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -97,7 +97,7 @@ def test_sweep_cancel_stops_the_driver_and_the_running_trial(tmp_path: Path) -> 
         what="trial 0's `dist-jobs run` to have a child",
     )
     argv = [sys.executable, "-m", "dist_jobs", "sweep", "cancel", "long", "--checkpoint-dir", str(tmp_path / "ck")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=HUNG_S)
     assert proc.returncode == 0 and proc.stdout.strip() == f"cancelled {sweep.handles[0]}", proc.stdout + proc.stderr
     eventually(
         lambda: sweep.status()[0],
@@ -120,7 +120,7 @@ def test_cli_sweep_wait_prints_the_table_and_exits_by_the_trials(tmp_path: Path)
     code = "import os, sys; sys.exit(int(os.environ['CODE']))"
     argv = [sys.executable, "-m", "dist_jobs", "sweep", "--backend", "local", "--name", "w", "--procs-per-node", "1"]
     argv += ["--grid", "env.CODE=0,3", "--max-parallel", "1", "--wait", "--", "python3", "-c", code]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # one trial failed
     rows = [line.split() for line in proc.stderr.splitlines()[1:]]
     assert [r[:3] for r in rows] == [["w-t0", "0", "succeeded"], ["w-t1", "3", "failed"]], proc.stderr

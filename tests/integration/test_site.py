@@ -15,6 +15,7 @@ import pytest
 
 from support.paths import REPO
 from support.tiers import require_tool, requires
+from support.waiting import HUNG_S
 
 # The tutorials train (torch); the build takes a while on 2 cores.
 # One worker: the module's tests share one build (`site`), which a second worker would redo.
@@ -58,7 +59,7 @@ def dom(page: Path, profile: Path) -> str:
         [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HUNG_S,
     )
     assert shown.returncode == 0, shown.stderr[-2000:]
     return shown.stdout

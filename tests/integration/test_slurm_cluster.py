@@ -51,7 +51,7 @@ from support.slurm_jobs import (
     write_spec,
 )
 from support.tiers import require_module, requires
-from support.waiting import eventually, side_by_side
+from support.waiting import HUNG_S, eventually, side_by_side
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -207,14 +207,14 @@ def test_examples_pass_sbatch_test_only(example: Path, tmp_path: Path) -> None:
     script.write_text(render(load_spec(example, FIT_THIS_CLUSTER), "slurm"))
     (tmp_path / "logs").mkdir()
     proc = subprocess.run(
-        ["sbatch", "--test-only", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30
+        ["sbatch", "--test-only", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_S
     )
     assert proc.returncode == 0, proc.stderr
     estimate = parse_sbatch_test_only(proc.stderr)
     assert estimate.partition == "debug" and estimate.nodelist == "n[1-2]"
 
     proc = subprocess.run(
-        ["sbatch", "--test-only", str(checked_in)], cwd=tmp_path, capture_output=True, text=True, timeout=30
+        ["sbatch", "--test-only", str(checked_in)], cwd=tmp_path, capture_output=True, text=True, timeout=HUNG_S
     )
     if proc.returncode != 0:
         message = str(sbatch_error(proc.stderr, proc.returncode))

@@ -53,7 +53,7 @@ from support.slurm_jobs import (
     write_spec,
 )
 from support.tiers import in_ci, requires
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -339,7 +339,7 @@ def restore_cluster() -> None:
     nodes = usable_nodes(everyone=True)
     env = {**os.environ, "DIST_JOBS_SLURM_NODES": str(len(nodes) or 2)}
     up = ["bash", str(REPO / "slurm" / "cluster" / "up.sh")]
-    subprocess.run(up, capture_output=True, text=True, timeout=180, env=env)
+    subprocess.run(up, capture_output=True, text=True, timeout=HUNG_S, env=env)
     for node in nodes:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
 

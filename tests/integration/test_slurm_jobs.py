@@ -18,6 +18,7 @@ import dist_jobs
 from support import slurm_jobs
 from support.specs import tiny_train
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 pytestmark = [requires("slurm"), pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,7 +39,7 @@ def test_python_api_submit_wait_logs_result(tmp_path: Path) -> None:
     job = dist_jobs.submit(spec, backend="slurm", jobs_dir=tmp_path / "runs", cwd=tmp_path)
     try:
         assert re.fullmatch(rf"slurm://[^/]+/{job.id}", str(job)), str(job)
-        info = dist_jobs.attach(job.handle, jobs_dir=tmp_path / "runs", cwd=tmp_path).wait(timeout=200, poll=1)
+        info = dist_jobs.attach(job.handle, jobs_dir=tmp_path / "runs", cwd=tmp_path).wait(timeout=HUNG_S, poll=1)
         assert (info.state, info.word) == (dist_jobs.JobState.SUCCEEDED, "COMPLETED"), list(job.logs(0))
         result = job.result()
         assert result["step"] == 4.0 and "train_loss" in result  # 32 samples / (2 ranks x batch 4)

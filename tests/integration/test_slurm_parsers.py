@@ -16,13 +16,13 @@ from dist_jobs.backends.slurm.squeue_sacct import (
     sacct_job_state,
 )
 from support.tiers import requires
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 pytestmark = requires("slurm")
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=HUNG_S)
 
 
 def test_parsers_on_the_live_cluster() -> None:

@@ -12,6 +12,7 @@ import pytest
 import dist_jobs
 from support.git_project import git
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 pytestmark = [requires("slurm"), pytest.mark.timeout(240)]
 SCRIPT = "import sys\nopen(sys.argv[1], 'w').write({!r})\n"
@@ -46,7 +47,7 @@ def test_a_held_job_edited_in_the_queue_runs_the_code_as_submitted(tmp_path: Pat
         assert f"snapshot of {head[:12]} (with uncommitted changes)" in held.extra["code"]
         (proj / "train.py").write_text(SCRIPT.format("edited while queued"))
         subprocess.run(["scontrol", "release", job.id], check=True, capture_output=True)
-        info = job.wait(timeout=180, raise_on_failure=True)
+        info = job.wait(timeout=HUNG_S, raise_on_failure=True)
     finally:
         subprocess.run(["scancel", job.id], capture_output=True)
     assert out.read_text() == "as submitted"

@@ -32,7 +32,7 @@ from support.train_support import (
     start_torchrun,
     wait_all,
 )
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
 pytestmark = [requires("torch"), pytest.mark.timeout(240), pytest.mark.xdist_group("test_train_exact")]
@@ -139,7 +139,7 @@ def test_rank_killed_then_resumed_from_last_checkpoint_is_bit_identical(referenc
     assert len(victims) == 1, job_run.tree()
     killed = time.monotonic()
     os.kill(victims[0], signal.SIGKILL)
-    code = job_run.wait(timeout=90)  # the survivor must not hang: gloo errors, torchrun tears down
+    code = job_run.wait(timeout=HUNG_S)  # the survivor must not hang: gloo errors, torchrun tears down
     print(f"torchrun exited {code} {time.monotonic() - killed:.1f} s after the kill")
     assert code != 0
     assert not (run_dir / "PREEMPTED").exists()
@@ -148,7 +148,7 @@ def test_rank_killed_then_resumed_from_last_checkpoint_is_bit_identical(referenc
     assert EVERY <= newest < TOTAL
 
     resumed = start_torchrun(job(tmp_path / "ckpt"), tmp_path / "resumed.log")
-    assert resumed.wait(timeout=120) == 0, resumed.text()[-3000:]
+    assert resumed.wait(timeout=HUNG_S) == 0, resumed.text()[-3000:]
     resumed.kill()
     assert f"resumed from {run_dir / f'step-{newest}'}" in resumed.text()
     final = final_state(run_dir)

@@ -37,7 +37,7 @@ from support.train_support import (
     start_ranks,
     wait_all,
 )
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 from support.workloads import slow_gpt
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
@@ -243,7 +243,7 @@ def test_export_gives_a_plain_model_the_trained_outputs(reference: dict[str, Any
     checkpoint."""
     out = tmp_path / "model.pt"
     cli = [PYTHON, "-m", "dist_jobs", "export", f"local://{reference['dir']}", "-o", str(out)]
-    done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=HUNG_S)
     assert done.returncode == 0, done.stderr
     assert f"step-{TOTAL}" in done.stdout
     exported = torch.load(out, weights_only=True)
@@ -270,10 +270,10 @@ def test_export_refuses_a_checkpoint_with_a_damaged_shard(reference: dict[str, A
     data[len(data) // 2] ^= 0x10
     shard.write_bytes(bytes(data))
     cli = [PYTHON, "-m", "dist_jobs", "export", str(run_dir), "-o", str(tmp_path / "model.pt")]
-    done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(cli, env=child_env(), capture_output=True, text=True, timeout=HUNG_S)
     assert done.returncode != 0 and "__0_0.distcp is damaged" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "model.pt").exists()
-    older = subprocess.run([*cli, "--step", "10"], env=child_env(), capture_output=True, text=True, timeout=60)
+    older = subprocess.run([*cli, "--step", "10"], env=child_env(), capture_output=True, text=True, timeout=HUNG_S)
     assert older.returncode == 0, older.stderr
 
 

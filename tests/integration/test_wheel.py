@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.paths import REPO
+from support.waiting import HUNG_S
 
 
 @pytest.mark.slow
@@ -50,7 +51,7 @@ def test_wheel_install_renders(tmp_path) -> None:
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            timeout=60,
+            timeout=HUNG_S,
         )
         assert out.returncode == 0, out.stderr
         assert marker in out.stdout

@@ -15,6 +15,7 @@ from dist_jobs.render.k8s import container_command
 from dist_jobs.spec.load import load_spec
 from support import kubelet
 from support.paths import REPO, venv_bin
+from support.waiting import HUNG_S
 
 STUB = """#!{python}
 import json, os, sys
@@ -90,7 +91,7 @@ def run_script(
         "STUB_NODES": "gpu007,gpu008",  # both nodes answer
         **(extra_env or {}),
     }
-    proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", "job.sbatch"], cwd=workdir, env=env, capture_output=True, text=True, timeout=HUNG_S)
     calls = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     # Left out: the step watcher's looks at the job's steps, as many as its timing gives
     # (dist_jobs.backends.slurm.stepwatch, tested on its own).
@@ -116,7 +117,7 @@ def run_pod_entrypoint(
         **env,
     }
     argv = [*command[:4], "sh", "-c", program]
-    proc = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60, cwd=cwd)
+    proc = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=HUNG_S, cwd=cwd)
     assert "Warning:" not in proc.stderr, proc.stderr  # the pod's log shows no tool's Python warning
     return proc
 

@@ -29,6 +29,7 @@ from types import ModuleType
 import pytest
 
 from support.paths import REPO
+from support.waiting import HUNG_S
 
 TIERS = ("slurm", "apiserver", "pods", "realpods", "gpu")
 # Needs that are not a cluster tier: a tier marker each too (`-m "not torch"`).
@@ -47,7 +48,7 @@ def _slurm() -> str | None:
         return "SLURM's client commands (sinfo, sbatch) are not installed" + hint
     try:
         argv = ["sinfo", "--noheader", "--Node", "--format", "%N %t"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=HUNG_S)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"sinfo did not answer ({exc})" + hint
     if proc.returncode != 0:

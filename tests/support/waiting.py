@@ -1,4 +1,5 @@
-"""`eventually()`: the one way a test waits for something another process does.
+"""`eventually()`: the one way a test waits for something another process does; `HUNG_S`: how
+long it waits on a subprocess.
 
 Polls `check()` until it returns something truthy and returns that. On the deadline the test
 fails with what it waited for, how long, the last value `check()` returned (or the exception it
@@ -16,6 +17,11 @@ from typing import Any, TypeVar
 import pytest
 
 T = TypeVar("T")
+
+# How long a test waits on a subprocess before it calls it hung: a guard, not a measure, so one
+# figure for every such wait. It is generous because the torch-free sessions run at nice 10 beside
+# the full session (Makefile `test`), where a script that takes 5 s alone has taken over 60.
+HUNG_S = 300
 
 _FAIL: Any = object()  # `default` not given: the deadline fails the test
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from support.tiers import in_ci
+from support.waiting import HUNG_S
 
 _MARK = "dist-jobs.test/read-back"
 
@@ -50,7 +51,7 @@ def read_like_kubectl(manifest: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as home:  # no kubeconfig, no cache: nothing but the reader
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home}
         argv = [require_kubectl(), "annotate", "--local", "-f", "-", "-o", "json", f"{_MARK}=1"]
-        proc = subprocess.run(argv, input=manifest, capture_output=True, text=True, env=env, timeout=60)
+        proc = subprocess.run(argv, input=manifest, capture_output=True, text=True, env=env, timeout=HUNG_S)
     if proc.returncode != 0:
         raise KubectlRefused(proc.stderr.strip())
     obj: dict[str, Any] = json.loads(proc.stdout)

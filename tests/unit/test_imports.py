@@ -14,6 +14,7 @@ import pytest
 from support.layers import modules
 from support.paths import PYTHON, REPO, TESTS
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 FIXTURES = TESTS / "fixtures" / "slurm"
 
@@ -119,5 +120,5 @@ def test_the_trainer_is_one_import_and_importing_the_package_loads_no_torch() ->
         "from dist_jobs.train.loop import fit as deep; assert fit is deep; "
         "from dist_jobs.spec.train import TrainConfig as C; assert TrainConfig is C; print('ok')"
     )
-    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=HUNG_S)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -24,6 +24,7 @@ from dist_jobs.errors import SpecError
 from dist_jobs.spec.sweep import Range, parse_grid, trial_name, trials
 from support.lock_support import gone_launcher
 from support.paths import PYTHON, REPO
+from support.waiting import HUNG_S
 
 SWEEPS = [
     (REPO / "slurm/examples/sweeps/resnet-lr-batch.yaml", "slurm", ".sbatch"),
@@ -40,7 +41,7 @@ CPU = {
 
 
 def dj(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=HUNG_S)
 
 
 def problems(exc: pytest.ExceptionInfo[SpecError]) -> list[tuple[str, str]]:

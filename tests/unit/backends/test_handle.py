@@ -20,6 +20,7 @@ from dist_jobs.backends.jobstate import JobState, describe_exit, normalise
 from dist_jobs.errors import BackendError, DistJobsError, UsageError
 from dist_jobs.rundir.result import read_result, write_result
 from support.paths import PYTHON, REPO
+from support.waiting import HUNG_S
 
 
 @pytest.mark.parametrize(
@@ -147,7 +148,7 @@ def test_the_package_exports_the_job_api_lazily() -> None:
 
 
 def dj(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=HUNG_S)
 
 
 def test_a_bare_id_without_backend_is_a_usage_error() -> None:

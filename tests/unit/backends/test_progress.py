@@ -29,7 +29,7 @@ from dist_jobs.rundir.progress import (
 from dist_jobs.train.live import Live, attempt_number, progress_owner
 from support.paths import PYTHON
 from support.tiers import require_module
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 RECORD: dict[str, Any] = {
     "step": 40,
@@ -302,9 +302,9 @@ def dj(*args: str, **kw: Any) -> subprocess.Popen[str]:
 def test_status_prints_the_progress_line_and_json(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     run = _local_job(tmp_path, sleeper.pid)
     write_progress(run, RECORD)
-    out, err = dj("status", f"local://{run}").communicate(timeout=60)
+    out, err = dj("status", f"local://{run}").communicate(timeout=HUNG_S)
     assert f"  progress: {describe(RECORD)}" in out.splitlines(), err
-    out, err = dj("status", f"local://{run}", "-o", "json").communicate(timeout=60)
+    out, err = dj("status", f"local://{run}", "-o", "json").communicate(timeout=HUNG_S)
     assert json.loads(out)["progress"] == RECORD
 
 
@@ -323,7 +323,7 @@ def test_follow_refreshes_until_the_job_ends(tmp_path: Path, sleeper: subprocess
         what="--follow to show the new progress",
     )
     (run / "local" / "exit_code").write_text("0\n")
-    out, err = follow.communicate(timeout=30)
+    out, err = follow.communicate(timeout=HUNG_S)
     assert follow.returncode == 0, err
     assert "succeeded (COMPLETED)" in out.splitlines()[-2]  # the last table: the state, then progress
 
@@ -336,19 +336,19 @@ def test_follow_ends_cleanly_on_ctrl_c(tmp_path: Path, sleeper: subprocess.Popen
     follow = dj("status", f"local://{run}", "--follow", "--interval", "0.2", preexec_fn=default)
     assert follow.stdout is not None and "running" in follow.stdout.readline()
     follow.send_signal(signal.SIGINT)
-    out, err = follow.communicate(timeout=30)
+    out, err = follow.communicate(timeout=HUNG_S)
     assert follow.returncode == 130 and "Traceback" not in err and "interrupted" in err
 
 
 def test_follow_refuses_a_non_positive_interval(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     run = _local_job(tmp_path, sleeper.pid)
     follow = dj("status", f"local://{run}", "--follow", "--interval", "0")
-    out, err = follow.communicate(timeout=60)
+    out, err = follow.communicate(timeout=HUNG_S)
     assert follow.returncode == 2 and "--interval 0" in err and "Traceback" not in err
 
 
 def test_status_help_explains_follow() -> None:
-    out, _ = dj("status", "--help").communicate(timeout=60)
+    out, _ = dj("status", "--help").communicate(timeout=HUNG_S)
     assert "--follow" in out and "--interval" in out
 
 

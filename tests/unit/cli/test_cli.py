@@ -14,11 +14,11 @@ import yaml
 from dist_jobs import __version__
 from support.paths import PYTHON, REPO
 from support.tiers import require_module
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 
 def dj(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return subprocess.run([PYTHON, "-m", "dist_jobs", *args], capture_output=True, text=True, cwd=cwd, timeout=HUNG_S)
 
 
 def test_version() -> None:
@@ -148,7 +148,7 @@ def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> Non
             on_timeout=reader.kill,  # else leaving the block would wait for a cat blocked in open() forever
         )
         assert _render_to(str(fifo)).returncode == 0
-        assert reader.communicate(timeout=30)[0].startswith("#!/bin/bash")
+        assert reader.communicate(timeout=HUNG_S)[0].startswith("#!/bin/bash")
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced by a file
     proc = _render_to(str(fifo))  # no reader now: refused at once, not a hang
     assert proc.returncode == 2 and "no process reads" in proc.stderr
@@ -178,7 +178,7 @@ def test_env_refuses_a_rank_outside_its_world() -> None:
         "MASTER_ADDR": "node0",
         "MASTER_PORT": "29500",
     }
-    proc = subprocess.run([PYTHON, "-m", "dist_jobs", "env"], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([PYTHON, "-m", "dist_jobs", "env"], capture_output=True, text=True, env=env, timeout=HUNG_S)
     assert proc.returncode == 3 and "rank 7" in proc.stderr and "outside world size 4" in proc.stderr
     assert "world_size        4" in proc.stdout  # what was resolved is still shown
 
@@ -206,7 +206,7 @@ def test_an_error_names_its_verb_once(tmp_path: Path) -> None:
     # no profile gives a backend: an empty config folder, no $DIST_JOBS_PROFILE
     env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path), "DIST_JOBS_PROFILE": ""}
     argv = [PYTHON, "-m", "dist_jobs", "submit", "--procs-per-node", "1"]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HUNG_S)
     assert proc.returncode == 2 and proc.stderr.startswith("dist-jobs submit: which scheduler? "), proc.stderr
     assert proc.stderr.count("dist-jobs submit:") == 1, proc.stderr
 
@@ -249,7 +249,7 @@ def test_a_dry_run_with_snapshot_names_the_copy_it_runs_from_and_makes_none(tmp_
     env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path), "DIST_JOBS_PROFILE": ""}
     argv = [PYTHON, "-m", "dist_jobs", "submit", "--backend", backend, "--dry-run", "--snapshot", "--name", "snap",
             "--procs-per-node", "1", "--", "python3", "train.py"]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=proj, env=env, timeout=60)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=proj, env=env, timeout=HUNG_S)
     assert proc.returncode == 0, proc.stderr
     into = {"slurm": proj / "dist-jobs-runs", "local": proj / "checkpoints" / "snap" / "local"}[backend]
     said = f"# snapshot: submit copies the code in {proj.resolve()} to {into.resolve()}/snapshots/snap-"

@@ -21,6 +21,7 @@ from support.k8s_offline.validate import crd_path
 from support.kube_standin import TOKEN, FakeKubeAPI, untrusted_https, write_kubeconfig
 from support.paths import PYTHON, REPO
 from support.tiers import require_module
+from support.waiting import HUNG_S
 
 require_module("kubernetes")
 
@@ -224,7 +225,7 @@ def test_the_installed_entry_point_in_a_subprocess(api: FakeKubeAPI, kubeconfig:
 
     def dj(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [PYTHON, "-m", "dist_jobs", *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+            [PYTHON, "-m", "dist_jobs", *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=HUNG_S
         )
 
     ok = dj("submit", "--backend", "k8s", spec)  # $KUBECONFIG, as kubectl reads it
@@ -310,7 +311,7 @@ def test_an_https_server_that_is_no_apiserver_is_named_so_without_urllib3_warnin
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": str(REPO)},
-            timeout=120,
+            timeout=HUNG_S,
         )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "answered HTTP 404 with an HTML page: it is not a Kubernetes apiserver" in proc.stderr, proc.stderr

@@ -14,6 +14,7 @@ from dist_jobs.errors import UsageError
 from dist_jobs.ranks.nodelist import MAX_RANGE, expand, head, main
 from support.paths import REPO
 from support.tiers import require_tool
+from support.waiting import HUNG_S
 
 TABLE: list[tuple[str, list[str]]] = [
     ("n1", ["n1"]),
@@ -97,7 +98,7 @@ def _scontrol_hostnames(scontrol: str, nodelist: str) -> list[str] | None:
     """scontrol's expansion, or None where it rejects the list (it still exits 0 then)."""
     # `show hostnames` expands locally; it needs no running controller.
     result = subprocess.run(
-        [scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=False
+        [scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=HUNG_S, check=False
     )
     if result.returncode != 0 or "Invalid hostlist" in result.stdout + result.stderr:
         return None
@@ -142,14 +143,14 @@ def test_module_runs_as_script_without_heavy_imports() -> None:
         "runpy.run_module('dist_jobs.ranks.nodelist', run_name='__main__')"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60, check=False
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=HUNG_S, check=False
     )
     assert (result.returncode, result.stdout) == (0, "n4\n"), result.stderr
     probe = (
         f"import sys, dist_jobs.ranks.nodelist;print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
     )
     loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60, check=True
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=HUNG_S, check=True
     ).stdout.strip()
     assert loaded == "[]"
 
@@ -160,7 +161,7 @@ def test_python_dash_m_exit_code() -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
+        timeout=HUNG_S,
         check=False,
     )
     assert result.returncode == 2

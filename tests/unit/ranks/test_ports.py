@@ -13,6 +13,7 @@ import pytest
 from dist_jobs.errors import UsageError
 from dist_jobs.ranks.ports import DEFAULT_EPHEMERAL_RANGE, derive_port, ephemeral_range, free_port, main
 from support.paths import REPO
+from support.waiting import HUNG_S
 
 FAKE_RANGES = [
     (32768, 60999),  # Linux default
@@ -51,7 +52,7 @@ def test_deterministic_across_processes() -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HUNG_S,
         check=True,
     ).stdout
     assert out == f"{want}\n"

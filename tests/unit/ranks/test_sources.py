@@ -15,6 +15,7 @@ from dist_jobs.ranks.ports import derive_port
 from dist_jobs.ranks.report import as_json, as_table
 from dist_jobs.ranks.slurm import SlurmSource, parse_tasks_per_node, tasks_on_node
 from support.paths import REPO
+from support.waiting import HUNG_S
 
 
 def slurm_task(
@@ -470,6 +471,6 @@ def test_ranks_import_no_torch() -> None:
         "('torch', 'msgspec', 'numpy', 'kubernetes', 'jinja2', 'yaml')))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=HUNG_S, check=True
     ).stdout.strip()
     assert out == "[]"

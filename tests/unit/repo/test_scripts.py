@@ -8,6 +8,7 @@ import pytest
 
 from support.paths import REPO
 from support.tiers import require_tool
+from support.waiting import HUNG_S
 
 SCRIPTS = sorted(
     [*REPO.glob("slurm/cluster/*.sh"), *REPO.glob("k8s/apiserver/*.sh"), REPO / "templates/pod-entrypoint.sh"]
@@ -39,9 +40,11 @@ def test_cluster_daemons_do_not_keep_a_callers_lock(tmp_path) -> None:
     assert functions.count("()") == 2, "up.sh no longer defines close_inherited() and spawn() on one line each"
     lock = tmp_path / "lock"
     daemon = "spawn sh -c 'sleep 30 & echo $! > pid'"
-    subprocess.run(["flock", str(lock), "bash", "-c", f"{functions}\n{daemon}"], cwd=tmp_path, check=True, timeout=20)
+    subprocess.run(
+        ["flock", str(lock), "bash", "-c", f"{functions}\n{daemon}"], cwd=tmp_path, check=True, timeout=HUNG_S
+    )
     try:
-        free = subprocess.run(["flock", "--nonblock", str(lock), "true"], timeout=20)
+        free = subprocess.run(["flock", "--nonblock", str(lock), "true"], timeout=HUNG_S)
         assert free.returncode == 0, "the backgrounded daemon still holds the caller's lock"
     finally:
         subprocess.run(["kill", (tmp_path / "pid").read_text().strip()], check=False)

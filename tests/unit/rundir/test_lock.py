@@ -36,7 +36,7 @@ from dist_jobs.rundir.lock import (
 )
 from support.lock_support import beating
 from support.paths import PYTHON, REPO
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 LOCKCTL = [PYTHON, "-m", "dist_jobs.rundir.lockctl"]
 
@@ -458,7 +458,7 @@ def test_lockctl_refuses_knobs_that_do_not_fit_together(tmp_path: Path) -> None:
 
 def lockctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([*LOCKCTL, *args], capture_output=True, text=True, env=environ, timeout=60)
+    return subprocess.run([*LOCKCTL, *args], capture_output=True, text=True, env=environ, timeout=HUNG_S)
 
 
 def test_lockctl_acquire_refuse_heartbeat_release(tmp_path: Path) -> None:

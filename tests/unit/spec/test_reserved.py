@@ -17,6 +17,7 @@ from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.reserved import BASH_OWNED, DIST_JOBS_OWNED, TORCH_OWNED, reserved
 from support.paths import PYTHON, REPO
 from support.render_helpers import make_stubs, run_script, step_calls
+from support.waiting import HUNG_S
 
 # Every variable of the bash 5.2/5.3 manual ("Shell Variables"), plus a user-style name as a control.
 BASH_MANUAL = """
@@ -40,7 +41,7 @@ def _misbehaves(name: str, folder: Path) -> bool:
     value = f"PWD[$(touch {canary})]"
     script = f"set -u\nexport {name}='{value}' 2>/dev/null\nprintenv {name}\n"
     proc = subprocess.run(
-        ["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30
+        ["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=HUNG_S
     )
     return canary.exists() or proc.stdout != value + "\n"
 
@@ -90,7 +91,7 @@ def test_arithmetic_env_value_runs_nothing(tmp_path: Path) -> None:
         + ["--env", f"RANDOM=PWD[$(touch {tmp_path / 'pwned'})]"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 2 and "env.RANDOM (the key)" in proc.stderr and proc.stdout == ""
 
@@ -120,7 +121,7 @@ def test_names_bash_acts_on_change_what_the_script_does_and_are_refused(
             env={"PATH": "/usr/bin:/bin"},
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=HUNG_S,
         )
         return proc.stdout + proc.stderr
 

@@ -10,6 +10,7 @@ from dist_jobs.errors import SpecError
 from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.slurm_time import format_time, parse_time
 from support.paths import PYTHON
+from support.waiting import HUNG_S
 
 
 def test_defaults_and_arithmetic() -> None:
@@ -133,7 +134,7 @@ def test_a_bare_number_of_minutes_is_a_time_limit_as_slurm_reads_it(tmp_path, wr
         [PYTHON, "-m", "dist_jobs", "render", "--backend", "slurm", str(job)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 0 and f"#SBATCH --time={directive}\n" in proc.stdout, proc.stderr
 

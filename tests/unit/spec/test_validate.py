@@ -10,6 +10,7 @@ from dist_jobs.errors import SpecError
 from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.train import TrainConfig
 from support.paths import PYTHON
+from support.waiting import HUNG_S
 
 OK = {"name": "a", "procs_per_node": 1}
 
@@ -103,7 +104,7 @@ def test_train_flags_round_trip_and_bad_flags_exit_2() -> None:
         [PYTHON, "-m", "dist_jobs.train", "--epochs", "0", "--amp", "fp32", "--lr", "x"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     for flag in ("--epochs", "--amp", "--lr"):
@@ -148,7 +149,7 @@ def test_train_entrypoint_refuses_a_run_name_that_leaves_the_checkpoint_dir(tmp_
         [PYTHON, "-m", "dist_jobs.train", "--checkpoint-dir", str(tmp_path), "--run-name", "../escaped"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 2 and "--run-name" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path.parent / "escaped").exists()

@@ -12,6 +12,7 @@ import pytest
 from dist_jobs.errors import SpecError
 from dist_jobs.spec.load import load_spec
 from support.paths import PYTHON
+from support.waiting import HUNG_S
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")
@@ -130,7 +131,7 @@ def test_a_non_utf8_argument_is_refused_for_every_backend() -> None:
     proc = subprocess.run(
         [*argv, b"--procs-per-node", b"1", b"--env", b"A=\xff", b"--", b"python3", b"t\xff.py"],
         capture_output=True,
-        timeout=60,
+        timeout=HUNG_S,
     )
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "Traceback" not in err and "env.A" in err and "command[1]" in err

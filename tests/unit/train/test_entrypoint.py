@@ -23,6 +23,7 @@ from dist_jobs.train.distributed import FlagPoll
 from dist_jobs.train.resume import checkpoint_folder
 from dist_jobs.train.signals import PreemptFlag, parse_signal
 from support.train_support import PYTHON, REPO, child_env
+from support.waiting import HUNG_S
 
 
 # -- signals -----------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_bad_flags_exit_2_without_traceback(capsys: pytest.CaptureFixture[str]) 
 def test_inconsistent_launch_exits_3_before_importing_torch() -> None:
     probe = "import sys\nfrom dist_jobs.train.__main__ import main\nrc = main([])\nprint(rc, 'torch' in sys.modules)"
     out = subprocess.run(
-        [PYTHON, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(WORLD_SIZE="4")
+        [PYTHON, "-c", probe], capture_output=True, text=True, timeout=HUNG_S, cwd=REPO, env=child_env(WORLD_SIZE="4")
     )
     assert out.stdout.split() == ["3", "False"], out.stderr
     assert "WORLD_SIZE='4'" in out.stderr and "hint:" in out.stderr and "Traceback" not in out.stderr
@@ -293,7 +294,7 @@ def test_a_lost_peer_in_rendezvous_exits_with_the_retryable_code(tmp_path: Path)
         "DIST_JOBS_EXIT_NOTE": str(tmp_path / "note"),
     }
     argv = [PYTHON, "-m", "dist_jobs.train", "--device", "cpu", "--fake-samples", "8", "--epochs", "1"]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path)
     assert proc.returncode == 200, proc.stderr[-2000:]
     assert "rank 1 lost a peer (" in proc.stderr and "exiting with 200" in proc.stderr
     assert (tmp_path / "note").read_text() == "200\n"
@@ -338,5 +339,5 @@ def test_a_run_on_the_fake_images_with_a_users_model_never_imports_torchvision(t
     small = ["--fake-samples", "8", "--batch-size", "4", "--image-size", "8", "--epochs", "1"]
     flags = ["--device", "cpu", "--model", "support.workloads:tiny_net", *small]
     argv = [PYTHON, "-c", probe, *flags, "--checkpoint-dir", str(tmp_path / "ckpt")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env())
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,6 +14,7 @@ from dist_jobs.spec.load import load_spec
 from dist_jobs.spec.train import TrainConfig
 from support.paths import REPO
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 pytestmark = requires("torch")
 
@@ -54,7 +55,7 @@ def test_the_trainer_flags_refuse_with_exit_2_naming_the_flag_value_and_fix() ->
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert "--amp" in proc.stderr and "'fp16'" in proc.stderr and "use bf16" in proc.stderr
@@ -130,7 +131,7 @@ def test_the_export_verb_exits_2_on_bad_input_and_the_cli_never_imports_torch(tm
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 2 and "dist-jobs export" in proc.stderr and "Traceback" not in proc.stderr
     lean = "import sys, dist_jobs.cli, dist_jobs.cli.commands, dist_jobs.cli.parser; print('torch' in sys.modules)"

@@ -27,6 +27,7 @@ from dist_jobs.spec.train import TrainConfig
 from dist_jobs.train.watchdog import Watchdog, waits_in
 from support.paths import PYTHON, REPO
 from support.tiers import requires
+from support.waiting import HUNG_S
 
 STALLS = textwrap.dedent(
     """
@@ -61,7 +62,7 @@ def test_a_stalled_process_dumps_every_threads_stack_flushes_its_logs_and_exits_
     marker, log_file = tmp_path / "PREEMPTED", tmp_path / "train.log"
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [PYTHON, "-c", STALLS, str(marker), str(log_file)], env=env, capture_output=True, text=True, timeout=60
+        [PYTHON, "-c", STALLS, str(marker), str(log_file)], env=env, capture_output=True, text=True, timeout=HUNG_S
     )
     assert proc.returncode == REQUEUE_EXIT_CODE == 200, proc.stderr
     assert "dist-jobs: rank 1: hang watchdog: no optimizer step completed for" in proc.stderr
@@ -202,7 +203,7 @@ def test_a_floor_at_or_above_the_collective_timeout_is_refused_naming_both() -> 
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HUNG_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert "--hang-min-seconds" in proc.stderr and "--collective-timeout" in proc.stderr

@@ -24,6 +24,7 @@ from support.k8s_offline.validate import prune_and_default
 from support.paths import PYTHON, REPO
 from support.render_helpers import run_pod_entrypoint
 from support.tiers import require_module
+from support.waiting import HUNG_S
 
 require_module("kubernetes")
 
@@ -86,7 +87,7 @@ def dry_run(cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     argv = [PYTHON, "-m", "dist_jobs", "submit", "--dry-run", "--backend", "k8s", "--name", "snap", "--image", "x/y:1"]
     argv += ["--procs-per-node", "1", *flags, "--", "python3", "train.py"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": str(cwd / "no-kubeconfig")}
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=HUNG_S)
 
 
 def files_under(folder: Path) -> list[str]:

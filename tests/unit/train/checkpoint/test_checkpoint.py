@@ -15,7 +15,7 @@ import pytest
 
 from support.paths import REPO
 from support.tiers import require_module
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 torch = require_module("torch")
 np = require_module("numpy")
@@ -383,7 +383,7 @@ def test_ranks_as_processes(tmp_path: Path, async_write: bool) -> None:
         # write (in training, the first all-reduce orders this); then all ranks race on every step.
         assert procs[0].stdout.readline().strip() == "ready"
         procs += [_spawn_rank(tmp_path, r, world, mode) for r in range(1, world)]
-        outputs = [p.communicate(timeout=120)[0] for p in procs]
+        outputs = [p.communicate(timeout=HUNG_S)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
