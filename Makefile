@@ -29,6 +29,8 @@ demo: $(VENV)/.installed
 # (the README's Tests section). The side work starts before the tiers come up: it needs none of
 # them until the newest torch-free Python's apiserver tests, long after, and it fills the cores
 # while the tiers' daemons start (the run is bound by its CPU work, so idle time is lost time).
+# Its venvs are made first (nox --install-only; -R then runs the tests in them): a venv's pip
+# runs on one core, so made late, once the full session is done, it would leave the other idle.
 # The side work's output follows the full session's; either failing fails `make test`. The nice
 # levels order this session's own processes: Linux's autogroup
 # scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
@@ -47,7 +49,8 @@ test: $(VENV)/.installed
 	    (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 shellcheck chromium)
 	mkdir -p build
 	@echo "make test: $$(nproc) cores, autogroup scheduling $$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo unknown)"
-	( nice -n 10 $(MAKE) --no-print-directory lint && nice -n 10 $(VENV)/bin/nox -s torch_free ) \
+	( nice -n 10 $(VENV)/bin/nox -s torch_free --install-only && nice -n 10 $(MAKE) --no-print-directory lint && \
+	    nice -n 10 $(VENV)/bin/nox -s torch_free -R ) \
 	    > $(SIDE_LOG) 2>&1 & side=$$!; \
 	DIST_JOBS_SLURM_NODES=$(SLURM_NODES) DIST_JOBS_SLURM_CPUS=$(SLURM_CPUS) bash slurm/cluster/up.sh && \
 	bash k8s/apiserver/up.sh && DIST_JOBS_PODS_VENV=$(VENV) bash k8s/kubelet/up.sh && \
