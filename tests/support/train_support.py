@@ -21,7 +21,7 @@ import pytest
 from dist_jobs.ranks.ports import free_port
 from dist_jobs.rundir.hang import read_preempted
 from support.paths import REPO, TESTS
-from support.waiting import eventually
+from support.waiting import HUNG_S, eventually
 
 PYTHON = sys.executable
 STEP_RE = re.compile(r"step (\d+)/(\d+) epoch")
@@ -34,7 +34,7 @@ def test_launch_helpers_find_a_child_process(tmp_path: Path) -> None:
         {},
     )
     try:
-        eventually(lambda: launch.tree()[1:], timeout=20, interval=0.05, what="the launch's child process")
+        eventually(lambda: launch.tree()[1:], timeout=HUNG_S, interval=0.05, what="the launch's child process")
         assert len(launch.tree()) == 2
     finally:
         launch.kill()

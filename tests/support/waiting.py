@@ -18,9 +18,10 @@ import pytest
 
 T = TypeVar("T")
 
-# How long a test waits on a subprocess before it calls it hung: a guard, not a measure, so one
-# figure for every such wait. It is generous because the torch-free sessions run at nice 10 beside
-# the full session (Makefile `test`), where a script that takes 5 s alone has taken over 60.
+# How long a test waits on another process (its exit, its output, a file it writes) before it calls
+# it hung: a guard, not a measure, so one figure for every such wait. It is generous because the
+# torch-free sessions run at nice 10 beside the full session (Makefile `test`), where a script that
+# takes 5 s alone has taken over 60.
 HUNG_S = 300
 
 _FAIL: Any = object()  # `default` not given: the deadline fails the test

@@ -140,7 +140,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(120)", "dist_jobs"])
     eventually(
         lambda: b"dist_jobs" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(),  # exec'd yet?
-        timeout=30,
+        timeout=HUNG_S,
         interval=0.01,
         what="the sleeper's exec",
     )
@@ -318,7 +318,7 @@ def test_follow_refreshes_until_the_job_ends(tmp_path: Path, sleeper: subprocess
     eventually(
         follow.stdout.readline,
         until=lambda line: "step 90/100" in line,
-        timeout=30,
+        timeout=HUNG_S,
         interval=0,
         what="--follow to show the new progress",
     )

@@ -142,7 +142,7 @@ def test_output_writes_into_a_fifo_and_refuses_one_nobody_reads(tmp_path) -> Non
         eventually(
             lambda: _reading(reader.pid, fifo),
             retry_on=(OSError,),  # an fd closed while we looked
-            timeout=30.0,
+            timeout=HUNG_S,
             interval=0.01,
             what=f"{reader.pid} to open {fifo}",
             on_timeout=reader.kill,  # else leaving the block would wait for a cat blocked in open() forever

@@ -425,10 +425,10 @@ def test_of_many_runs_starting_at_once_exactly_one_holds_it(tmp_path: Path, stal
     ]
     for proc in procs:
         proc.start()
-    tokens = [results.get(timeout=60) for _ in procs]
+    tokens = [results.get(timeout=HUNG_S) for _ in procs]
     done.set()
     for proc in procs:
-        proc.join(timeout=30)
+        proc.join(timeout=HUNG_S)
     winners = [t for t in tokens if t]
     assert len(winners) == 1, tokens
     assert Holder.parse((run_dir / LOCK_NAME).read_bytes()).token == winners[0]  # type: ignore[union-attr]
@@ -487,10 +487,10 @@ def test_lockctl_acquire_refuse_heartbeat_release(tmp_path: Path) -> None:
     )
     try:
         beating = lambda: path.stat().st_mtime > past + 10
-        eventually(beating, timeout=20, interval=0.05, what="a heartbeat")
+        eventually(beating, timeout=HUNG_S, interval=0.05, what="a heartbeat")
         beat.terminate()  # ignored: a stopping job's ranks may still be checkpointing
         os.utime(path, (past, past))
-        eventually(beating, timeout=20, interval=0.05, what="a heartbeat after the SIGTERM")
+        eventually(beating, timeout=HUNG_S, interval=0.05, what="a heartbeat after the SIGTERM")
         assert beat.poll() is None
         assert lockctl("release", str(run_dir), "not-ours").returncode == 0 and path.exists()
         assert lockctl("release", str(run_dir), token).returncode == 0 and not path.exists()

@@ -322,7 +322,7 @@ def _save_steps(directory: Path, world: int, async_write: bool, steps: range) ->
                 first = [partial / f"rank-{r}.pt" for r in range(world) if (r == 0) != (rank == 0)]
                 names = ", ".join(path.name for path in first)
                 eventually(
-                    _all_exist(first), timeout=30, interval=0.005, what=f"{names} in {partial} before rank {rank}'s"
+                    _all_exist(first), timeout=HUNG_S, interval=0.005, what=f"{names} in {partial} before rank {rank}'s"
                 )
             shared = _shared(step, size=50_000) if rank == 0 else None
             cks[rank].save(step, shared, {"rank": rank, "step": step, "t": torch.full((rank + 1,), step)})
