@@ -32,9 +32,9 @@ demo: $(VENV)/.installed
 # Its venvs are made first (nox --install-only; -R then runs the tests in them): a venv's pip
 # runs on one core, so made late, once the full session is done, it would leave the other idle.
 # The side work's output follows the full session's; either failing fails `make test`. The nice
-# levels order this session's own processes: Linux's autogroup
-# scheduling (on by default) first shares the CPU between sessions, and each SLURM step, pod and
-# local rank is a session of its own. Lowering this session's own autogroup weight (nice 10 on
+# levels order this session's own processes: Linux's autogroup scheduling (on by default; the
+# recipe prints it) first shares the CPU between sessions, and each SLURM step, pod and local rank
+# is a session of its own. Lowering this session's own autogroup weight (nice 10 on
 # /proc/self/autogroup) was measured: the full session then ended 4 minutes sooner, but the side
 # work it starved ran after it, so `make test` took as long (it is bound by the CPU work), and
 # the tests' own subprocesses (an export with a 60 s limit) ran out of time. So it is not done.

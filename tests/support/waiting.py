@@ -1,5 +1,5 @@
 """`eventually()`: the one way a test waits for something another process does; `HUNG_S`: how
-long it waits on a subprocess.
+long a test waits on another process before it calls it hung.
 
 Polls `check()` until it returns something truthy and returns that. On the deadline the test
 fails with what it waited for, how long, the last value `check()` returned (or the exception it
