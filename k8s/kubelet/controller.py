@@ -743,7 +743,7 @@ def main() -> None:
     parser.add_argument("--cleanup", choices=["pods", "nodes"])
     # A pass runs when a watched collection changes (as an operator's informers wake it), not on a
     # timer: a pass lists every kind the controller drives, and a pass a second kept the apiserver,
-    # etcd and this process at about 4 % of a core on the 2-core test machine with nothing to do.
+    # etcd and this process busy with nothing to do (k8s/kubelet/README.md).
     parser.add_argument("--resync", type=float, default=10.0, help="seconds between passes when nothing changes")
     args = parser.parse_args()
     api = Api(args.kubeconfig)
