@@ -58,7 +58,7 @@ def keep_away(
     """Record every node the verdict blames as kept away from `job` until `now + seconds`; the
     new records (none when the verdict blames no node). A node already kept away keeps its record:
     handed back anyway, it is refused again until the same time, not an hour more."""
-    held = {q.node for q in kept_away(run_dir, job) if q.active(now)}
+    held = {q.node for q in active_quarantines(run_dir, job, now)}
     blamed = [node for node in blamed_nodes(verdict) if node not in held]
     found = [Quarantine(node, verdict.cause, job, now, now + seconds) for node in blamed]
     if found:
@@ -82,6 +82,11 @@ def kept_away(run_dir: Path, job: str) -> list[Quarantine]:
             latest.pop(found.node, None)
             latest[found.node] = found
     return list(latest.values())
+
+
+def active_quarantines(run_dir: Path, job: str, now: float) -> list[Quarantine]:
+    """The nodes `job` keeps away at `now` (`kept_away`'s records not yet expired), oldest first."""
+    return [q for q in kept_away(run_dir, job) if q.active(now)]
 
 
 def exclusion(current: Iterable[str], records: Iterable[Quarantine], now: float) -> list[str]:

@@ -33,7 +33,7 @@ from dist_jobs.backends.slurm.faults import SINFO_NODE_STATES, parse_node_states
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.beats import read_beats
 from dist_jobs.rundir.progress import duration
-from dist_jobs.rundir.quarantine import kept_away
+from dist_jobs.rundir.quarantine import active_quarantines
 
 JOIN_GRACE_S = 60.0  # a healthy rendezvous takes seconds; past this a missing rank is news
 
@@ -155,8 +155,7 @@ def with_quarantine(job_id: str, status: JobStatus, meta: dict[str, Any]) -> Job
     `kept_away` and the detail."""
     if not meta.get("run_dir") or status.finished:
         return status
-    now = time.time()
-    active = [q for q in kept_away(Path(meta["run_dir"]), job_id) if q.active(now)]
+    active = active_quarantines(Path(meta["run_dir"]), job_id, time.time())
     if not active:
         return status
     told = ", ".join(q.told() for q in active)

@@ -43,7 +43,7 @@ from dist_jobs.backends.slurm.stepwatch import step_lost
 from dist_jobs.ranks.nodelist import expand
 from dist_jobs.rundir.hang import attempt_hang, describe_hang, job_id, preempted_since
 from dist_jobs.rundir.lock import LOCK_NAME, Fence, LockLost, stamp_of
-from dist_jobs.rundir.quarantine import Quarantine, blamed_nodes, exclusion, keep_away, kept_away
+from dist_jobs.rundir.quarantine import Quarantine, active_quarantines, blamed_nodes, exclusion, keep_away, kept_away
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record
 
 PROBE_SECONDS = 30  # a node that cannot run the node check within this is lost to this allocation
@@ -179,11 +179,10 @@ def before_step(nodes: list[str], probe: Probe, failed: Failed, kept: Iterable[Q
     attempt ends here, to run again elsewhere), else None (start the step). A probe that reached
     no node and sinfo naming none failed for its own reasons: the step itself will tell.
 
-    A node the job keeps away (`kept`, its quarantine still active) is unfit even when it answers:
+    A node the job keeps away (`kept`: its active quarantines) is unfit even when it answers:
     SLURM hands it back when the exclusion never landed (SLURM requeued the job itself while the
     batch host was still cleaning up, and refuses ExcNodeList on a job that is not pending)."""
-    now = time.time()
-    held = tuple((q.node, f"is kept away from this job ({q.why})") for q in kept if q.active(now) and q.node in nodes)
+    held = tuple((q.node, f"is kept away from this job ({q.why})") for q in kept if q.node in nodes)
     if held:
         return decide(Evidence(exit_code=0, unfit=held))
     reports = probe(nodes)
@@ -285,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return node_reports(nodes, args.run_dir, args.gpus)
 
     if args.before:
-        found = before_step(nodes, probe, failed_nodes, kept_away(args.run_dir, job_id()))
+        found = before_step(nodes, probe, failed_nodes, active_quarantines(args.run_dir, job_id(), time.time()))
         if found is None:
             print("go 0")
             return 0

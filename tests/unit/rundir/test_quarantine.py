@@ -9,7 +9,15 @@ import pytest
 
 from dist_jobs.backends.slurm.nodecheck import NONCE_FILE, check, parse_reports
 from dist_jobs.backends.slurm.step_end import before_step, excluded_now, judge, quarantine, silent_nodes, unfit_nodes
-from dist_jobs.rundir.quarantine import QUARANTINE, Quarantine, blamed_nodes, exclusion, keep_away, kept_away
+from dist_jobs.rundir.quarantine import (
+    QUARANTINE,
+    Quarantine,
+    active_quarantines,
+    blamed_nodes,
+    exclusion,
+    keep_away,
+    kept_away,
+)
 from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide
 
 NODE_LOST = decide(Evidence(143, (Failure(3, "n2", signal="SIGKILL"),), lost_nodes=("n2", "n3")))
@@ -108,7 +116,7 @@ def test_a_node_kept_away_but_handed_back_is_refused_before_any_rank_starts(tmp_
     the step refuses it without probing, its record keeps its expiry, and the script's requeue
     excludes it again. An expired quarantine no longer counts."""
     keep_away(tmp_path, "7", NODE_LOST, now=1000.0, seconds=10**10)  # active until long after today
-    kept = kept_away(tmp_path, "7")
+    kept = active_quarantines(tmp_path, "7", now=2000.0)
 
     def no_probe(nodes: list[str]) -> dict[str, str]:
         raise AssertionError("a node kept away needs no probe")
@@ -120,8 +128,8 @@ def test_a_node_kept_away_but_handed_back_is_refused_before_any_rank_starts(tmp_
         "n2,n3"
     )
     assert kept_away(tmp_path, "7") == kept  # not kept away an hour more for coming back
-    expired = [Quarantine("n2", "n2 no longer answered", "7", 0.0, 1.0)]
-    assert before_step(["n1", "n2"], lambda nodes: {"n1": "", "n2": ""}, failed=lambda nodes: [], kept=expired) is None
+    assert active_quarantines(tmp_path, "7", now=1000.0 + 10**10) == []  # expired: no longer counts
+    assert before_step(["n1", "n2"], lambda nodes: {"n1": "", "n2": ""}, failed=lambda nodes: [], kept=[]) is None
 
 
 UNFIT = "its /ck/run is not the directory the batch host sees (no shared filesystem mounted there, or a stale mount)"
