@@ -1,7 +1,7 @@
 """strategy fsdp as users launch it (`dist-jobs run`, so with a run directory) against a hand-written
 FSDP2 loop under torchrun, every training step counted (issue 36).
 
-    python bench/bench_fsdp_rundir.py [--steps 100] [--rounds 3] [--warmup 0] [--width 256] [--layers 4]
+    python bench/bench_fsdp_rundir.py [--steps 100] [--rounds 3] [--warmup 0] [--width 256] [--layers 4] [--with-fit]
 
 Both sides: 2 CPU processes, gloo, OMP_NUM_THREADS=1; the decoder Transformer of PyTorch's own
 FSDP2 tests (bench/third_party_transformer.py, vendored), built on the meta device, fully_shard
@@ -17,6 +17,9 @@ per process; fused AdamW (no weight decay), the gradient norm clipped to 1.0, fp
   steps (the default), the ledger. Its one checkpoint is the one at the end, after the timed steps.
 - torchrun: `torchrun --nproc-per-node 2 bench_fsdp_rundir.py --hand`, the loop of the FSDP2
   tutorial: DistributedSampler, DataLoader, forward, cross-entropy, backward, clip, step, zero_grad.
+- fit under torchrun (`--with-fit`): `torchrun --nproc-per-node 2 -m dist_jobs.train` with the same
+  train flags and no checkpoint directory, so no run directory: what separates fit()'s own loop
+  from what the run directory and dist-jobs' launcher add.
 
 Timing, rank 0: a forward pre-hook stamps the start of every training forward (wall clock and
 the process's CPU time). Each side trains warmup + steps + 1 steps; the timed window runs from
@@ -50,6 +53,7 @@ CONTEXT = 64
 LR, CLIP = 1e-3, 1.0
 GOAL = 0.98
 DEFAULT_LOG_EVERY = 10  # fit()'s own default (train.log_every): what a user's run does
+FIT = "fit under torchrun"
 
 
 def text_chars(args: argparse.Namespace) -> int:
@@ -144,12 +148,17 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     job = {"name": "bench-fsdp-rundir", "nodes": 1, "procs_per_node": WORLD, "train": train_section(args)}
     spec.write_text(json.dumps(job))  # JSON is YAML
     flags = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)]
-    return {
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD)]
+    sides = {
         "dist-jobs run": [sys.executable, "-m", "dist_jobs", "run", "--backend", "local", "--nodes", "1"]
         + ["--procs-per-node", str(WORLD), str(spec)],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD)]
-        + [str(Path(__file__).resolve()), "--hand", *flags],
+        "torchrun": [*torchrun, str(Path(__file__).resolve()), "--hand", *flags],
     }
+    if args.with_fit:
+        from dist_jobs.spec.load import load_spec
+
+        sides[FIT] = [*torchrun, "-m", "dist_jobs.train", *load_spec(data=job).train.to_argv()]
+    return sides
 
 
 def run_side(argv: list[str], work: Path, args: argparse.Namespace) -> tuple[float, float, int, float]:
@@ -165,8 +174,9 @@ def run_side(argv: list[str], work: Path, args: argparse.Namespace) -> tuple[flo
         "BENCH_WIDTH": str(args.width),
         "BENCH_LAYERS": str(args.layers),
         "BENCH_CONTEXT": str(CONTEXT),
-        "DIST_JOBS_CHECKPOINT_DIR": str(cwd / "checkpoints"),
     }
+    if "dist_jobs.train" not in argv:  # fit under torchrun runs without a run directory
+        env["DIST_JOBS_CHECKPOINT_DIR"] = str(cwd / "checkpoints")
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0 or not stamps.exists():
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -187,6 +197,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="sequences per process")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--with-fit", action="store_true", help="a third side: fit() under torchrun, no run directory")
     parser.add_argument("--hand", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hand:
@@ -206,6 +217,10 @@ def main() -> None:
                 f"{1000 * theirs[3]:.1f} ms; threads {ours[2]} / {theirs[2]})",
                 flush=True,
             )
+            if FIT in rates:
+                fit = rates[FIT][-1]
+                ratios = f"{fit[0] / theirs[0]:.3f}x torchrun, dist-jobs run {ours[0] / fit[0]:.3f}x it"
+                print(f"  {FIT} {fit[0]:.3f} steps/s: {ratios}", flush=True)
     report(rates, args)
 
 
@@ -220,6 +235,14 @@ def report(rates: dict[str, list[tuple[float, float, int, float]]], args: argpar
         f"steps each (warm-up left out: {args.warmup}): {ratio:.3f}x (rounds {', '.join(f'{r:.3f}' for r in wall)}); "
         f"per CPU second of rank 0 {statistics.median(cpu):.3f}x (rounds {', '.join(f'{r:.3f}' for r in cpu)})"
     )
+    if FIT in rates:
+        fit = [f[0] / b[0] for f, b in zip(rates[FIT], rates["torchrun"])]
+        run = [a[0] / f[0] for a, f in zip(rates["dist-jobs run"], rates[FIT])]
+        fits, runs = ", ".join(f"{r:.3f}" for r in fit), ", ".join(f"{r:.3f}" for r in run)
+        print(
+            f"{FIT} / torchrun + hand loop {statistics.median(fit):.3f}x (rounds {fits}); "
+            f"dist-jobs run / {FIT} {statistics.median(run):.3f}x (rounds {runs})"
+        )
     print(f"goal >= {GOAL}x: {'met' if ratio >= GOAL else 'not met'}; load after: {Path('/proc/loadavg').read_text()}")
 
 
