@@ -68,6 +68,8 @@ IMAGE_PREFIX = "localhost/dist-jobs-runtime:"
 MERGE = "application/merge-patch+json"
 # How long one watch request lasts before it is made again (the apiserver caps it too).
 WATCH_SECONDS = 300
+# The longest pause between two failed watches of a kind (the resync's passes go on meanwhile).
+WATCH_RETRY_MAX_SECONDS = 10.0
 # After a change, how long the loop waits for the rest of a burst before its pass.
 BATCH_SECONDS = 0.1
 
@@ -771,13 +773,17 @@ def main() -> None:
 
 def watching(api: Api, path: str, changed: threading.Event) -> None:
     """Wake the loop at every change of `path`, for as long as the controller runs."""
+    failed = 0  # watches in a row that failed: the pause grows, and only the first is logged
     while True:
         try:
             api.follow(path, WATCH_SECONDS, changed)
-        except Exception as exc:  # the apiserver restarted, the watch expired: watch again
-            log(f"watch of {path} ended: {type(exc).__name__}: {str(exc)[:200]}")
+            failed = 0
+        except Exception as exc:  # the apiserver restarted, a CRD was removed: watch again
+            if not failed:
+                log(f"watch of {path} failed: {type(exc).__name__}: {str(exc)[:200]} (trying again)")
             changed.set()
-            time.sleep(1)
+            time.sleep(min(2.0**failed, WATCH_RETRY_MAX_SECONDS))
+            failed += 1
 
 
 def dedupe(paths: list[str]) -> list[str]:
