@@ -161,8 +161,11 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     return sides
 
 
-def run_side(argv: list[str], work: Path, args: argparse.Namespace) -> tuple[float, float, int, float]:
-    """(steps/s by the wall clock, steps per CPU second of rank 0, threads, median step in seconds) of one run."""
+def run_side(
+    argv: list[str], work: Path, args: argparse.Namespace, run_directory: bool = True
+) -> tuple[float, float, int, float]:
+    """(steps/s by the wall clock, steps per CPU second of rank 0, threads, median step in seconds) of
+    one run; `run_directory`: whether the job is given a checkpoint directory (fit() alone is not)."""
     cwd = Path(tempfile.mkdtemp(dir=work))  # a fresh run directory: nothing to resume
     stamps = cwd / "stamps.json"
     env = {
@@ -175,7 +178,7 @@ def run_side(argv: list[str], work: Path, args: argparse.Namespace) -> tuple[flo
         "BENCH_LAYERS": str(args.layers),
         "BENCH_CONTEXT": str(CONTEXT),
     }
-    if "dist_jobs.train" not in argv:  # fit under torchrun runs without a run directory
+    if run_directory:
         env["DIST_JOBS_CHECKPOINT_DIR"] = str(cwd / "checkpoints")
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0 or not stamps.exists():
@@ -208,7 +211,7 @@ def main() -> None:
         sides = commands(args, Path(folder))
         for round_ in range(args.rounds):
             for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-                rates.setdefault(name, []).append(run_side(sides[name], Path(folder), args))
+                rates.setdefault(name, []).append(run_side(sides[name], Path(folder), args, name != FIT))
             ours, theirs = rates["dist-jobs run"][-1], rates["torchrun"][-1]
             print(
                 f"round {round_ + 1}: dist-jobs run {ours[0]:.3f} steps/s, torchrun {theirs[0]:.3f} steps/s: "
@@ -224,6 +227,10 @@ def main() -> None:
     report(rates, args)
 
 
+def listed(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.3f}" for r in ratios)
+
+
 def report(rates: dict[str, list[tuple[float, float, int, float]]], args: argparse.Namespace) -> None:
     pairs = list(zip(rates["dist-jobs run"], rates["torchrun"]))
     wall = [a[0] / b[0] for a, b in pairs]
@@ -232,16 +239,15 @@ def report(rates: dict[str, list[tuple[float, float, int, float]]], args: argpar
     print(f"Transformer width {args.width} x {args.layers} blocks, batch {args.batch} x {CONTEXT} per process")
     print(
         f"steps/s, dist-jobs run (fit, strategy fsdp, run directory) / torchrun + hand FSDP2 loop, {args.steps} "
-        f"steps each (warm-up left out: {args.warmup}): {ratio:.3f}x (rounds {', '.join(f'{r:.3f}' for r in wall)}); "
-        f"per CPU second of rank 0 {statistics.median(cpu):.3f}x (rounds {', '.join(f'{r:.3f}' for r in cpu)})"
+        f"steps each (warm-up left out: {args.warmup}): {ratio:.3f}x (rounds {listed(wall)}); "
+        f"per CPU second of rank 0 {statistics.median(cpu):.3f}x (rounds {listed(cpu)})"
     )
     if FIT in rates:
         fit = [f[0] / b[0] for f, b in zip(rates[FIT], rates["torchrun"])]
         run = [a[0] / f[0] for a, f in zip(rates["dist-jobs run"], rates[FIT])]
-        fits, runs = ", ".join(f"{r:.3f}" for r in fit), ", ".join(f"{r:.3f}" for r in run)
         print(
-            f"{FIT} / torchrun + hand loop {statistics.median(fit):.3f}x (rounds {fits}); "
-            f"dist-jobs run / {FIT} {statistics.median(run):.3f}x (rounds {runs})"
+            f"{FIT} / torchrun + hand loop {statistics.median(fit):.3f}x (rounds {listed(fit)}); "
+            f"dist-jobs run / {FIT} {statistics.median(run):.3f}x (rounds {listed(run)})"
         )
     print(f"goal >= {GOAL}x: {'met' if ratio >= GOAL else 'not met'}; load after: {Path('/proc/loadavg').read_text()}")
 
