@@ -24,6 +24,7 @@ import random
 import ssl
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,6 +138,7 @@ class FakeKubeAPI:
         # text, per-container texts, or a Queue of chunks (None ends the stream) for a running container
         self.pod_logs: dict[tuple[str, str], str | dict[str, str] | queue.Queue[str | None]] = {}
         self.follow_timeout = 10.0  # a followed log with nothing new for this long ends, as if the pod stopped
+        self.latency = 0.0  # seconds each answer is held back: a loaded apiserver, a slow admission webhook
         self.lock = threading.RLock()
         self._rv = 100
         self._server: ThreadingHTTPServer | None = None
@@ -574,6 +576,7 @@ class _Handler(BaseHTTPRequestHandler):
         )  # names are case-insensitive
         with self.owner.lock:
             self.owner.requests.append(record)
+        time.sleep(self.owner.latency)
         try:
             reply = self.owner.handle(self.command, url.path, query, raw)
         except Reply as exc:

@@ -122,7 +122,7 @@ class K8sBackend(Backend):
         return builtins.list(range(spec.nodes))
 
     @contextlib.contextmanager
-    def _translated(self, what: str, job: tuple[str, str, str] | None = None) -> Iterator[None]:
+    def _translated(self, what: str, job: tuple[str, str, str] | None = None, method: str = "GET") -> Iterator[None]:
         """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind, namespace, name)."""
         from urllib3.exceptions import HTTPError  # urllib3 comes with kubernetes, an optional dependency ([k8s])
 
@@ -132,10 +132,11 @@ class K8sBackend(Backend):
         except self.client.api_exception as exc:
             raise api_error(exc, what, kind, namespace, name, self.client.host) from None
         except (HTTPError, OSError) as exc:
-            raise unreachable(self.client.host, exc, what, handle(kind, namespace, name) if name else "") from None
+            job_id = handle(kind, namespace, name) if name else ""
+            raise unreachable(self.client.host, exc, what, job_id, method) from None
 
     def _call(self, what: str, method: str, path: str, job: tuple[str, str, str] | None = None, **kwargs: Any) -> Any:
-        with self._translated(what, job):
+        with self._translated(what, job, method):
             return self.client.request(method, path, **kwargs)
 
     def _job(self, name: str) -> tuple[str, str, str]:

@@ -11,7 +11,10 @@ providers, several files merged from $KUBECONFIG.
 
 Every request has a connect timeout (TCP and TLS handshake) and a read timeout, and urllib3 tries
 a connection once more but never re-sends a request that got no answer: a hung apiserver costs at
-most CONNECT_S x 2 or READ_S, not the client's default of four tries with no read timeout.
+most CONNECT_S x 2 or the read timeout, not the client's default of four tries with no read timeout.
+A read (GET) waits READ_S for its answer. A write waits WRITE_S, as long as the apiserver itself
+lets a request run (its --request-timeout, 1 min by default), admission webhooks included (10 s
+each by default, up to 30): cut shorter, a create that was merely slow would be left unknown.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from dist_jobs.errors import BackendError
 
 CONNECT_S = 5.0
 READ_S = 10.0
-TIMEOUT = (CONNECT_S, READ_S)
+WRITE_S = 60.0
+
+
+def answer_s(method: str) -> float:
+    """How long a request with this method waits for its answer once connected."""
+    return READ_S if method == "GET" else WRITE_S
 
 
 def _kubernetes() -> Any:
@@ -82,14 +90,14 @@ class KubeClient:
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         """The decoded JSON answer (None when empty); ApiException for a non-2xx answer."""
-        resp = self._send(method, path, query, body, TIMEOUT)
+        resp = self._send(method, path, query, body, (CONNECT_S, answer_s(method)))
         data = resp.read()
         if not 200 <= resp.status <= 299:
             raise self.api_exception(http_resp=resp)
         return json.loads(data) if data else None
 
     def text(self, path: str, query: dict[str, Any] | None = None) -> str:
-        resp = self._send("GET", path, query, None, TIMEOUT)
+        resp = self._send("GET", path, query, None, (CONNECT_S, answer_s("GET")))
         data = resp.read()
         if not 200 <= resp.status <= 299:
             raise self.api_exception(http_resp=resp)

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from dist_jobs.backends.handle import Handle
-from dist_jobs.backends.k8s.client import CONNECT_S, READ_S
+from dist_jobs.backends.k8s.client import CONNECT_S, answer_s
 from dist_jobs.backends.k8s.kinds import KINDS
 from dist_jobs.errors import BackendError
 
@@ -147,8 +147,8 @@ def _bad_request_hint(message: str, job: str) -> str:
     return "the apiserver refused the request as malformed: see its message"
 
 
-def unreachable(host: str, exc: BaseException, what: str = "", job: str = "") -> BackendError:
-    """The apiserver did not answer at all: an untrusted certificate, a timeout, or no connection."""
+def unreachable(host: str, exc: BaseException, what: str = "", job: str = "", method: str = "GET") -> BackendError:
+    """The apiserver did not answer `method` at all: an untrusted certificate, a timeout, or no connection."""
     import ssl  # a failed connection's alone: the CLI reads this package for its flags
 
     cause: BaseException = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError wraps the real one
@@ -157,10 +157,10 @@ def unreachable(host: str, exc: BaseException, what: str = "", job: str = "") ->
         return _tls(what or f"connect to {host}", str(cause))
     name = type(cause).__name__
     if "Timeout" in name or "timed out" in str(cause):
-        creating = what.startswith("create")
+        creating = method == "POST"
         return BackendError(
             f"{what or 'request'}: the Kubernetes apiserver at {host} did not answer in time "
-            f"({CONNECT_S:.0f} s to connect, {READ_S:.0f} s to answer)",
+            f"({CONNECT_S:.0f} s to connect, {answer_s(method):.0f} s to answer)",
             f"the job may have been created all the same: check with `dist-jobs status {job or 'k8s://NS/KIND/NAME'}` "
             "before submitting again"
             if creating

@@ -244,13 +244,26 @@ def test_a_hung_apiserver_gives_a_clear_error_within_15_seconds(silent_url: str)
 
 
 def test_a_timed_out_create_says_the_job_may_exist(silent_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(k8s_client, "TIMEOUT", (0.5, 0.5))
+    monkeypatch.setattr(k8s_client, "WRITE_S", 0.5)
     backend = _backend(f"http://{silent_url}")
     err = _error(backend.schedule, _prepared(backend))
     assert err.message.startswith(f"create PyTorchJob {NS}/{JOB}: the Kubernetes apiserver at http://{silent_url}")
     assert (
         err.hint and "may have been created" in err.hint and f"dist-jobs status k8s://{NS}/PyTorchJob/{JOB}" in err.hint
     )
+
+
+def test_a_create_waits_out_a_slow_apiserver_that_a_read_would_not(
+    api: FakeKubeAPI, backend: K8sBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write waits as long as the apiserver lets a request run (admission webhooks included): a
+    create cut short by the read's limit would leave the user not knowing whether the job exists."""
+    monkeypatch.setattr(k8s_client, "READ_S", 0.2)
+    api.latency = 1.0
+    handle = backend.schedule(_prepared(backend))
+    assert handle.job_id == JOB and (PLURAL, NS, JOB) in api.store
+    err = _error(backend.status, JOB)
+    assert "did not answer in time (5 s to connect, 0 s to answer)" in err.message, err.message
 
 
 def test_an_untrusted_certificate_is_named_as_such(tmp_path: Any) -> None:
