@@ -41,7 +41,7 @@ from support.waiting import HUNG_S, eventually
 from support.workloads import slow_gpt
 
 # Its tests share one module-scoped reference run: one xdist worker runs them all.
-pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("test_train_fsdp")]
+pytestmark = [pytest.mark.timeout(HUNG_S), pytest.mark.xdist_group("test_train_fsdp")]
 
 TOTAL = 14  # 224 chunks of 16 tokens / 16 samples per step, one epoch
 DELAY = {"DJ_TEST_STEP_DELAY": "0.1"}  # per forward (2 a step): time to aim a signal, same numbers
