@@ -4,8 +4,9 @@ Calibrated to answer like a real apiserver (codes, Status bodies and messages ve
 the real one) for what the k8s backend does: create, get, list, delete custom objects, list
 pods by label and read their logs. Validation is support.k8s_offline.validate, i.e. the CRD schema
 with the apiserver's pruning and defaulting; `webhooks=True` adds the training-operator's
-PyTorchJob admission webhook. Pod logs can stream (follow=true, chunked) from a Queue. Not
-implemented (405): PUT, PATCH, watch, subresources.
+PyTorchJob admission webhook. Pod logs can stream (follow=true, chunked) from a Queue. `latency`
+holds every answer back (a loaded apiserver, a slow webhook). Not implemented (405): PUT, PATCH,
+watch, subresources.
 
     with FakeKubeAPI([crd_path("PyTorchJob")]) as api:
         cfg = kubernetes.client.Configuration(); cfg.host = api.url

@@ -84,20 +84,24 @@ class KubeClient:
                 headers[auth["key"]] = auth["value"].strip()
         return headers
 
-    def _send(self, method: str, path: str, query: dict[str, Any] | None, body: Any, timeout: Any) -> Any:
+    def _send(
+        self, method: str, path: str, query: dict[str, Any] | None, body: Any = None, streamed: bool = False
+    ) -> Any:
+        """The raw answer; a streamed one has no read timeout (a quiet stream is legal)."""
         url = self.host.rstrip("/") + path + ("?" + urlencode(query) if query else "")
+        timeout = (CONNECT_S, None if streamed else answer_s(method))
         return self._rest.request(method, url, headers=self._headers(), body=body, _request_timeout=timeout)
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         """The decoded JSON answer (None when empty); ApiException for a non-2xx answer."""
-        resp = self._send(method, path, query, body, (CONNECT_S, answer_s(method)))
+        resp = self._send(method, path, query, body)
         data = resp.read()
         if not 200 <= resp.status <= 299:
             raise self.api_exception(http_resp=resp)
         return json.loads(data) if data else None
 
     def text(self, path: str, query: dict[str, Any] | None = None) -> str:
-        resp = self._send("GET", path, query, None, (CONNECT_S, answer_s("GET")))
+        resp = self._send("GET", path, query)
         data = resp.read()
         if not 200 <= resp.status <= 299:
             raise self.api_exception(http_resp=resp)
@@ -105,7 +109,7 @@ class KubeClient:
 
     def lines(self, path: str, query: dict[str, Any] | None = None) -> Iterator[str]:
         """A streamed answer line by line as it arrives (no read timeout: a quiet stream is legal)."""
-        resp = self._send("GET", path, query, None, (CONNECT_S, None))
+        resp = self._send("GET", path, query, streamed=True)
         if not 200 <= resp.status <= 299:
             resp.read()
             raise self.api_exception(http_resp=resp)
