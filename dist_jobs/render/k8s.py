@@ -18,7 +18,7 @@ import msgspec
 from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
 from dist_jobs.errors import SpecError
 from dist_jobs.render.common import header_lines, template_dir, torchrun_tail
-from dist_jobs.render.quoting import kubelet_literal
+from dist_jobs.render.quoting import kubelet_literal, yaml_block
 from dist_jobs.spec import JobSpec, k8s_rules
 from dist_jobs.spec.env import job_env
 from dist_jobs.spec.k8s_names import k8s_name
@@ -52,6 +52,55 @@ PATCH_MANAGER = "dist-jobs"  # runtimePatches entries are keyed by their manager
 TRAINJOB_STEP = "node"  # the torch runtime's replicatedJob and container name
 
 
+# Never the same bad node twice: a pod whose node is blamed patches its PyTorchJob's templates with
+# a node affinity refusing it (dist_jobs.rundir.node_affinity). The pods run as a ServiceAccount
+# whose Role may get and patch this one job; the job's name reaches them here, their node through
+# the downward API.
+JOB_ENV = "DIST_JOBS_K8S_JOB"
+NODE_ENV = "DIST_JOBS_NODE"
+
+
+def keeps_nodes_away(spec: JobSpec) -> bool:
+    """Whether the job's pods patch its templates: PyTorchJobs (a TrainJob's pods restart in place)."""
+    return spec.k8s.api == "pytorchjob" and spec.k8s.avoid_failed_nodes
+
+
+def service_account(spec: JobSpec) -> str | None:
+    """The pods' ServiceAccount: the user's, else the job's own (made with it), else the namespace's."""
+    if spec.k8s.service_account or not keeps_nodes_away(spec):
+        return spec.k8s.service_account
+    return f"{k8s_name(spec)}-dist-jobs"
+
+
+def access_objects(spec: JobSpec) -> list[dict[str, Any]]:
+    """The ServiceAccount (unless the user names one), Role and RoleBinding that let the job's pods
+    get and patch their own PyTorchJob, and nothing else; none for a TrainJob."""
+    if not keeps_nodes_away(spec):
+        return []
+    name, account = f"{k8s_name(spec)}-dist-jobs", service_account(spec)
+    labels = {"app.kubernetes.io/managed-by": "dist-jobs", "dist-jobs/run": k8s_name(spec)}
+    meta = {"name": name, "namespace": spec.k8s.namespace, "labels": labels}
+    rbac = "rbac.authorization.k8s.io"
+    rule = {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "resourceNames": [k8s_name(spec)]}
+    objects: list[dict[str, Any]] = []
+    if not spec.k8s.service_account:
+        objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
+    objects.append(
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [{**rule, "verbs": ["get", "patch"]}]}
+    )
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": spec.k8s.namespace}
+    role = {"apiGroup": rbac, "kind": "Role", "name": name}
+    objects.append(
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta, "roleRef": role, "subjects": [subject]}
+    )
+    return objects
+
+
+def access_manifest(spec: JobSpec) -> str:
+    """`access_objects` as YAML documents to follow the job's manifest ("" for none)."""
+    return "".join(f"---{yaml_block(obj, 0)}\n" for obj in access_objects(spec))
+
+
 def pod_workdir(spec: JobSpec) -> PurePosixPath:
     """The folder a relative checkpoint_dir is below in a pod: the shared volume's mount."""
     return PurePosixPath(spec.k8s.mount_path)
@@ -73,7 +122,10 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
     values.setdefault("DIST_JOBS_LOCK_OWNER", f"k8s:{spec.k8s.api}/{spec.k8s.namespace}/{k8s_name(spec)}")
     if spec.snapshot:  # the pod entrypoint unpacks the first into the second and runs from there
         values |= {"DIST_JOBS_SNAPSHOT": f"{SNAPSHOT_MOUNT}/{SNAPSHOT_KEY}", "DIST_JOBS_CODE_DIR": CODE_DIR}
+    if keeps_nodes_away(spec):
+        values.setdefault(JOB_ENV, k8s_name(spec))
     env: list[dict[str, Any]] = [{"name": k, "value": kubelet_literal(v)} for k, v in values.items()]
+    env.append({"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     # `dist-jobs submit` stamps each submission on the pods (the attempts counter's key); from the
     # downward API, so `kubectl apply` of the same file works too (the value is then empty).
     path = f"metadata.annotations['{k8s_rules.SUBMISSION_ANNOTATION}']"
@@ -167,7 +219,7 @@ def _pod(spec: JobSpec, volumes: list[dict[str, Any]]) -> dict[str, Any]:
     k8s = spec.k8s
     tolerations = [{k: v for k, v in msgspec.structs.asdict(t).items() if v is not None} for t in k8s.tolerations]
     pod = {
-        "serviceAccountName": k8s.service_account,
+        "serviceAccountName": service_account(spec),
         "priorityClassName": k8s.priority_class,
         "nodeSelector": dict(k8s.node_selector) or None,
         "tolerations": tolerations or None,

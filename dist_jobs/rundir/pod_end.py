@@ -6,8 +6,10 @@ exit code the pod ends with. A pod told to stop leaves an empty file `<run dir>/
 The evidence only a pod has: the code its first failing process noted, the PREEMPTED marker and
 the HANG record newer than the program's start, whether its job still holds the run directory
 (only pod rank 0 takes the lock: the other pods learn a takeover here), and the notes of peer
-pods told to stop while the program ran. Not imported by the package: `python -m` runs it alone.
-Stdlib only: it runs in any image.
+pods told to stop while the program ran. A fault that blames the pod's node (a rank killed by a
+signal, once the node's restarts are used up) keeps the node away from the job's recreated pods
+(dist_jobs.rundir.node_affinity) before the pod exits. Not imported by the package: `python -m`
+runs it alone. Stdlib only: it runs in any image.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dist_jobs.envnum import env_number
 from dist_jobs.rundir.attempts import safe_name
 from dist_jobs.rundir.hang import attempt_hang, describe_hang, preempted_since
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.lock import LOCK_NAME, current, stamp_of
-from dist_jobs.rundir.verdict import Evidence, Failure, decide, record
+from dist_jobs.rundir.node_affinity import ApiError, from_env, keep_nodes_off
+from dist_jobs.rundir.quarantine import active_quarantines, blamed_nodes, keep_away
+from dist_jobs.rundir.verdict import Action, Evidence, Failure, Verdict, decide, record, recorded
 
 PEERS = "peers"  # folder of the run directory: a note per pod told to stop (the entrypoint's trap)
 
@@ -53,6 +58,33 @@ def _taken_over(run_dir: Path) -> bool:
     return bool(owner) and holder is not None and holder.owner != owner
 
 
+def restarts_left(run_dir: Path, submission: str, node: str, allowed: int) -> int:
+    """The restarts a fault on `node` may still cost before the node is blamed: the operator's
+    recreated pod is the restart in place, and `allowed` (preemption.max_restarts) of them on one
+    node, counted since the job was last sent off it, are what SLURM allows one allocation."""
+    used = 0
+    for verdict in sorted(recorded(run_dir, submission), key=lambda v: v.time):
+        if verdict.node == node and verdict.action in (Action.RESTART, Action.REQUEUE):
+            used = used + 1 if verdict.action is Action.RESTART else 0
+    return allowed - used
+
+
+def keep_node_away(run_dir: Path, submission: str, verdict: Verdict, now: float) -> str:
+    """Before the pod exits: quarantine the node the verdict blames and patch the job so that its
+    recreated pods refuse it (dist_jobs.rundir.node_affinity); what was done, told ("" if nothing)."""
+    api, job = from_env()
+    if not job or not blamed_nodes(verdict):  # no job to patch: k8s.avoid_failed_nodes off, or a TrainJob
+        return ""
+    keep_away(run_dir, submission, verdict, now)
+    if api is None:
+        return f"{verdict.node} is quarantined, but this pod has no service account token to keep it away"
+    try:
+        nodes = keep_nodes_off(api, job, active_quarantines(run_dir, submission, now), now)
+    except (ApiError, OSError) as exc:
+        return f"cannot keep {verdict.node} away from the job's pods ({exc}): they may be placed there again"
+    return f"the job's pods keep away from {', '.join(nodes)} ({verdict.cause})"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python3 -m dist_jobs.rundir.pod_end",
@@ -68,11 +100,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """For the pod entrypoint: reads DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION,
-    DIST_JOBS_LOCK_TOKEN (pod rank 0's lock) and HOSTNAME (the pod) from the
-    environment, records the verdict, tells it on stderr and prints the exit code: 0, 200 (the
-    operator's ExitCode policy recreates the pod), 6, or the program's own code (1-127: permanent)."""
+    DIST_JOBS_LOCK_TOKEN (pod rank 0's lock), HOSTNAME (the pod), DIST_JOBS_NODE (its node) and
+    DIST_JOBS_MAX_RESTARTS from the environment, records the verdict, keeps a blamed node away,
+    tells both on stderr and prints the exit code: 0, 200 (the operator's ExitCode policy recreates
+    the pod), 6, or the program's own code (1-127: permanent)."""
     run_dir = Path(os.environ.get("DIST_JOBS_CHECKPOINT_DIR", ".")) / os.environ.get("DIST_JOBS_RUN", "")
-    member = os.environ.get("HOSTNAME", "")
+    member, node = os.environ.get("HOSTNAME", ""), os.environ.get("DIST_JOBS_NODE", "")
+    submission = os.environ.get("DIST_JOBS_SUBMISSION", "")
     args = _parser().parse_args(argv)
     since = _mtime(args.since)
     code = args.first if args.rc and args.first else args.rc
@@ -91,12 +125,21 @@ def main(argv: list[str] | None = None) -> int:
         warned=args.leaving,
     )
     # The operator recreates the pod: its fresh start is the restart (no in-place loop here).
-    verdict = replace(decide(evidence, restarts_left=1), node=member, time=time.time(), stamp=stamp)
+    try:  # a manifest rendered before the knob reached pods: each fault is restarted, as before
+        allowed = int(env_number("DIST_JOBS_MAX_RESTARTS", 1, low=0) or 0)
+    except ValueError:
+        allowed = 1
+    left = restarts_left(run_dir, submission, node, allowed) if node else allowed
+    now = time.time()
+    verdict = replace(decide(evidence, restarts_left=left), node=node or member, time=now, stamp=stamp)
     try:
-        record(run_dir, os.environ.get("DIST_JOBS_SUBMISSION", ""), verdict)
+        record(run_dir, submission, verdict)
+        kept = keep_node_away(run_dir, submission, verdict, now)
     except OSError as exc:
-        print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
+        kept = f"cannot record the verdict: {exc}"
     print(f"dist-jobs: {member or 'this pod'}: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
+    if kept:
+        print(f"dist-jobs: {kept}", file=sys.stderr)
     print(verdict.exit_code)
     return 0
 

@@ -28,7 +28,8 @@ def job_env(spec: JobSpec, backend: str, checkpoint_dir: str | None = None) -> d
         ("DIST_JOBS_NNODES", str(spec.nodes)),
         ("DIST_JOBS_NPROC_PER_NODE", str(spec.procs)),
         ("DIST_JOBS_MAX_REQUEUES", str(spec.preemption.max_requeues) if capped else None),
-        ("DIST_JOBS_MAX_RESTARTS", str(spec.preemption.max_restarts) if backend in ("slurm", "local") else None),
+        # A pod's recreations on one node before the node is blamed (dist_jobs.rundir.pod_end).
+        ("DIST_JOBS_MAX_RESTARTS", str(spec.preemption.max_restarts) if backend in ("slurm", "local", "k8s") else None),
         ("NCCL_SOCKET_IFNAME", nccl.socket_ifname),
         ("NCCL_IB_DISABLE", None if nccl.ib_disable is None else str(int(nccl.ib_disable))),
         ("NCCL_DEBUG", nccl.debug),

@@ -86,7 +86,8 @@ class PreemptionSpec(_Section, frozen=True):
             le=100,
             description=(
                 "restarts in place per allocation after a fault that leaves every node answering (a rank "
-                "killed by a signal nobody sent, a lost peer, a hang), before the allocation is given up"
+                "killed by a signal nobody sent, a lost peer, a hang), before the allocation is given up; "
+                "on Kubernetes, a pod's recreations on one node before a rank killed there keeps the node away"
             ),
         ),
     ] = 3
@@ -153,7 +154,16 @@ class K8sSpec(_Section, frozen=True):
     image_pull_secrets: Annotated[
         list[Line], doc("names of Secrets in the namespace that hold registry credentials (imagePullSecrets)")
     ] = field(default_factory=list)
-    service_account: Annotated[Line | None, doc("the pods' serviceAccountName")] = None
+    service_account: Annotated[
+        Line | None, doc("the pods' serviceAccountName (default: one made for the job, see avoid_failed_nodes)")
+    ] = None
+    avoid_failed_nodes: Annotated[
+        bool,
+        doc(
+            "PyTorchJob: a pod whose rank was killed on a node patches the job so that its recreated pods avoid "
+            "that node (node affinity); needs a Role and RoleBinding, made with the job. false: neither"
+        ),
+    ] = True
     pvc: Annotated[Line | None, doc("ReadWriteMany PVC that holds the shared checkpoint directory")] = None
     mount_path: Annotated[Line, doc("where the PVC is mounted; a relative checkpoint_dir lands below it")] = "/shared"
     shm_size: Annotated[Quantity | None, doc("/dev/shm emptyDir (medium Memory) size; null turns it off")] = "8Gi"

@@ -5,8 +5,11 @@ the real one) for what the k8s backend does: create, get, list, delete custom ob
 pods by label and read their logs. Validation is support.k8s_offline.validate, i.e. the CRD schema
 with the apiserver's pruning and defaulting; `webhooks=True` adds the training-operator's
 PyTorchJob admission webhook. Pod logs can stream (follow=true, chunked) from a Queue. `latency`
-holds every answer back (a loaded apiserver, a slow webhook). Not implemented (405): PUT, PATCH,
-watch, subresources.
+holds every answer back (a loaded apiserver, a slow webhook). A custom object takes a JSON merge
+patch (409 when its metadata.resourceVersion is not the stored one, as the real registry's
+optimistic concurrency answers). What a job owns (ConfigMaps, ServiceAccounts, Roles,
+RoleBindings) is created, read and deleted as given, in `objects`, unvalidated. Not implemented
+(405): PUT, other patch types, watch, subresources.
 
     with FakeKubeAPI([crd_path("PyTorchJob")]) as api:
         cfg = kubernetes.client.Configuration(); cfg.host = api.url
@@ -135,6 +138,8 @@ class FakeKubeAPI:
         self.server_version = server_version
         self.requests: list[Request] = []
         self.store: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, namespace, name)
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # owned kinds, (plural, namespace, name)
+        self.forbidden: set[str] = set()  # owned kinds (plurals) the caller may not create: 403, as RBAC says
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
         # text, per-container texts, or a Queue of chunks (None ends the stream) for a running container
         self.pod_logs: dict[tuple[str, str], str | dict[str, str] | queue.Queue[str | None]] = {}
@@ -190,6 +195,9 @@ class FakeKubeAPI:
         parts = [p for p in path.split("/") if p]
         if parts == ["version"] and method == "GET":
             return Reply(200, self._version())
+        plain = _plain(parts)
+        if plain is not None:
+            return self._plain(method, *plain, query, raw)
         if parts[:2] == ["api", "v1"]:
             return self._core(method, parts[2:], query)
         if parts[:1] == ["apis"] and len(parts) >= 3:
@@ -271,6 +279,59 @@ class FakeKubeAPI:
             return Reply(200, copy.deepcopy(self._get(info, ns or "", name)))
         if method == "DELETE" and ns is not None:
             return self._delete(info, ns, name, query)
+        if method == "PATCH" and ns is not None:
+            return self._patch(info, ns, name, raw)
+        return _not_allowed()
+
+    def _patch(self, info: kv.CrdInfo, ns: str, name: str, raw: bytes) -> Reply:
+        """A JSON merge patch (RFC 7386); a resourceVersion in it must be the stored one."""
+        patch = json.loads(raw)
+        with self.lock:
+            obj = self._get(info, ns, name)
+            wanted = (patch.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
+                raise failure(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {info.plural}.{info.group} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    {"name": name, "group": info.group, "kind": info.plural},
+                )
+            merged = merge_patch(obj, patch)
+            merged["metadata"]["resourceVersion"] = self.next_rv()
+            self.store[(info.plural, ns, name)] = merged
+            return Reply(200, copy.deepcopy(merged))
+
+    def _plain(
+        self, method: str, prefix: str, plural: str, ns: str, name: str | None, query: dict[str, list[str]], raw: bytes
+    ) -> Reply:
+        """The kinds a job owns: kept as given (no validation, no defaults)."""
+        key = (plural, ns, name or "")
+        with self.lock:
+            if method == "POST" and name is None and plural in self.forbidden:
+                group = prefix.split("/")[1] if prefix.startswith("apis/") else ""
+                message = (
+                    f'{plural}{"." + group if group else ""} is forbidden: User "dist-jobs-test" cannot create '
+                    f'resource "{plural}" in API group "{group}" in the namespace "{ns}"'
+                )
+                raise failure(403, "Forbidden", message, {"kind": plural})
+            if method == "POST" and name is None:
+                obj = json.loads(raw)
+                key = (plural, ns, obj["metadata"]["name"])
+                if key in self.objects:
+                    raise failure(409, "AlreadyExists", f'{plural} "{key[2]}" already exists', {"name": key[2]})
+                obj["metadata"].update(namespace=ns, uid=new_uid(), creationTimestamp=_now())
+                if query.get("dryRun", [""])[0] != "All":
+                    obj["metadata"]["resourceVersion"] = self.next_rv()
+                    self.objects[key] = obj
+                return Reply(201, copy.deepcopy(obj))
+            if name is not None and key not in self.objects:
+                raise failure(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
+            if method == "GET" and name is not None:
+                return Reply(200, copy.deepcopy(self.objects[key]))
+            if method == "DELETE" and name is not None:
+                del self.objects[key]
+                return Reply(200, status(200, "", "", {"name": name, "kind": plural}) | {"status": "Success"})
         return _not_allowed()
 
     # --- CREATE, in the apiserver's order ------------------------------------------------
@@ -495,6 +556,37 @@ def _invalid_reply(group: str, kind: str, name: str, errors: list[kv.FieldError]
     message = f'{kind}.{group} "{name}" is invalid: {_aggregate([str(e) for e in errors])}'
     details = {"name": name} if name else {}  # omitempty
     raise failure(422, "Invalid", message, {**details, "group": group, "kind": kind, "causes": causes})
+
+
+_PLAIN = {("api/v1", "configmaps"), ("api/v1", "serviceaccounts")}
+_PLAIN |= {("apis/rbac.authorization.k8s.io/v1", p) for p in ("roles", "rolebindings")}
+
+
+def _plain(parts: list[str]) -> tuple[str, str, str, str | None] | None:
+    """(API prefix, plural, namespace, name or None) of a path to a kind a job owns, else None."""
+    for prefix, plural in _PLAIN:
+        head = [*prefix.split("/"), "namespaces"]
+        if (
+            parts[: len(head)] == head
+            and len(parts) in (len(head) + 2, len(head) + 3)
+            and parts[len(head) + 1] == plural
+        ):
+            name = parts[len(head) + 2] if len(parts) == len(head) + 3 else None
+            return prefix, plural, parts[len(head)], name
+    return None
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: a mapping merges key by key (null removes), anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:

@@ -54,14 +54,17 @@ _SUBSCRIPTED = re.compile(r"metadata\.(labels|annotations)\['(.*)'\]")
 
 
 def field_ref(path: str, pod: Mapping[str, Any]) -> str:
-    """A downward API fieldRef of the pod's metadata, as fieldpath.ExtractFieldPathAsString gives it."""
+    """A downward API fieldRef of the pod's metadata, or its node (podFieldSelectorRuntimeValue:
+    spec.nodeName), as the kubelet gives them."""
     meta = pod["metadata"]
     if path in ("metadata.name", "metadata.namespace"):
         return str(meta.get(path.split(".")[1], ""))
+    if path == "spec.nodeName":
+        return str((pod.get("spec") or {}).get("nodeName", ""))
     match = _SUBSCRIPTED.fullmatch(path)
     if match is None:
         raise NotImplementedError(
-            f"fieldRef {path!r}: only metadata name, namespace, labels and annotations are played"
+            f"fieldRef {path!r}: only metadata name, namespace, labels and annotations and spec.nodeName are played"
         )
     return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
 

@@ -144,21 +144,22 @@ class K8sBackend(Backend):
 
     def prepare(self, spec: JobSpec) -> Prepared:
         from dist_jobs.backends.k8s.code import with_code  # submit's and render's alone (as above)
-        from dist_jobs.render import render
         from dist_jobs.render.k8s import pod_workdir
 
         suffix = "trainjob" if spec.k8s.api == "trainjob" else "pytorchjob"
-        payload = render(spec, "k8s")
+        payload = self.render(spec)
         if spec.snapshot:  # the code of this folder, as a ConfigMap after the job (backends.k8s.code)
             payload = with_code(spec, payload, Path.cwd())
         run_dir = run_dir_of(spec, Path(pod_workdir(spec)))  # as the pods see it
         return Prepared("k8s", spec, payload, f"{spec.run_id}.{suffix}.yaml", run_dir)
 
     def render(self, spec: JobSpec) -> str:
-        """The manifest alone: a snapshot's ConfigMap is made by submit."""
+        """The job's manifest and, after it, its pods' ServiceAccount, Role and RoleBinding
+        (render.k8s.access_objects); a snapshot's ConfigMap is made by submit."""
         from dist_jobs.render import render  # render's alone (as above)
+        from dist_jobs.render.k8s import access_manifest
 
-        return render(spec, "k8s")
+        return render(spec, "k8s") + access_manifest(spec)
 
     def _create(self, prepared: Prepared, dry_run: bool) -> dict[str, Any]:
         import uuid  # with yaml, submit's alone (as above)
@@ -179,8 +180,7 @@ class K8sBackend(Backend):
 
     def hand_over(self, prepared: Prepared) -> Handle:
         created = self._create(prepared, dry_run=False)
-        if prepared.spec.snapshot:
-            self._create_code(prepared, created, dry_run=False)
+        self._create_owned(prepared, created, dry_run=False)
         meta = created["metadata"]  # where _create put it, as the manifest (not self.kind) decides
         namespace = str(meta.get("namespace") or self._ns())
         return Handle("k8s", str(meta["name"]), namespace=namespace, kind=str(created["kind"]))
@@ -190,20 +190,19 @@ class K8sBackend(Backend):
         jobs (list()), for any host with the kubeconfig; a record here would be a second copy."""
         return None
 
-    def _create_code(self, prepared: Prepared, job: dict[str, Any], dry_run: bool) -> None:
-        """The snapshot's ConfigMap, owned by the `job` just created; if it cannot be made, the
-        job goes too (its pods would wait for the volume forever)."""
-        from dist_jobs.backends.k8s.code import owned, split  # submit's alone (as above)
+    def _create_owned(self, prepared: Prepared, job: dict[str, Any], dry_run: bool) -> None:
+        """What follows the job in the payload (a snapshot's ConfigMap, the pods' ServiceAccount,
+        Role and RoleBinding), each owned by the `job` just created, so that deleting the job
+        deletes them; if one cannot be made, the job goes too (its pods would wait for it forever)."""
+        from dist_jobs.backends.k8s.code import companions, owned  # submit's alone (as above)
 
-        code = split(prepared.payload)[1]
-        if code is None:
-            return
-        body = owned(code, job)
-        namespace, name = body["metadata"]["namespace"], job["metadata"]["name"]
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
-        path = f"/api/v1/namespaces/{namespace}/configmaps"
         try:
-            self._call(f"create ConfigMap {namespace}/{body['metadata']['name']}", "POST", path, query=query, body=body)
+            for obj in companions(prepared.payload)[1:]:
+                body = owned(obj, job)
+                what = f"create {obj['kind']} {namespace}/{body['metadata']['name']}"
+                self._call(what, "POST", owned_path(obj, namespace), query=query, body=body)
         except BackendError:
             if not dry_run:
                 with contextlib.suppress(BackendError):
@@ -222,8 +221,7 @@ class K8sBackend(Backend):
             except BackendError as exc:  # no cluster configured: the rendered manifest is the dry run
                 return f"skipped ({exc.message})"
         created = self._create(prepared, dry_run=True)
-        if prepared.spec.snapshot:
-            self._create_code(prepared, created, dry_run=True)
+        self._create_owned(prepared, created, dry_run=True)
         return "accepted by the apiserver (dryRun=All, fieldValidation=Strict); nothing was created"
 
     def _get(self, name: str) -> dict[str, Any]:
@@ -257,7 +255,28 @@ class K8sBackend(Backend):
         from dist_jobs.backends.k8s.code import code_line  # a status's alone (as above)
 
         code = code_line(obj)  # submitted with a snapshot: the commit it runs, as on SLURM
-        return dataclasses.replace(status, extra={**status.extra, "code": code}) if code else status
+        status = dataclasses.replace(status, extra={**status.extra, "code": code}) if code else status
+        return status if status.finished else self._with_kept_away(job_id, status, obj)
+
+    def _with_kept_away(self, job_id: str, status: JobStatus, obj: dict[str, Any]) -> JobStatus:
+        """A job whose templates refuse nodes (a pod blamed its node: rundir.node_affinity): which,
+        and why and until when where this host reads the run directory, in `kept_away` and the detail."""
+        from dist_jobs.rundir.node_affinity import kept_off  # a status's alone (as above)
+        from dist_jobs.rundir.quarantine import kept_away
+        from dist_jobs.spec.k8s_rules import SUBMISSION_ANNOTATION
+
+        templates = self.kind.templates(obj)
+        nodes = list(dict.fromkeys(n for t in templates for n in kept_off(t.get("spec") or {})))
+        if not nodes:
+            return status
+        notes = [((t.get("metadata") or {}).get("annotations") or {}).get(SUBMISSION_ANNOTATION, "") for t in templates]
+        try:
+            records = {q.node: q.told() for q in kept_away(self.run_dir(job_id), next(iter(notes), "") or "")}
+        except BackendError:  # not submitted by dist-jobs: the apiserver's word alone
+            records = {}
+        told = ", ".join(records.get(node, node) for node in nodes)
+        detail = "; ".join(part for part in (status.detail, f"keeps away from {told}") if part)
+        return dataclasses.replace(status, detail=detail, extra={**status.extra, "kept_away": told})
 
     def list(self) -> builtins.list[JobStatus]:
         out = []
@@ -383,6 +402,13 @@ class K8sBackend(Backend):
         from dist_jobs.backends.k8s.sweep import roots  # a sweep's alone (as above)
 
         return roots(name, first, here)
+
+
+def owned_path(obj: dict[str, Any], namespace: str) -> str:
+    """Where an object the job owns is created: its API group's path for its kind."""
+    version, plural = obj["apiVersion"], obj["kind"].lower() + "s"  # configmaps, serviceaccounts, roles, ...
+    prefix = "/api/v1" if version == "v1" else f"/apis/{version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
 def stamped(body: dict[str, Any], submission: str) -> dict[str, Any]:

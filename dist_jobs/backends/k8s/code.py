@@ -82,15 +82,21 @@ def pack(source: Path) -> tuple[bytes, dict[str, Any]]:
 
 def split(payload: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The job and, with a snapshot, its ConfigMap, from a prepared payload."""
-    docs = [d for d in yaml.safe_load_all(payload) if d]
-    return docs[0], (docs[1] if len(docs) > 1 else None)
+    job, *rest = companions(payload)
+    return job, next((d for d in rest if d.get("kind") == "ConfigMap"), None)
 
 
-def owned(configmap: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
-    """`configmap` owned by the created `job`: deleting the job deletes it (garbage collection)."""
+def companions(payload: str) -> list[dict[str, Any]]:
+    """Every object of a prepared payload: the job first, then what it owns once created (the
+    snapshot's ConfigMap, its pods' ServiceAccount, Role and RoleBinding)."""
+    return [d for d in yaml.safe_load_all(payload) if d]
+
+
+def owned(obj: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    """`obj` owned by the created `job`: deleting the job deletes it (garbage collection)."""
     meta = job["metadata"]
     owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"], "uid": meta["uid"]}
-    out = {**configmap, "metadata": {**configmap["metadata"], "namespace": meta["namespace"]}}
+    out = {**obj, "metadata": {**obj["metadata"], "namespace": meta["namespace"]}}
     out["metadata"]["ownerReferences"] = [owner]
     return out
 

@@ -65,6 +65,12 @@ def api_error(
             if "admission webhook" in message
             else "your account lacks the permission: ask for it, or check with `kubectl auth can-i`"
         )
+        if what.startswith(("create ServiceAccount", "create Role")):  # render.k8s.access_objects
+            hint = (
+                "the job's pods need these to keep a failed node away (k8s.avoid_failed_nodes): ask for the "
+                "permission to create ServiceAccounts, Roles and RoleBindings in the namespace, or set "
+                "k8s.avoid_failed_nodes: false"
+            )
         return BackendError(f"{what}: {message} (403 {reason or 'Forbidden'})", hint)
     if code == 404:
         return _not_found(what, message, status.get("details") or {}, kind)

@@ -157,8 +157,11 @@ def test_k8s_refuses_max_parallel_and_labels_every_trial() -> None:
         plan_sweep(None, {"train.lr": [1, 2]}, max_parallel=1, backend="k8s", overrides=_flat(CPU))
     assert problems(exc)[0][0] == "--max-parallel" and "queue" in exc.value.problems[0].hint
     plan = plan_sweep(None, {"train.lr": [1, 2]}, backend="k8s", overrides=_flat(CPU))
-    docs = list(yaml.safe_load_all(plan.text))
+    every = list(yaml.safe_load_all(plan.text))
+    docs = [d for d in every if d["kind"] == "PyTorchJob"]
     assert [d["metadata"]["name"] for d in docs] == ["cpu-t0", "cpu-t1"]
+    roles = [d["rules"][0]["resourceNames"] for d in every if d["kind"] == "Role"]
+    assert roles == [["cpu-t0"], ["cpu-t1"]], "each trial's pods may patch their own job alone"
     assert [d["metadata"]["labels"]["dist-jobs/trial"] for d in docs] == ["0", "1"]
     assert {d["metadata"]["labels"]["dist-jobs/sweep"] for d in docs} == {"cpu"}
 

@@ -71,7 +71,7 @@ def test_command_after_double_dash_replaces_default(tmp_path) -> None:
         "0.1",
     )
     assert proc.returncode == 0, proc.stderr
-    doc = yaml.safe_load(proc.stdout)
+    doc = next(yaml.safe_load_all(proc.stdout))
     cmd = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[4:] == ["torchrun", "--nproc-per-node=4", "--no-python", "python", "train.py", "--lr", "0.1"]
 

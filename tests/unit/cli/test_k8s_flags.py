@@ -16,6 +16,7 @@ import yaml
 
 from dist_jobs.cli import main
 from dist_jobs.render import render
+from dist_jobs.render.k8s import access_manifest
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path
 from support.kube_standin import TOKEN, FakeKubeAPI, untrusted_https, write_kubeconfig
@@ -71,7 +72,7 @@ def test_submit_prints_the_job_handle_and_uses_the_kubeconfig(
 ) -> None:
     code, out, err = run(capsys, *k8s("submit", kubeconfig, str(write_spec(tmp_path))))
     assert (code, out, err) == (0, f"k8s://default/PyTorchJob/{JOB}\n", "")
-    (post,) = [r for r in api.requests if r.method == "POST"]
+    (post,) = [r for r in api.requests if r.method == "POST" and "pytorchjobs" in r.path]
     assert post.headers.get("authorization") == f"Bearer {TOKEN}"  # the kubeconfig's user
     assert post.query["fieldValidation"] == ["Strict"]
     assert (PLURAL, "default", JOB) in api.store
@@ -83,10 +84,10 @@ def test_submit_dry_run_prints_the_manifest_and_the_server_check(
     spec = write_spec(tmp_path)
     code, out, err = run(capsys, *k8s("submit", kubeconfig, "--dry-run", str(spec)))
     assert code == 0, err
-    assert out == render(load_spec(spec), "k8s")
+    assert out == render(load_spec(spec), "k8s") + access_manifest(load_spec(spec))
     assert "server-side dry run: accepted by the apiserver" in err
     assert api.store == {}
-    assert [r.query.get("dryRun") for r in api.requests if r.method == "POST"] == [["All"]]
+    assert {str(r.query.get("dryRun")) for r in api.requests if r.method == "POST"} == {str(["All"])}
 
 
 def test_submit_of_a_spec_kubernetes_would_refuse_exits_2_before_any_request(

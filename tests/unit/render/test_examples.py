@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_jobs.render import render
+from dist_jobs.render.k8s import access_manifest
 from dist_jobs.spec.load import load_spec
 from support.paths import REPO
 
@@ -34,7 +35,10 @@ REFRESH = "DIST_JOBS_REFRESH_EXAMPLES=1 python -m pytest tests/unit/render/test_
 
 @pytest.mark.parametrize("spec_path,backend,rendered", CASES, ids=[f"{c[1]}:{c[0].name}" for c in CASES])
 def test_rendered_example_is_current(spec_path: Path, backend: str, rendered: Path) -> None:
-    text = render(load_spec(spec_path), backend)  # type: ignore[arg-type]
+    spec = load_spec(spec_path)
+    text = render(spec, backend)  # type: ignore[arg-type]
+    if backend == "k8s":  # what `dist-jobs render` prints: the pods' account, Role and RoleBinding follow
+        text += access_manifest(spec)
     if os.environ.get("DIST_JOBS_REFRESH_EXAMPLES"):
         rendered.write_text(text)
     assert rendered.exists(), f"{rendered.relative_to(REPO)} is missing; create it with: {REFRESH}"

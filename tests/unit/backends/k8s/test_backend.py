@@ -10,6 +10,7 @@ import queue
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,9 @@ from dist_jobs.backends.k8s import client as k8s_client
 from dist_jobs.backends.k8s.backend import MANAGED, K8sBackend, stamped
 from dist_jobs.backends.k8s.kinds import KINDS
 from dist_jobs.errors import BackendError, UsageError
+from dist_jobs.rundir.node_affinity import avoiding
+from dist_jobs.rundir.quarantine import keep_away
+from dist_jobs.rundir.verdict import Action, Ending, Verdict
 from dist_jobs.spec.load import load_spec
 from support.k8s_offline.validate import crd_path, prune_and_default
 from support.kube_standin import FakeKubeAPI, sample_pytorchjob, untrusted_https
@@ -56,7 +60,7 @@ def _prepared(backend: K8sBackend, data: dict[str, Any] = SEED) -> Prepared:
 
 def _edited(prepared: Prepared, edit: Any) -> Prepared:
     """The same Prepared with its manifest changed by `edit(doc)`: a payload render() would never make."""
-    doc = yaml.safe_load(prepared.payload)
+    doc = next(yaml.safe_load_all(prepared.payload))
     edit(doc)
     return Prepared(prepared.backend, prepared.spec, yaml.safe_dump(doc), prepared.filename)
 
@@ -76,7 +80,8 @@ def _closed_port_url() -> str:
 
 
 def _posts(api: FakeKubeAPI) -> list[Any]:
-    return [r for r in api.requests if r.method == "POST"]
+    """The job creates (what the job owns is created after it: test_submit_creates_what_the_job_owns...)."""
+    return [r for r in api.requests if r.method == "POST" and "kubeflow.org/" in r.path]
 
 
 # --- submit -----------------------------------------------------------------------------------
@@ -90,7 +95,7 @@ def test_submit_creates_with_strict_field_validation_and_stores_the_rendered_man
     (post,) = _posts(api)
     assert post.path == f"/apis/kubeflow.org/v1/namespaces/{NS}/{PLURAL}"
     assert post.query == {"fieldValidation": ["Strict"]}
-    manifest = yaml.safe_load(prepared.payload)
+    manifest = next(yaml.safe_load_all(prepared.payload))
     stamp = post.body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"]
     submission = stamp["dist-jobs/submission"]
     assert len(submission) == 12, "each submission stamps its pods (the restart counter's key)"
@@ -461,7 +466,7 @@ def test_logs_of_a_pod_that_has_not_started_is_an_error_not_silence(api: FakeKub
 
 def test_elastic_job_without_master_ranks_workers_from_zero(api: FakeKubeAPI, backend: K8sBackend) -> None:
     prepared = _prepared(backend, ELASTIC)
-    assert "Master" not in yaml.safe_load(prepared.payload)["spec"]["pytorchReplicaSpecs"]
+    assert "Master" not in next(yaml.safe_load_all(prepared.payload))["spec"]["pytorchReplicaSpecs"]
     job = backend.schedule(prepared).job_id
     # The rendezvous, not the pod name, orders an elastic job's ranks.
     _operator_pod(api, job, "worker", 0, "[rank 4] w0\n")
@@ -579,3 +584,53 @@ def test_trainjob_logs_pick_the_node_pod_by_completion_index(api: FakeKubeAPI) -
 def test_unknown_kind_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="TFJob"):
         K8sBackend(kind="TFJob")
+
+
+# --- never the same bad node twice (render.k8s.access_objects, rundir.node_affinity) ----------
+
+
+def test_submit_creates_what_the_job_owns_after_it_and_a_refused_role_says_how_to_do_without(
+    api: FakeKubeAPI, backend: K8sBackend
+) -> None:
+    backend.schedule(_prepared(backend))
+    posts = [(r.path.rsplit("/", 1)[-1], r.body["metadata"]) for r in api.requests if r.method == "POST"]
+    assert [p for p, _ in posts] == ["pytorchjobs", "serviceaccounts", "roles", "rolebindings"]
+    uid = api.store[(PLURAL, NS, JOB)]["metadata"]["uid"]
+    assert all(meta["ownerReferences"][0]["uid"] == uid for _, meta in posts[1:]), "deleting the job deletes them"
+    role = api.objects[("roles", NS, f"{JOB}-dist-jobs")]
+    assert role["rules"] == [
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "resourceNames": [JOB], "verbs": ["get", "patch"]}
+    ]
+    template = api.store[(PLURAL, NS, JOB)]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert template["serviceAccountName"] == f"{JOB}-dist-jobs"
+    api.forbidden = {"roles"}
+    backend.stop(JOB)
+    api.objects.clear()  # the garbage collector's part: they were the job's
+    error = _error(backend.schedule, _prepared(backend))
+    assert f"create Role {NS}/{JOB}-dist-jobs: roles.rbac.authorization.k8s.io is forbidden" in error.message
+    assert "k8s.avoid_failed_nodes: false" in error.hint
+    assert (PLURAL, NS, JOB) not in api.store, "the job whose pods could not keep a node away is deleted again"
+    api.objects.clear()
+    backend.schedule(_prepared(backend, {**SEED, "k8s": {**SEED["k8s"], "avoid_failed_nodes": False}}))
+    assert [k[0] for k in api.objects] == [] and "serviceAccountName" not in api.store[(PLURAL, NS, JOB)]["spec"][
+        "pytorchReplicaSpecs"
+    ]["Worker"]["template"]["spec"]
+
+
+def test_status_names_the_nodes_a_running_job_keeps_away_and_why(
+    api: FakeKubeAPI, backend: K8sBackend, tmp_path: Path
+) -> None:
+    backend.schedule(_prepared(backend, {**SEED, "checkpoint_dir": str(tmp_path)}))
+    stored = api.store[(PLURAL, NS, JOB)]
+    submission = stored["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"][
+        "dist-jobs/submission"
+    ]
+    for replica in stored["spec"]["pytorchReplicaSpecs"].values():  # as the blamed pod patched it
+        replica["template"]["spec"]["affinity"] = avoiding(replica["template"]["spec"], ["n2"])
+    assert backend.status(JOB).extra["kept_away"] == "n2"  # the apiserver's word, before the record is read
+    cause = "rank 1 killed by SIGKILL on train-worker-0"
+    verdict = Verdict(Ending.RANK_KILLED, Action.REQUEUE, 200, cause, node="n2")
+    keep_away(tmp_path / JOB, submission, verdict, now=1000.0)
+    status = backend.status(JOB)
+    assert status.extra["kept_away"].startswith(f"n2 ({cause}; until ")
+    assert "keeps away from n2 (" in status.detail

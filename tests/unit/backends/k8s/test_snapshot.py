@@ -99,8 +99,9 @@ def test_the_dry_run_appends_the_configmap_with_the_code_as_on_disk(project: Pat
     proc = dry_run(project, "--snapshot")
     assert proc.returncode == 0, proc.stderr
     assert files_under(project) == before  # the dry run writes nothing
-    job, code = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    job, *owned, code = [d for d in yaml.safe_load_all(proc.stdout) if d]
     assert job["kind"] == "PyTorchJob" and (code["kind"], code["metadata"]["name"]) == ("ConfigMap", "snap-code")
+    assert [d["kind"] for d in owned] == ["ServiceAccount", "Role", "RoleBinding"]  # the pods' (render.k8s)
     head = git(project, "rev-parse", "HEAD").strip()
     assert code["metadata"]["annotations"]["dist-jobs/commit"] == head
     assert code["metadata"]["annotations"]["dist-jobs/dirty"] == "true"
@@ -111,7 +112,7 @@ def test_the_dry_run_appends_the_configmap_with_the_code_as_on_disk(project: Pat
         record = json.loads(tar.extractfile("SNAPSHOT.json").read())  # type: ignore[union-attr]
     assert (record["commit"], record["dirty"], record["dir"]) == (head, True, "/dist-jobs/code")
     without = [d for d in yaml.safe_load_all(dry_run(project).stdout) if d]
-    assert [d["kind"] for d in without] == ["PyTorchJob"]
+    assert [d["kind"] for d in without] == ["PyTorchJob", "ServiceAccount", "Role", "RoleBinding"]
 
 
 def test_more_code_than_a_configmap_holds_is_refused_with_the_size_the_limit_and_the_fix(project: Path) -> None:
@@ -150,7 +151,8 @@ def test_the_pod_entrypoint_runs_the_program_in_the_unpacked_code_on_every_start
 
 
 def test_a_job_whose_configmap_cannot_be_made_is_deleted_again(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The stand-in apiserver refuses every core write (405): the ConfigMap create fails after the job's.
+    # The account may not create ConfigMaps (403): the ConfigMap create fails after the job's and
+    # the pods' account, Role and RoleBinding.
     from dist_jobs.backends.k8s import client as k8s_client
     from dist_jobs.backends.k8s.backend import K8sBackend
     from dist_jobs.errors import BackendError
@@ -161,12 +163,16 @@ def test_a_job_whose_configmap_cannot_be_made_is_deleted_again(project: Path, mo
     with FakeKubeAPI([crd_path("PyTorchJob")]) as api:
         backend = K8sBackend(api_client=k8s_client.for_host(api.url))
         prepared = backend.prepare(load_spec(data=SPEC))
+        api.forbidden = {"configmaps"}
         with pytest.raises(BackendError) as caught:
             backend.schedule(prepared)
         assert "create ConfigMap default/snap-code" in caught.value.message
         calls = [(r.method, r.path.rsplit("/", 2)[-2:]) for r in api.requests]
         assert [(m, p[-1] if m == "POST" else p[0]) for m, p in calls] == [
             ("POST", "pytorchjobs"),
+            ("POST", "serviceaccounts"),
+            ("POST", "roles"),
+            ("POST", "rolebindings"),
             ("POST", "configmaps"),
             ("DELETE", "pytorchjobs"),
         ]
