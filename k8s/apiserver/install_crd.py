@@ -9,6 +9,7 @@ A CRD is usable only once its `Established` condition is True (the apiserver has
 serving the new REST endpoints), which takes a few seconds after the create; creating custom
 objects before that gives a plain-text 404.
 """
+
 from __future__ import annotations
 
 import argparse

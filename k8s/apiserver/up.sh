@@ -71,11 +71,34 @@ api_get() {  # api_get PATH: GET against our apiserver with the static token; pr
 # build and into the state dir when a server starts, so a stale binary or server is noticed.
 patch_stamp() { cat "$PATCHES"/*.patch | sha256sum | cut -c1-16; }
 
+# The apiserver's flags. A server started with other flags (an older up.sh) is restarted.
+# * 1.20 only accepts --insecure-port=0.
+# * RBAC: a pod's ServiceAccount token gets what its Roles grant; the admin token (system:masters)
+#   keeps everything, and every client of the tier (kubelets, controller, tests) uses it. No Node
+#   authorizer: no kubelet authenticates as a system:node user here, it would decide nothing.
+# * BoundServiceAccountTokenVolume (alpha in 1.20, on by default from 1.21): the ServiceAccount
+#   admission plugin mounts a projected volume (a TokenRequest token, the kube-root-ca.crt
+#   ConfigMap, the namespace) as current clusters do; without it 1.20 wants a token Secret that
+#   only kube-controller-manager's token controller makes.
+# * --endpoint-reconciler-type none: the default one logs every 10 s that 127.0.0.1 is loopback.
+APISERVER_ARGS=(
+  --etcd-servers "http://127.0.0.1:$ETCD_PORT" --bind-address 127.0.0.1 --advertise-address 127.0.0.1
+  --secure-port "$API_PORT" --insecure-port 0 --tls-cert-file "$STATE/pki/server.crt"
+  --tls-private-key-file "$STATE/pki/server.key" --token-auth-file "$STATE/tokens.csv"
+  --authorization-mode RBAC --feature-gates BoundServiceAccountTokenVolume=true
+  --service-account-issuer https://kubernetes.default.svc.cluster.local
+  --service-account-key-file "$STATE/pki/sa.pub" --service-account-signing-key-file "$STATE/pki/sa.key"
+  --service-cluster-ip-range 10.96.0.0/24 --enable-priority-and-fairness=false --v 1
+  --endpoint-reconciler-type none
+)
+args_stamp() { printf '%s\n' "${APISERVER_ARGS[@]}" | sha256sum | cut -c1-16; }
+
 binary_current() { [[ -x $APISERVER_BIN && $(cat "$APISERVER_BIN.patches" 2>/dev/null) == "$(patch_stamp)" ]]; }
 
 servers_up() {
   [[ -f $STATE/kubeconfig ]] && pid_is "$STATE/etcd.pid" etcd && pid_is "$STATE/kube-apiserver.pid" kube-apiserver \
     && [[ $(cat "$STATE/kube-apiserver.patches" 2>/dev/null) == "$(patch_stamp)" ]] \
+    && [[ $(cat "$STATE/kube-apiserver.args" 2>/dev/null) == "$(args_stamp)" ]] && server_cert_current \
     && [[ $(api_get /readyz 2>/dev/null) == ok ]]
 }
 
@@ -274,21 +297,34 @@ stop_leftovers() {  # a half-dead previous run (e.g. apiserver crashed): stop wh
   done
 }
 
+# The `kubernetes` Service's ClusterIP (first address of --service-cluster-ip-range): the address
+# the kubelet gives pods as KUBERNETES_SERVICE_HOST; in-cluster clients verify it in the certificate.
+readonly CLUSTER_IP=10.96.0.1
+SERVER_SANS="IP:127.0.0.1,IP:$CLUSTER_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+
+server_cert_current() {  # the serving certificate names the ClusterIP (PKIs made before it did not)
+  openssl x509 -in "$STATE/pki/server.crt" -noout -ext subjectAltName 2>/dev/null | grep -q "IP Address:$CLUSTER_IP\b"
+}
+
 make_pki() {  # own CA so clients verify TLS instead of skipping it
   local p=$STATE/pki
   # Python 3.13's default TLS context checks strictly (VERIFY_X509_STRICT): a CA without a key
-  # usage extension is refused, so a PKI made before it had one is made again.
-  [[ -f $p/server.crt ]] && openssl x509 -in "$p/ca.crt" -noout -ext keyUsage 2>/dev/null | grep -q 'Certificate Sign' \
-    && return
-  mkdir -p "$p"
-  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=dist-jobs-apiserver-ca \
-    -addext 'keyUsage=critical,keyCertSign,cRLSign' -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout "$p/server.key" -out "$p/server.csr" 2>/dev/null
-  printf '%s\n' 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc' \
-    'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=serverAuth' >"$p/ext"
-  openssl x509 -req -in "$p/server.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
-    -extfile "$p/ext" -out "$p/server.crt" 2>/dev/null
-  openssl genrsa -out "$p/sa.key" 2048 2>/dev/null && openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+  # usage extension is refused, so a PKI made before it had one is made again. A serving
+  # certificate without the ClusterIP is made again from the same CA (kubeconfigs stay valid).
+  if ! { [[ -f $p/server.crt ]] && openssl x509 -in "$p/ca.crt" -noout -ext keyUsage 2>/dev/null | grep -q 'Certificate Sign'; }; then
+    mkdir -p "$p"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=dist-jobs-apiserver-ca \
+      -addext 'keyUsage=critical,keyCertSign,cRLSign' -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+    rm -f "$p/server.crt"
+  fi
+  if [[ ! -f $p/server.crt ]] || ! server_cert_current; then
+    openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout "$p/server.key" -out "$p/server.csr" 2>/dev/null
+    printf '%s\n' "subjectAltName=$SERVER_SANS" \
+      'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=serverAuth' >"$p/ext"
+    openssl x509 -req -in "$p/server.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
+      -extfile "$p/ext" -out "$p/server.crt" 2>/dev/null
+  fi
+  [[ -f $p/sa.key ]] || { openssl genrsa -out "$p/sa.key" 2048 2>/dev/null && openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null; }
 }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION PIDFILE NAME LOG COMMAND...
@@ -336,17 +372,10 @@ start_servers() {
     --heartbeat-interval 500 --election-timeout 5000
   wait_for 30 etcd "$STATE/etcd.pid" etcd "$STATE/etcd.log" etcd_healthy
   log "etcd ready on 127.0.0.1:$ETCD_PORT"
-  # 1.20 only accepts --insecure-port=0; AlwaysAllow turns anonymous auth off, hence the token.
-  start_daemon kube-apiserver "$STATE/kube-apiserver.log" "$APISERVER_BIN" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
-    --secure-port "$API_PORT" --insecure-port 0 --tls-cert-file "$STATE/pki/server.crt" \
-    --tls-private-key-file "$STATE/pki/server.key" --token-auth-file "$STATE/tokens.csv" \
-    --authorization-mode AlwaysAllow --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$STATE/pki/sa.pub" --service-account-signing-key-file "$STATE/pki/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/24 --enable-priority-and-fairness=false --v 1 \
-    --endpoint-reconciler-type none  # the default one logs every 10 s that 127.0.0.1 is loopback
+  start_daemon kube-apiserver "$STATE/kube-apiserver.log" "$APISERVER_BIN" "${APISERVER_ARGS[@]}"
   wait_for 90 kube-apiserver "$STATE/kube-apiserver.pid" kube-apiserver "$STATE/kube-apiserver.log" api_ready
   patch_stamp >"$STATE/kube-apiserver.patches"
+  args_stamp >"$STATE/kube-apiserver.args"
   log "kube-apiserver ready on https://127.0.0.1:$API_PORT"
 }
 

@@ -15,6 +15,9 @@ API_PORT=${DIST_JOBS_APISERVER_PORT:-64430}
 # subnet per node. Nothing else on the machine uses them.
 BRIDGE=djkbr0
 HOST_IP=10.78.0.1
+# The apiserver's --service-cluster-ip-range and the `kubernetes` Service's ClusterIP in it.
+SERVICE_CIDR=10.96.0.0/24
+KUBERNETES_SERVICE_IP=10.96.0.1
 IMAGE_NAME=localhost/dist-jobs-runtime
 PAUSE_IMAGE=localhost/dist-jobs-pause:1
 NAMESPACE=dist-jobs-pods  # the namespace the controller (the operator) watches

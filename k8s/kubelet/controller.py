@@ -15,7 +15,9 @@ kubeflow/trainer v1.9.4; KUBERNETES_NOTES section 5):
   replicaStatuses.
 
 In place of the missing control plane:
-* scheduler: spec.nodeName, the Master on the first node and the Workers alternating;
+* scheduler: spec.nodeName among the nodes the pod's template allows (nodeSelector, required node
+  affinity); without constraints the Master on the first node and the Workers alternating. A pod
+  that fits no node is not created (a scheduler would leave it Pending): the job waits;
 * endpoints controller + cluster DNS: the Endpoints of each pod's Service, and `hostAliases`
   naming the other pods of the job by those endpoints (so MASTER_ADDR stays the Service name, and
   a Worker is created once its Master has an address). A cluster's DNS answers with the current
@@ -26,14 +28,20 @@ In place of the missing control plane:
 * PV controller: a pending claim is bound to a new hostPath volume under the tier's state dir
   (shared by both nodes, like an RWX filesystem), which is removed with the claim;
 * garbage collector: pods of a deleted job are deleted; foreground deletion finishes once they
-  are gone; the protection finalizers of deleted claims and volumes are removed.
-* service account controller: the namespace's `default` ServiceAccount (no token).
+  are gone; ConfigMaps, Secrets, ServiceAccounts, Roles and RoleBindings whose owners (jobs)
+  are all gone are deleted; the protection finalizers of deleted claims and volumes are removed.
+* service account controller: the namespace's `default` ServiceAccount (no token);
+* root CA publisher: the namespace's `kube-root-ca.crt` ConfigMap (the apiserver's CA), which the
+  projected service-account volume the apiserver's admission adds to pods mounts as `ca.crt`.
+
+A pod creation the apiserver refuses (its ServiceAccount is not there yet) is tried again after
+a short, growing delay, as the operator's rate-limited work queue does, not at the next resync.
 
 The tier's image is a busybox rootfs: the pods' python, torch and dist-jobs come from read-only
 hostPath mounts this controller adds to containers of that image, as a cluster's admission
 webhook would (`--mounts`).
 
-Usage: controller.py --kubeconfig K --state DIR --nodes IP1,IP2 --mounts P1:P2:... [--cleanup]
+Usage: controller.py --kubeconfig K --state DIR --nodes IP1,IP2 --mounts P1:P2:... [--root-ca CA] [--cleanup]
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ import trainjob
 
 NAMESPACE = "dist-jobs-pods"
 GROUP = "/apis/kubeflow.org/v1"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
 JOB_LABEL = "training.kubeflow.org/job-name"
 TIER_LABEL = "dist-jobs-pods/tier"
 IMAGE_PREFIX = "localhost/dist-jobs-runtime:"
@@ -72,6 +81,17 @@ WATCH_SECONDS = 300
 WATCH_RETRY_MAX_SECONDS = 10.0
 # After a change, how long the loop waits for the rest of a burst before its pass.
 BATCH_SECONDS = 0.1
+# A pass whose writes the apiserver refused runs again after this, doubled at each further
+# failure up to the resync (the operator's work queue requeues a failed key rate-limited).
+RETRY_SECONDS = 0.25
+# Kinds whose objects the garbage collector deletes once every owner (a job) is gone; the pods,
+# Services and Endpoints of jobs are handled on their own. The sweep lists them all, so it runs
+# when a job has gone since the last pass, and every GC_SWEEP_SECONDS for the stragglers (an
+# object created after its job was deleted).
+OWNED_KINDS = ("configmaps", "secrets", "serviceaccounts", "roles", "rolebindings")
+OWNER_KINDS = ("PyTorchJob", "TrainJob")
+GC_SWEEP_SECONDS = 30.0
+ROOT_CA = "kube-root-ca.crt"
 
 
 def now() -> str:
@@ -164,12 +184,95 @@ class Api:
 
 
 def ns_path(kind: str, name: str = "") -> str:
-    base = (
-        f"{GROUP}/namespaces/{NAMESPACE}/pytorchjobs"
-        if kind == "pytorchjobs"
-        else f"/api/v1/namespaces/{NAMESPACE}/{kind}"
-    )
+    if kind == "pytorchjobs":
+        base = f"{GROUP}/namespaces/{NAMESPACE}/pytorchjobs"
+    elif kind in ("roles", "rolebindings"):
+        base = f"{RBAC}/namespaces/{NAMESPACE}/{kind}"
+    else:
+        base = f"/api/v1/namespaces/{NAMESPACE}/{kind}"
     return f"{base}/{name}" if name else base
+
+
+# -- the scheduler's node filter --------------------------------------------------------------
+
+
+def _requirement_met(req: dict[str, Any], value: str | None) -> bool:
+    """One node selector requirement against a node's label (or field) value, None if unset."""
+    op, values = req.get("operator"), [str(v) for v in req.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        try:
+            have, want = int(value or ""), int(values[0])
+        except (ValueError, IndexError):
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def _term_matches(term: dict[str, Any], node: dict[str, Any]) -> bool:
+    """A nodeSelectorTerm: its requirements ANDed; an empty term matches no node."""
+    exprs, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if not exprs and not fields:
+        return False
+    labels = node["metadata"].get("labels") or {}
+    for req in exprs:
+        if not _requirement_met(req, labels.get(req.get("key", ""))):
+            return False
+    for req in fields:
+        # the only field a node selector may name (the API refuses others)
+        if req.get("key") != "metadata.name" or req.get("operator") not in ("In", "NotIn"):
+            return False
+        if not _requirement_met(req, node["metadata"]["name"]):
+            return False
+    return True
+
+
+def unfit(spec: dict[str, Any], node: dict[str, Any]) -> str | None:
+    """Why the pod spec may not run on `node` (None: it may): its nodeSelector and the required
+    node affinity's nodeSelectorTerms (ORed), as the scheduler's NodeAffinity filter decides."""
+    labels = node["metadata"].get("labels") or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return f"nodeSelector {key}={value}"
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required is not None and not any(_term_matches(t, node) for t in required.get("nodeSelectorTerms") or []):
+        return "required node affinity"
+    return None
+
+
+def place(spec: dict[str, Any], default: str, nodes: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """The node a pod spec goes to: `default` (the tier's usual placement) if it fits, else the
+    first of `nodes` that does; None and why when none does."""
+    if default in [n["metadata"]["name"] for n in nodes]:
+        nodes = sorted(nodes, key=lambda n: n["metadata"]["name"] != default)
+    reasons = []
+    for node in nodes:
+        why = unfit(spec, node)
+        if why is None:
+            return node["metadata"]["name"], ""
+        reasons.append(f"{node['metadata']['name']}: {why}")
+    return None, f"0/{len(nodes)} nodes are available ({'; '.join(reasons) or 'no nodes'})"
+
+
+def owned_garbage(objects: list[dict[str, Any]], live: set[str]) -> list[dict[str, Any]]:
+    """Objects owned by jobs only, none of which is live (by uid): the garbage collector's."""
+    out = []
+    for obj in objects:
+        owners = obj["metadata"].get("ownerReferences") or []
+        if not owners or obj["metadata"].get("deletionTimestamp"):
+            continue
+        if all(o.get("kind") in OWNER_KINDS for o in owners) and not any(o.get("uid") in live for o in owners):
+            out.append(obj)
+    return out
 
 
 # -- pods as the operator makes them -----------------------------------------------------------
@@ -186,10 +289,16 @@ def expected_pods(job: dict[str, Any]) -> list[tuple[str, str, int]]:
 
 
 class Controller:
-    def __init__(self, api: Api, state: Path, nodes: list[str], mounts: list[str]) -> None:
+    def __init__(self, api: Api, state: Path, nodes: list[str], mounts: list[str], root_ca: str | None = None) -> None:
         self.api, self.state, self.nodes = api, state, nodes
         self.mounts = mounts
+        self.root_ca = root_ca  # the PEM the kube-root-ca.crt ConfigMap publishes (None: none)
         self.hosts_seen: dict[str, dict[str, str]] = {}  # pod uid -> the names its hosts file gives
+        self.unschedulable: dict[str, str] = {}  # pod name -> why it fits no node (logged once)
+        self.node_cache: list[dict[str, Any]] | None = None  # the nodes, listed once per pass
+        self.failed = False  # a write of this pass was refused: run again soon
+        self.job_uids: set[str] | None = None  # the jobs of the last pass (None: no pass yet)
+        self.swept = 0.0  # when the owned kinds were last swept for garbage
 
     # -- the tier's admission: the runtime comes from read-only host mounts -------------------
     def admit(self, spec: dict[str, Any]) -> None:
@@ -204,7 +313,9 @@ class Controller:
                 mount = {"name": name, "mountPath": path, "readOnly": True}
                 container.setdefault("volumeMounts", []).append(mount)
 
-    def pod_body(self, job: dict[str, Any], rtype: str, index: int, aliases: dict[str, str]) -> dict[str, Any]:
+    def pod_body(
+        self, job: dict[str, Any], rtype: str, index: int, aliases: dict[str, str], node: str | None = None
+    ) -> dict[str, Any]:
         replica = job["spec"]["pytorchReplicaSpecs"][rtype]
         metadata = _metadata(job, replica, rtype, index)
         if rtype == "Master":
@@ -226,9 +337,9 @@ class Controller:
                 container["env"] = [*(container.get("env") or []), *added]
         policy = replica["restartPolicy"]
         spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
-        order = [name for name, _, _ in expected_pods(job)]
-        spec["nodeName"] = self.nodes[order.index(metadata["name"]) % len(self.nodes)]
-        spec["automountServiceAccountToken"] = False
+        # No automountServiceAccountToken here: the pod's ServiceAccount decides (the `default`
+        # one this controller makes says no), as the operator leaves it to the template.
+        spec["nodeName"] = node or self.pod_node(job, metadata["name"])
         spec["hostAliases"] = [{"ip": ip, "hostnames": [name]} for name, ip in sorted(aliases.items())]
         self.admit(spec)
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -314,10 +425,14 @@ class Controller:
                 master = expected[0][0]
                 if pname != master and master not in aliases:
                     continue
-                self.api.create(
-                    ns_path("pods"), self.pod_body(job, rtype, index, {k: v for k, v in aliases.items() if k != pname})
-                )
-                log(f"created pod {pname} on {self.pod_node(job, pname)}")
+                # The job's current template: a patch of it takes effect at the next (re)creation.
+                template = job["spec"]["pytorchReplicaSpecs"][rtype]["template"].get("spec") or {}
+                node = self.schedule(pname, template, self.pod_node(job, pname))
+                if node is None:
+                    continue
+                others = {k: v for k, v in aliases.items() if k != pname}
+                self.api.create(ns_path("pods"), self.pod_body(job, rtype, index, others, node))
+                log(f"created pod {pname} on {node}")
                 continue
             if pod["metadata"].get("deletionTimestamp"):
                 continue
@@ -417,8 +532,24 @@ class Controller:
         return path
 
     def pod_node(self, job: dict[str, Any], pname: str) -> str:
+        """The tier's placement without constraints: the Master on node 1, Workers alternating."""
         order = [n for n, _, _ in expected_pods(job)]
         return self.nodes[order.index(pname) % len(self.nodes)]
+
+    def schedule(self, pname: str, spec: dict[str, Any], default: str) -> str | None:
+        """The node for a new pod (None: none fits, the pod waits; why is logged once)."""
+        if self.node_cache is None:
+            listed = (self.api.get("/api/v1/nodes") or {}).get("items") or []
+            by_name = {n["metadata"]["name"]: n for n in listed}
+            self.node_cache = [by_name[n] for n in self.nodes if n in by_name]
+        node, why = place(spec, default, self.node_cache)
+        if node is None:
+            if self.unschedulable.get(pname) != why:
+                log(f"pod {pname} is unschedulable, not created: {why}")
+            self.unschedulable[pname] = why
+            return None
+        self.unschedulable.pop(pname, None)
+        return node
 
     def write_status(
         self, job: dict[str, Any], expected: list[tuple[str, str, int]], mine: dict[str, Any], status: dict[str, Any]
@@ -503,8 +634,13 @@ class Controller:
         log(f"bound claim {claim} to {pv_name} ({path})")
 
     def collect(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        """Garbage: pods of jobs that are gone, deleted claims, volumes without their claim."""
+        """Garbage: pods of jobs that are gone, deleted claims, volumes without their claim, and
+        the objects of OWNED_KINDS that only gone jobs own."""
         uids = {j["metadata"]["uid"] for j in jobs}
+        gone = self.job_uids is None or bool(self.job_uids - uids)
+        self.job_uids = uids
+        if gone or time.monotonic() - self.swept >= GC_SWEEP_SECONDS:
+            self.collect_owned(uids)
         names = {j["metadata"]["name"] for j in jobs}
         for pod in pods:
             owners = [
@@ -539,6 +675,13 @@ class Controller:
             if live is None or live["metadata"]["uid"] != ref.get("uid"):
                 self.delete_volume(pv)
 
+    def collect_owned(self, live: set[str]) -> None:
+        self.swept = time.monotonic()
+        for kind in OWNED_KINDS:
+            for obj in owned_garbage(self.api.items(ns_path(kind)), live):
+                log(f"owner of {kind} {obj['metadata']['name']} is gone: deleting it")
+                self.api.delete(ns_path(kind, obj["metadata"]["name"]))
+
     def delete_volume(self, pv: dict[str, Any]) -> None:
         name = pv["metadata"]["name"]
         path = Path((pv["spec"].get("hostPath") or {}).get("path", ""))
@@ -556,8 +699,23 @@ class Controller:
             self.api.create(
                 ns_path("serviceaccounts"), {"metadata": {"name": "default"}, "automountServiceAccountToken": False}
             )
+        self.publish_root_ca()
+
+    def publish_root_ca(self) -> None:
+        """kube-controller-manager's root CA publisher: the ConfigMap `kube-root-ca.crt` holds the
+        apiserver's CA (the projected token volume of every pod that mounts a token reads it)."""
+        if not self.root_ca:
+            return
+        data = {"ca.crt": self.root_ca}
+        found = self.api.get(ns_path("configmaps", ROOT_CA))
+        if found is None:
+            self.api.create(ns_path("configmaps"), {"metadata": {"name": ROOT_CA}, "data": data})
+        elif found.get("data") != data:
+            self.api.call("PUT", ns_path("configmaps", ROOT_CA), {**found, "data": data})
 
     def once(self) -> None:
+        self.failed = False
+        self.node_cache = None
         self.ensure_namespace()
         jobs = self.api.items(ns_path("pytorchjobs"))
         pods = self.api.items(ns_path("pods"))
@@ -568,12 +726,14 @@ class Controller:
             try:
                 self.reconcile(job, pods)
             except ApiException as exc:
+                self.failed = True
                 log(f"reconcile of {job['metadata']['name']}: HTTP {exc.status}: {str(exc.body)[:300]}")
         trainjobs = self.api.items(trainjob.path(NAMESPACE))
         for tj in trainjobs:
             try:
                 self.reconcile_trainjob(tj, pods)
             except ApiException as exc:
+                self.failed = True
                 log(f"reconcile of TrainJob {tj['metadata']['name']}: HTTP {exc.status}: {str(exc.body)[:300]}")
         self.collect(jobs + trainjobs, pods)
         live = {p["metadata"]["uid"] for p in pods}
@@ -618,6 +778,10 @@ class Controller:
             if index > 0 and not first_ip:
                 continue  # the master name's DNS answer (pod 0's address) is not there yet
             body = trainjob.pod_body(tj, index, self.nodes[index % len(self.nodes)], first_ip or "127.0.0.1")
+            node = self.schedule(f"{tj['metadata']['name']}-{index}", body["spec"], body["spec"]["nodeName"])
+            if node is None:
+                continue
+            body["spec"]["nodeName"] = node
             self.admit(body["spec"])
             self.api.create(ns_path("pods"), body)
             log(f"created pod {body['metadata']['name']} on {body['spec']['nodeName']}")
@@ -713,6 +877,10 @@ def cleanup(api: Api, nodes: list[str], phase: str) -> None:
             "services",
             "endpoints",
             "serviceaccounts",
+            "configmaps",
+            "secrets",
+            "roles",
+            "rolebindings",
             "events",
         ):
             for obj in api.items(ns_path(kind)):
@@ -743,6 +911,7 @@ def main() -> None:
     parser.add_argument("--nodes", required=True)
     parser.add_argument("--mounts", default="")
     parser.add_argument("--cleanup", choices=["pods", "nodes"])
+    parser.add_argument("--root-ca", default="", help="the CA the kube-root-ca.crt ConfigMap publishes")
     # A pass runs when a watched collection changes (as an operator's informers wake it), not on a
     # timer: a pass lists every kind the controller drives, and a pass a second kept the apiserver,
     # etcd and this process busy with nothing to do (k8s/kubelet/README.md).
@@ -754,20 +923,32 @@ def main() -> None:
         cleanup(api, nodes, args.cleanup)
         return
     mounts = dedupe([m for m in args.mounts.split(":") if m])
-    ctl = Controller(api, Path(args.state), nodes, mounts)
+    root_ca = Path(args.root_ca).read_text() if args.root_ca else None
+    ctl = Controller(api, Path(args.state), nodes, mounts, root_ca)
     ctl.ensure_namespace()
     (Path(args.state) / "controller.ready").touch()
     log(f"watching PyTorchJobs and TrainJobs in {NAMESPACE}; nodes {nodes}; runtime mounts {mounts}")
     changed = threading.Event()
-    for path in (ns_path("pytorchjobs"), ns_path("pods"), ns_path("persistentvolumeclaims"), trainjob.path(NAMESPACE)):
+    # ServiceAccounts too: a pod refused for want of its account is made as soon as it exists.
+    watched = (
+        ns_path("pytorchjobs"),
+        ns_path("pods"),
+        ns_path("persistentvolumeclaims"),
+        ns_path("serviceaccounts"),
+        trainjob.path(NAMESPACE),
+    )
+    for path in watched:
         threading.Thread(target=watching, args=(api, path, changed), daemon=True).start()
+    failures = 0  # passes in a row with a refused write
     while True:
-        changed.wait(args.resync)
+        changed.wait(min(RETRY_SECONDS * 2**failures, args.resync) if failures else args.resync)
         time.sleep(BATCH_SECONDS)  # one pass for a burst of events (a pass's own writes are some)
         changed.clear()  # before the pass: what changes during it wakes the next one
         try:
             ctl.once()
+            failures = failures + 1 if ctl.failed else 0
         except Exception:  # the loop must survive a failed pass (an apiserver hiccup): log and go on
+            failures += 1
             log(traceback.format_exc())
 
 

@@ -92,7 +92,6 @@ def pod_body(tj: dict[str, Any], index: int, node: str, master_ip: str) -> dict[
     spec = template["spec"]
     spec.setdefault("restartPolicy", "OnFailure")
     spec.update(hostname=f"{name}-{STEP}-0-{index}", subdomain=name, nodeName=node)
-    spec["automountServiceAccountToken"] = False
     spec["hostAliases"] = [{"ip": master_ip, "hostnames": [master_name(name)]}]
     labels = {
         **template["metadata"].get("labels", {}),

@@ -27,7 +27,8 @@ die() { log "ERROR: $1"; [[ -z ${2:-} ]] || log "hint: $2"; exit 1; }
 # --- packages -------------------------------------------------------------------------------
 ensure_packages() {
   local want=() cmd
-  for cmd in containerd:containerd runc:runc ctr:containerd nsenter:util-linux ip:iproute2 busybox:busybox-static; do
+  for cmd in containerd:containerd runc:runc ctr:containerd nsenter:util-linux ip:iproute2 busybox:busybox-static \
+      iptables:iptables; do
     command -v "${cmd%%:*}" >/dev/null || want+=("${cmd#*:}")
   done
   [[ -x /usr/lib/cni/bridge ]] || want+=(containernetworking-plugins)
@@ -98,7 +99,28 @@ make_network() {
     # Pods of the other node: routed through it (forwarding is per namespace; the host's stays off).
     ip -n "$(netns "$n")" route add "$(pod_subnet "$((3 - n))")" via "$(node_ip "$((3 - n))")"
     ip netns exec "$(netns "$n")" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'
+    service_route "$n"
   done
+}
+
+# What kube-proxy does for the `kubernetes` Service: its ClusterIP:443 (KUBERNETES_SERVICE_HOST and
+# _PORT in every pod) leads to the apiserver, here the relay on the host. The rules live in the
+# node's namespace only. The pods' source is masqueraded to the node's address: the host has no
+# route to the pod subnets.
+service_route() {  # service_route N
+  local n=$1 ns; ns=$(netns "$1")
+  ip -n "$ns" route add "$SERVICE_CIDR" via "$HOST_IP"  # for the node's own (host-network) clients
+  local chain
+  for chain in PREROUTING OUTPUT; do
+    ip netns exec "$ns" iptables -w -t nat -A "$chain" -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443 \
+      -j DNAT --to-destination "$HOST_IP:$API_PORT"
+  done
+  ip netns exec "$ns" iptables -w -t nat -A POSTROUTING -s "$(pod_subnet "$n")" -d "$HOST_IP/32" -j MASQUERADE
+}
+
+service_routed() {  # service_routed N: the rules of service_route are there (a tier from an older up.sh lacks them)
+  ip netns exec "$(netns "$1")" iptables -w -t nat -C PREROUTING -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443 \
+    -j DNAT --to-destination "$HOST_IP:$API_PORT" 2>/dev/null
 }
 
 make_cgroups() {  # a cgroup root per node, so the two kubelets never touch each other's pods
@@ -181,7 +203,8 @@ start_controller() {
   local venv=$1 image=$2
   start_daemon controller "$STATE/controller.log" "$venv/bin/python" "$HERE/controller.py" \
     --kubeconfig "$API_STATE/kubeconfig" --state "$STATE" \
-    --nodes "$(node_ip 1),$(node_ip 2)" --mounts "$(sed -n 's/^DIST_JOBS_PODS_MOUNTS=//p' "$STATE/image/env")"
+    --nodes "$(node_ip 1),$(node_ip 2)" --mounts "$(sed -n 's/^DIST_JOBS_PODS_MOUNTS=//p' "$STATE/image/env")" \
+    --root-ca "$API_STATE/pki/ca.crt"
   local deadline=$(( $(date +%s) + 30 ))
   until [[ -f $STATE/controller.ready ]]; do
     pid_is "$STATE/controller.pid" controller.py || { tail -n 20 "$STATE/controller.log" >&2; die "controller exited"; }
@@ -204,7 +227,7 @@ tier_up() {  # tier_up VENV: up, and running this checkout's code from this venv
     && pid_is "$STATE/node1.pid" node.sh && pid_is "$STATE/node2.pid" node.sh || return 1
   local n
   for n in 1 2; do
-    node_ready "$n" || return 1
+    node_ready "$n" && service_routed "$n" || return 1
   done
 }
 

@@ -27,11 +27,13 @@ import yaml
 
 from dist_jobs.cli import main
 from dist_jobs.constants import REQUEUE_EXIT_CODE
+from dist_jobs.rundir.node_affinity import kept_off
 from support import realpods_tier
 from support.lock_support import foreign
 from support.paths import REPO, TESTS
 from support.specs import POD_TRAIN, paced
 from support.tiers import require_module, require_tool, requires
+from support.train_support import descendants
 from support.waiting import eventually
 
 kubernetes = require_module("kubernetes")
@@ -375,6 +377,54 @@ def container_pid(pod: Any) -> int:
     tasks = subprocess.run([ctr, "-a", str(sock), "-n", "k8s.io", "tasks", "ls"], capture_output=True, text=True)
     (pid,) = [line.split()[1] for line in tasks.stdout.splitlines() if line.startswith(cid)]
     return int(pid)
+
+
+def trainer_rank(pod: Any) -> int:
+    """The host pid of the pod's one training rank (`launch: direct`: the entrypoint's child)."""
+    argvs = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in descendants(container_pid(pod))}
+    # not the entrypoint's sh, whose arguments name the program too
+    (rank,) = [pid for pid, argv in argvs.items() if b"python" in argv[0] and b"dist_jobs.train" in argv]
+    return rank
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_on_a_node_keeps_the_jobs_recreated_pods_off_that_node(
+    submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
+) -> None:
+    """Never the same bad node twice, as Kubernetes runs it: with `max_restarts: 0` the worker's rank
+    SIGKILLed by nobody dist-jobs knows is its node's fault; before the worker pod exits 200 it
+    quarantines its node and, through its ServiceAccount's Role and the in-cluster apiserver,
+    patches the PyTorchJob so that every template refuses that node; the operator recreates the
+    pods from the patched templates, the tier's scheduler places the worker on the other node, the
+    job resumes and succeeds, and status named the node kept away while it ran.
+    Slow by nature: the job runs twice (the first checkpoint, the kill, new pods, the rest)."""
+    data = paced(job_spec("rp-away", claim), steps=40, seconds=0.25)
+    data["preemption"] = {"max_restarts": 0}
+    data["k8s"]["launch"] = "direct"  # the rank is the entrypoint's child: its exit is the pod's evidence
+    job = submit(data)
+    run_dir = realpods_tier.volume(claim) / "ckpt" / job
+    eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
+    (worker,) = [p for p in pods(core, job) if p.metadata.name.endswith("worker-0")]
+    node = worker.spec.node_name
+    os.kill(trainer_rank(worker), signal.SIGKILL)
+    templates = lambda: custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)["spec"][
+        "pytorchReplicaSpecs"
+    ]
+    refused = lambda: [kept_off(r["template"]["spec"]) for r in templates().values()]
+    eventually(lambda: refused() == [[node], [node]], timeout=120, interval=0.5, what=f"the job to refuse {node}")
+    code, out, err = cli(capsys, "status", f"k8s://{NS}/PyTorchJob/{job}", "-o", "json")
+    assert code == 0, err
+    # the new pods still start torch and meet again: the job is running, and says what it keeps away
+    kept = f"{node} (killed by SIGKILL (exit 137) on {job}-worker-0; until "
+    assert json.loads(out)["extra"].get("kept_away", "").startswith(kept), out
+    found = ended(custom, job, 360)
+    assert state(found) == "Succeeded", found
+    (again,) = [p for p in pods(core, job) if p.metadata.name.endswith("worker-0")]
+    assert again.metadata.uid != worker.metadata.uid and again.spec.node_name != node
+    assert committed(run_dir)[-1] == 40
+    said = (realpods_tier.state_dir() / "pod-logs" / f"{job}-worker-0.{worker.metadata.uid}.log").read_text()
+    assert f"the job's pods keep away from {node} (rank killed" not in said  # the cause is the pod's
+    assert f"dist-jobs: the job's pods keep away from {node} (killed by SIGKILL" in said, said[-3000:]
 
 
 @pytest.mark.timeout(480)
