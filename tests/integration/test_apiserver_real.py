@@ -48,12 +48,18 @@ def kubectl() -> str:
 
 
 def _namespaced(path: Path, tmp_path: Path) -> Path:
-    """The example in the `default` namespace under a unique name (the tier has no other namespaces)."""
-    doc = yaml.safe_load(path.read_text())
-    doc["metadata"]["namespace"] = "default"
-    doc["metadata"]["name"] = f"{doc['metadata']['name'][:40]}-{uuid.uuid4().hex[:6]}"
+    """The example in the `default` namespace under a unique name (the tier has no other namespaces),
+    with what follows the job (its pods' ServiceAccount, Role and RoleBinding) renamed with it."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    old = docs[0]["metadata"]["name"]
+    text = re.sub(rf"\b{re.escape(old)}\b", f"{old[:40]}-{uuid.uuid4().hex[:6]}", yaml.safe_dump_all(docs))
+    docs = list(yaml.safe_load_all(text))
+    for doc in docs:
+        doc["metadata"]["namespace"] = "default"
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = "default"
     out = tmp_path / path.name
-    out.write_text(yaml.safe_dump(doc))
+    out.write_text(yaml.safe_dump_all(docs))
     return out
 
 
@@ -64,13 +70,19 @@ def test_kubectl_apply_rendered_example(kubeconfig: Path, example: Path, tmp_pat
     applied = subprocess.run([*kc, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=HUNG_S)
     assert applied.returncode == 0, applied.stderr
     assert "created" in applied.stdout or "configured" in applied.stdout
-    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
+    want, *owned = yaml.safe_load_all(manifest.read_text())
+    name = want["metadata"]["name"]
     got = subprocess.run([*kc, "get", "pytorchjob", name, "-o", "yaml"], capture_output=True, text=True, timeout=HUNG_S)
     assert got.returncode == 0, got.stderr
     stored = yaml.safe_load(got.stdout)
-    want = yaml.safe_load(manifest.read_text())
     assert stored["spec"]["pytorchReplicaSpecs"].keys() == want["spec"]["pytorchReplicaSpecs"].keys()
-    subprocess.run([*kc, "delete", "pytorchjob", name], capture_output=True, timeout=HUNG_S, check=True)
+    for obj in owned:  # the pods' account, Role and RoleBinding: applied too, the Role naming the job alone
+        kind, oname = obj["kind"].lower(), obj["metadata"]["name"]
+        found = subprocess.run([*kc, "get", kind, oname, "-o", "yaml"], capture_output=True, text=True, timeout=HUNG_S)
+        assert found.returncode == 0, found.stderr
+        if kind == "role":
+            assert yaml.safe_load(found.stdout)["rules"][0]["resourceNames"] == [name]
+    subprocess.run([*kc, "delete", "-f", str(manifest)], capture_output=True, timeout=HUNG_S, check=True)
 
 
 def test_pvc_example_is_a_valid_readwritemany_claim(kubeconfig: Path, tmp_path: Path) -> None:
