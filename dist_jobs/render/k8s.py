@@ -65,11 +65,16 @@ def keeps_nodes_away(spec: JobSpec) -> bool:
     return spec.k8s.api == "pytorchjob" and spec.k8s.avoid_failed_nodes
 
 
+def _access_name(spec: JobSpec) -> str:
+    """The name of the job's own ServiceAccount, Role and RoleBinding."""
+    return f"{k8s_name(spec)}-dist-jobs"
+
+
 def service_account(spec: JobSpec) -> str | None:
     """The pods' ServiceAccount: the user's, else the job's own (made with it), else the namespace's."""
     if spec.k8s.service_account or not keeps_nodes_away(spec):
         return spec.k8s.service_account
-    return f"{k8s_name(spec)}-dist-jobs"
+    return _access_name(spec)
 
 
 def access_objects(spec: JobSpec) -> list[dict[str, Any]]:
@@ -77,7 +82,7 @@ def access_objects(spec: JobSpec) -> list[dict[str, Any]]:
     get and patch their own PyTorchJob, and nothing else; none for a TrainJob."""
     if not keeps_nodes_away(spec):
         return []
-    name, account = f"{k8s_name(spec)}-dist-jobs", service_account(spec)
+    name, account = _access_name(spec), service_account(spec)
     labels = {"app.kubernetes.io/managed-by": "dist-jobs", "dist-jobs/run": k8s_name(spec)}
     meta = {"name": name, "namespace": spec.k8s.namespace, "labels": labels}
     rbac = "rbac.authorization.k8s.io"

@@ -145,7 +145,7 @@ def keep_nodes_off(api: InCluster, job: str, records: Iterable[Quarantine], now:
         obj = api.call("GET", path)
         replicas = (obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}
         current = [n for r in replicas.values() for n in kept_off(r["template"].get("spec") or {})]
-        nodes = exclusion(dict.fromkeys(current), records, now)
+        nodes = exclusion(current, records, now)
         patch = {
             rtype: {"template": {"spec": {"affinity": avoiding(r["template"].get("spec") or {}, nodes)}}}
             for rtype, r in replicas.items()

@@ -72,10 +72,15 @@ def restarts_left(run_dir: Path, submission: str, node: str, allowed: int) -> in
 def keep_node_away(run_dir: Path, submission: str, verdict: Verdict, now: float) -> str:
     """Before the pod exits: quarantine the node the verdict blames and patch the job so that its
     recreated pods refuse it (dist_jobs.rundir.node_affinity); what was done, told ("" if nothing)."""
-    api, job = from_env()
-    if not job or not blamed_nodes(verdict):  # no job to patch: k8s.avoid_failed_nodes off, or a TrainJob
+    if not blamed_nodes(verdict):
         return ""
-    keep_away(run_dir, submission, verdict, now)
+    api, job = from_env()
+    if not job:  # no job to patch: k8s.avoid_failed_nodes off, or a TrainJob
+        return ""
+    try:
+        keep_away(run_dir, submission, verdict, now)
+    except OSError as exc:
+        return f"cannot quarantine {verdict.node}: {exc}"
     if api is None:
         return f"{verdict.node} is quarantined, but this pod has no service account token to keep it away"
     try:
@@ -134,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     verdict = replace(decide(evidence, restarts_left=left), node=node or member, time=now, stamp=stamp)
     try:
         record(run_dir, submission, verdict)
-        kept = keep_node_away(run_dir, submission, verdict, now)
     except OSError as exc:
-        kept = f"cannot record the verdict: {exc}"
+        print(f"dist-jobs: cannot record the verdict: {exc}", file=sys.stderr)
+    kept = keep_node_away(run_dir, submission, verdict, now)
     print(f"dist-jobs: {member or 'this pod'}: {verdict.told()} (exit {verdict.exit_code})", file=sys.stderr)
     if kept:
         print(f"dist-jobs: {kept}", file=sys.stderr)

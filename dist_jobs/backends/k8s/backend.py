@@ -269,9 +269,10 @@ class K8sBackend(Backend):
         nodes = list(dict.fromkeys(n for t in templates for n in kept_off(t.get("spec") or {})))
         if not nodes:
             return status
-        notes = [((t.get("metadata") or {}).get("annotations") or {}).get(SUBMISSION_ANNOTATION, "") for t in templates]
+        # every template carries the same submission stamp (stamped())
+        submission = ((templates[0].get("metadata") or {}).get("annotations") or {}).get(SUBMISSION_ANNOTATION, "")
         try:
-            records = {q.node: q.told() for q in kept_away(self.run_dir(job_id), next(iter(notes), "") or "")}
+            records = {q.node: q.told() for q in kept_away(self.run_dir(job_id), submission)}
         except BackendError:  # not submitted by dist-jobs: the apiserver's word alone
             records = {}
         told = ", ".join(records.get(node, node) for node in nodes)
