@@ -368,6 +368,17 @@ def job_nodes(job_id: str) -> list[str]:
     return expand(proc.stdout.strip()) if proc.stdout.strip() else []
 
 
+def occupy(node: str, root: Path, cleanup: list[str]) -> str:
+    """Another user's job on all of `node`, once it runs: its job id."""
+    out = root / "occupier.out"
+    argv = ["sbatch", "--parsable", "--exclusive", "-N1", "-w", node, "-o", str(out), "--wrap", "sleep 900"]
+    job_id = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    cleanup.append(job_id)
+    running = lambda: job_nodes(job_id) == [node]
+    eventually(running, timeout=60, what=f"job {job_id} running on {node}", context=lambda: job_nodes(job_id))
+    return job_id
+
+
 @pytest.fixture
 def node_fault() -> Iterator[None]:
     yield
@@ -382,24 +393,28 @@ def test_a_killed_node_is_kept_away_from_the_next_attempt_even_once_it_answers_a
     down (SlurmdTimeout) and requeues the job itself; the verdict is "node lost" (sinfo names the
     node) and the batch script excludes that node from the requeued job (recorded in the run
     directory's quarantine). Status says so at each stage,
-    with no ETA once no rank steps, and names the node kept away. The node then flaps back
-    (its slurmd restarted, the node resumed) while the job is held: released, the job still
-    avoids it, resumes on the other two nodes from the newest committed checkpoint and completes,
+    with no ETA once no rank steps, and names the node kept away. Another job holds the spare
+    node meanwhile, so the requeued job waits (else it may start again within seconds of the
+    requeue) and is held. The node then flaps back (its slurmd restarted, the node resumed) and the
+    spare is freed: released, the job still
+    avoids the node, resumes on the other two from the newest committed checkpoint and completes,
     every checkpoint intact, 2 attempts counted (3 when SLURM requeued the job itself before the
     exclusion could land, handed the node back, and the next attempt refused it before its step).
     Slow by nature: SLURM only ends the step once it declares the node down, after the cluster's
     SlurmdTimeout (90 s, already far below SLURM's default of 300 s)."""
     require_three_nodes()
     name = "nodefail"
+    spare = usable_nodes()[-1]
+    occupier = occupy(spare, tmp_path, cleanup)
     job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, SLOW_FIRST_ATTEMPT % "0.5")
     head, dead = job_nodes(job)[:2]
     slurm = backend(tmp_path)
     kill_node(dead)
     killed, killed_at = time.monotonic(), committed_steps(run_dir)[-1]
-    # Once requeued, the job may start again on the other nodes within seconds: held the moment it waits.
     requeued = lambda: slurm.status(job).state in ("PENDING", "REQUEUED")
     until("the requeue", requeued, 240, timeline, job, look_every=5.0)
     subprocess.run(["scontrol", "hold", job], check=True)  # the node comes back before the job restarts
+    subprocess.run(["scancel", occupier], check=True)
     # The record is the promise; SLURM takes the exclusion only on a pending job, so when it requeued
     # the job itself while the batch host still cleaned up, the next attempt refuses the node instead.
     until(f"{dead} kept away", lambda: [q.node for q in kept_away(run_dir, job)] == [dead], 30, timeline, job)
