@@ -10,8 +10,12 @@ REQUEUE_EXIT_CODE = 200
 """The exit code that means "requeue me": a preempted run checkpointed and wants to run again."""
 
 # File rank 0 writes into the run directory once a preemption checkpoint is committed; read by
-# launchers that cannot see the ranks' exit codes (torchrun does not pass them through).
+# launchers that cannot see the ranks' exit codes (torchrun stopped by the preemption signal).
 PREEMPTED_MARKER = "PREEMPTED"
+
+# What every launcher mode runs torchrun as (`python3 -m ...`): torchrun exiting with its first
+# failed worker's code, 128+N for a signal, where torchrun alone exits 1.
+TORCHRUN_MODULE = "dist_jobs.train.torchrun"
 
 # Exit code of a pod entrypoint or batch script that refuses to start again: the run has been
 # restarted preemption.max_requeues times (dist_jobs.rundir.attempts). In 1-127, so neither

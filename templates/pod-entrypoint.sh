@@ -3,15 +3,12 @@
 # dist_jobs.rundir.verdict, as after a SLURM step: a preemption checkpoint, a lost peer (another pod
 # of the job told to stop while the program ran), a hang or a rank killed by a signal exit @REQUEUE@,
 # which restartPolicy ExitCode retries (128-255); the program's own error keeps its code (1-127:
-# permanent). torchrun exits 1 whatever its workers did: the first failing process of the pod
-# leaves its code in DIST_JOBS_EXIT_NOTE. The operator recreates a pod exiting 128-255 without
-# limit (kubeflow/trainer#2045): the run directory counts this pod's starts, and past
-# preemption.max_requeues the pod refuses to start.
+# permanent). torchrun runs as dist_jobs.train.torchrun, which exits with its first failed
+# worker's code (128+N for a signal), not 1 whatever they did. The operator recreates a pod
+# exiting 128-255 without limit (kubeflow/trainer#2045): the run directory counts this pod's
+# starts, and past preemption.max_requeues the pod refuses to start.
 python3 -m dist_jobs.rundir.attempts start || exit
 stamp=$(mktemp)
-notes=$(mktemp -d)
-DIST_JOBS_EXIT_NOTE="$notes/first-failure"
-export DIST_JOBS_EXIT_NOTE
 child=""
 leaving=""
 # Told to stop (the pod is deleted or preempted): say so in the run directory first (an empty
@@ -63,22 +60,17 @@ if [ -n "$lock" ]; then
     lost=--lock-lost
   fi
 fi
-noted=$(cat "$DIST_JOBS_EXIT_NOTE" 2>/dev/null)
-case "$noted" in
-  '' | *[!0-9]*) noted="" ;;
-esac
 # The verdict prints the code to exit with (its own line goes to stderr). An image without
 # dist_jobs gets the old rule: a preemption checkpoint is retried, the rest keeps its code.
-if ! code=$(python3 -m dist_jobs.rundir.pod_end --rc "$rc" ${noted:+--first "$noted"} --since "$stamp" ${lost:+"$lost"} ${leaving:+"$leaving"}); then
+if ! code=$(python3 -m dist_jobs.rundir.pod_end --rc "$rc" --since "$stamp" ${lost:+"$lost"} ${leaving:+"$leaving"}); then
   code=$rc
-  [ "$rc" -ne 0 ] && [ -n "$noted" ] && code=$noted
   marker="${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}/PREEMPTED"
   if [ "$rc" -ne 0 ] && [ -e "$marker" ] && [ "$marker" -nt "$stamp" ]; then
     code=@REQUEUE@
   fi
 fi
 [ "$code" -eq 0 ] && python3 -m dist_jobs.rundir.attempts "done"
-rm -rf "$stamp" "$notes"
+rm -f "$stamp"
 if [ -n "$lock" ] && [ -z "$lost" ]; then
   python3 -m dist_jobs.rundir.lockctl release "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"
 fi

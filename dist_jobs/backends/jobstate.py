@@ -1,4 +1,4 @@
-"""One vocabulary for every scheduler: JobState, and what an exit code means.
+"""One vocabulary for every scheduler: JobState, and a process's end told in the verdict's words.
 
 SLURM says COMPLETED, Kubernetes Succeeded, a local run exit 0: `normalise` maps each
 scheduler's own word onto JobState, which the Python API and `dist-jobs status` show next to it.
@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import signal
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
-
-if TYPE_CHECKING:
-    from dist_jobs.rundir.hang import HangRecord
+from dist_jobs.rundir.hang import HangRecord, describe_hang
+from dist_jobs.rundir.verdict import Failure
 
 
 class JobState(str, Enum):
@@ -74,23 +72,18 @@ def normalise(word: str) -> JobState:
 
 
 def describe_exit(code: int | None, sig: int | None = None, *, hang: HangRecord | None = None) -> str:
-    """`exit 3`, `killed by SIGKILL (exit 137)`, `preempted and checkpointed (exit 200)`;
-    `hang: rank 3 on n2 stopped at step 812; the others wait in all_reduce (exit 200)` when the run
-    directory's hang record (dist_jobs.rundir.hang, the caller checked it is this attempt's) says
-    a watchdog, not a preemption, ended it: its words are describe_hang()'s, for every backend."""
+    """A process's end in the verdict's words (dist_jobs.rundir.verdict.Failure): `exit 3`,
+    `killed by SIGKILL (exit 137)`, `exit 200 (asked to run again)`; `hang: rank 3 on n2 stopped at
+    step 812; the others wait in all_reduce (exit 200)` when the run directory's hang record
+    (dist_jobs.rundir.hang, the caller checked it is this attempt's) says a watchdog ended it.
+    Why a 200 was asked for (a preemption, a lost peer, a killed rank) is the verdict's to say."""
     if sig:
-        return f"killed by {_signal_name(sig)}"
+        return Failure(None, signal=_signal_name(sig)).told()
     if code is None:
         return "no exit code"
     if code == REQUEUE_EXIT_CODE and hang is not None:
-        from dist_jobs.rundir.hang import describe_hang  # here: every status imports this module
-
         return f"{describe_hang(hang)} (exit {code})"
-    if code == REQUEUE_EXIT_CODE:
-        return f"preempted and checkpointed (exit {code})"
-    if 128 < code < 128 + 65:  # a shell's way of saying "killed by signal code-128"
-        return f"killed by {_signal_name(code - 128)} (exit {code})"
-    return f"exit {code}"
+    return Failure(None, code=code).told()
 
 
 def _signal_name(number: int) -> str:

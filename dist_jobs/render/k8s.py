@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE, TORCHRUN_MODULE
 from dist_jobs.errors import SpecError
 from dist_jobs.render.common import header_lines, template_dir, torchrun_tail
 from dist_jobs.render.quoting import kubelet_literal, yaml_block
@@ -152,7 +152,7 @@ def container_command(spec: JobSpec) -> list[str]:
         # whole env:// set (LOCAL_RANK, LOCAL_WORLD_SIZE, ...) before the program runs.
         program = ["python3", "-m", "dist_jobs.launch", "--", *spec.argv]
     else:
-        program = ["torchrun", f"--nproc-per-node={spec.procs}", *torchrun_tail(spec.argv)]
+        program = ["python3", "-m", TORCHRUN_MODULE, f"--nproc-per-node={spec.procs}", *torchrun_tail(spec.argv)]
     return [kubelet_literal(arg) for arg in ["/bin/sh", "-c", wrapper, "dist-jobs-entrypoint", *program]]
 
 

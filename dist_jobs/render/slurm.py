@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE
+from dist_jobs.constants import LOCK_LOST_EXIT_CODE, REQUEUE_EXIT_CODE, REQUEUE_LIMIT_EXIT_CODE, TORCHRUN_MODULE
 from dist_jobs.render.common import header_lines, step_argv, step_signal
 from dist_jobs.render.quoting import sbatch_value, sh, sh_argv, slurm_filename
 from dist_jobs.spec import JobSpec
@@ -103,6 +103,7 @@ def slurm_context(spec: JobSpec) -> dict[str, Any]:
         "env": list(job_env(spec, "slurm").items()),
         "setup": spec.setup,
         "launcher": spec.launcher,
+        "torchrun_module": TORCHRUN_MODULE,
         "srun_flags": srun_flags + container_flags,
         "prefix": prefix,
         "python": python,

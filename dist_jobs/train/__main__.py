@@ -3,9 +3,6 @@
 Exit codes: 0 done; dist_jobs.REQUEUE_EXIT_CODE (200) after a preemption checkpoint, or when a
 peer vanished (PeerLost), to be requeued; 3 for an inconsistent launch (RankError); 2 for bad
 flags; 1 for other failures. Errors of dist-jobs print their message and hint, without a traceback.
-
-torchrun exits 1 whatever its workers' codes, so the first process of a pod to fail also writes its
-code to $DIST_JOBS_EXIT_NOTE (a path the pod entrypoint gives), which the entrypoint exits with.
 """
 
 from __future__ import annotations
@@ -41,26 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except DistJobsError as exc:
         preempted = exc.exit_code == REQUEUE_EXIT_CODE
         print(str(exc) if preempted else f"error: {exc}", file=sys.stderr)
-        note_exit(exc.exit_code)
         return exc.exit_code
-    except Exception:  # a bug: its traceback is worth having, and it is permanent
-        note_exit(1)
-        raise
-    return 0
-
-
-def note_exit(code: int) -> None:
-    """Leave `code` for the pod entrypoint, unless another process of the pod failed first: the
-    first failure is the cause, the others (a peer lost because of it) are its consequence."""
-    path = os.environ.get("DIST_JOBS_EXIT_NOTE")
-    if not path:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError:
-        return
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"{code}\n")
+    return 0  # any other exception is a bug: its traceback is worth having, and it is permanent
 
 
 def preflight() -> int:

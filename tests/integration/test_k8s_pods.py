@@ -379,34 +379,39 @@ def container_pid(pod: Any) -> int:
     return int(pid)
 
 
-def trainer_rank(pod: Any) -> int:
-    """The host pid of the pod's one training rank (`launch: direct`: the entrypoint's child)."""
+def script_rank(pod: Any) -> int:
+    """The host pid of one of the pod's ranks of the user's script (`python3 -c SCRIPT` under torchrun)."""
     argvs = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in descendants(container_pid(pod))}
-    # not the entrypoint's sh, whose arguments name the program too
-    (rank,) = [pid for pid, argv in argvs.items() if b"python" in argv[0] and b"dist_jobs.train" in argv]
-    return rank
+    # not the entrypoint's sh nor torchrun, whose arguments carry the script too
+    ranks = [pid for pid, argv in argvs.items() if b"python" in argv[0] and argv[1:2] == [b"-c"]]
+    assert len(ranks) == 2, argvs
+    return ranks[-1]
 
 
 @pytest.mark.timeout(300)
-def test_a_rank_killed_on_a_node_keeps_the_jobs_recreated_pods_off_that_node(
+def test_a_rank_of_a_users_script_killed_on_a_node_keeps_the_jobs_recreated_pods_off_that_node(
     submit: Any, claim: str, core: client.CoreV1Api, custom: client.CustomObjectsApi, capsys: Any
 ) -> None:
-    """Never the same bad node twice, as Kubernetes runs it: with `max_restarts: 0` the worker's rank
-    SIGKILLed by nobody dist-jobs knows is its node's fault; before the worker pod exits 200 it
-    quarantines its node and, through its ServiceAccount's Role and the in-cluster apiserver,
-    patches the PyTorchJob so that every template refuses that node; the operator recreates the
-    pods from the patched templates, the tier's scheduler places the worker on the other node, the
-    job resumes and succeeds, and status named the node kept away while it ran.
-    Slow by nature: the job runs twice (the first checkpoint, the kill, new pods, the rest)."""
-    data = paced(job_spec("rp-away", claim), steps=40, seconds=0.25)
+    """Never the same bad node twice, as Kubernetes runs it, for a user's own script under torchrun
+    (the default launch): with `max_restarts: 0` a rank of the worker pod SIGKILLed by nobody
+    dist-jobs knows is its node's fault. torchrun (dist_jobs.train.torchrun) exits 137 as that rank
+    did, not 1; before the worker pod exits 200 it leaves its peers a note, quarantines its node
+    and, through its ServiceAccount's Role and the in-cluster apiserver, patches the PyTorchJob so
+    that every template refuses that node. The master's ranks die of the lost peer with the
+    script's own exit code (1), which the note makes a lost peer: exit 200, not the job's failure.
+    The operator recreates the pods from the patched templates, the tier's scheduler places the
+    worker on the other node, the script resumes from its own snapshot and the job succeeds; status
+    named the node kept away while it ran.
+    Slow by nature: the job runs twice (the first snapshot, the kill, new pods, the rest)."""
+    data = job_spec("rp-away", claim, command=["python3", "-c", SNAPSHOTTING])
+    data["train"] = {}
     data["preemption"] = {"max_restarts": 0}
-    data["k8s"]["launch"] = "direct"  # the rank is the entrypoint's child: its exit is the pod's evidence
     job = submit(data)
     run_dir = realpods_tier.volume(claim) / "ckpt" / job
-    eventually(lambda: committed(run_dir), timeout=240, interval=0.5, what="a first checkpoint")
+    eventually(lambda: (run_dir / "snapshot.pt").exists(), timeout=240, interval=0.5, what="the script's snapshot")
     (worker,) = [p for p in pods(core, job) if p.metadata.name.endswith("worker-0")]
     node = worker.spec.node_name
-    os.kill(trainer_rank(worker), signal.SIGKILL)
+    os.kill(script_rank(worker), signal.SIGKILL)
     templates = lambda: custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)["spec"][
         "pytorchReplicaSpecs"
     ]
@@ -414,16 +419,23 @@ def test_a_rank_killed_on_a_node_keeps_the_jobs_recreated_pods_off_that_node(
     eventually(lambda: refused() == [[node], [node]], timeout=120, interval=0.5, what=f"the job to refuse {node}")
     code, out, err = cli(capsys, "status", f"k8s://{NS}/PyTorchJob/{job}", "-o", "json")
     assert code == 0, err
-    # the new pods still start torch and meet again: the job is running, and says what it keeps away
     kept = f"{node} (killed by SIGKILL (exit 137) on {job}-worker-0; until "
     assert json.loads(out)["extra"].get("kept_away", "").startswith(kept), out
     found = ended(custom, job, 360)
     assert state(found) == "Succeeded", found
     (again,) = [p for p in pods(core, job) if p.metadata.name.endswith("worker-0")]
     assert again.metadata.uid != worker.metadata.uid and again.spec.node_name != node
-    assert committed(run_dir)[-1] == 40
+    text = logs(capsys, job, 0)
+    starts = [int(n) for n in re.findall(r"USER starts at step (\d+)", text)]
+    assert starts and starts[-1] > 0 and "USER done" in text, text[-3000:]  # resumed from its snapshot
+    ends = [json.loads(line) for f in (run_dir / "verdicts").iterdir() for line in f.read_text().splitlines()]
+    faults = sorted((v["ending"], v["node"] if v["ending"] == "rank killed" else v["cause"]) for v in ends)
+    assert [f for f in faults if f[0] != "completed"] == [
+        ("peer lost", f"{job}-worker-0 stopped while the program ran"),  # the master: not the script's bug
+        ("rank killed", node),
+    ], ends
     said = (realpods_tier.state_dir() / "pod-logs" / f"{job}-worker-0.{worker.metadata.uid}.log").read_text()
-    assert f"the job's pods keep away from {node} (rank killed" not in said  # the cause is the pod's
+    assert "dist-jobs: torchrun: rank " in said and "failed first (killed by SIGKILL): exit 137" in said, said[-3000:]
     assert f"dist-jobs: the job's pods keep away from {node} (killed by SIGKILL" in said, said[-3000:]
 
 

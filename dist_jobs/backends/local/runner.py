@@ -23,6 +23,7 @@ from dist_jobs.backends.base import Prepared, SnapshotPlan, made, run_dir_of
 from dist_jobs.backends.local.procs import ProcessGroup
 from dist_jobs.backends.preflight import MissingPackages, check_trainer_packages, missing_packages
 from dist_jobs.backends.snapshot import planned, take
+from dist_jobs.constants import TORCHRUN_MODULE
 from dist_jobs.ranks.ports import free_port
 from dist_jobs.ranks.threads import SHARING_VAR
 from dist_jobs.render.common import step_signal, torchrun_tail
@@ -124,7 +125,7 @@ def plan(spec: JobSpec, workdir: Path, port: int, job_id: str, use_gpus: bool) -
         argv = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            TORCHRUN_MODULE,
             f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.procs}",
             "--rdzv-backend=c10d",

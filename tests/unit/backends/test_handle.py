@@ -75,7 +75,7 @@ def test_exit_codes_are_decoded() -> None:
     assert describe_exit(3) == "exit 3"
     assert describe_exit(137) == "killed by SIGKILL (exit 137)"
     assert describe_exit(143) == "killed by SIGTERM (exit 143)"
-    assert describe_exit(200) == "preempted and checkpointed (exit 200)"
+    assert describe_exit(200) == "exit 200 (asked to run again)"
     assert describe_exit(0, 9) == "killed by SIGKILL"
     assert describe_exit(None) == "no exit code"
 

@@ -73,7 +73,17 @@ def test_command_after_double_dash_replaces_default(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = next(yaml.safe_load_all(proc.stdout))
     cmd = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-    assert cmd[4:] == ["torchrun", "--nproc-per-node=4", "--no-python", "python", "train.py", "--lr", "0.1"]
+    assert cmd[4:] == [
+        "python3",
+        "-m",
+        "dist_jobs.train.torchrun",
+        "--nproc-per-node=4",
+        "--no-python",
+        "python",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
 
 
 def test_output_file_and_stdout_identical(tmp_path) -> None:

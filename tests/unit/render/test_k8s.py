@@ -39,7 +39,15 @@ def test_seed_job_master_and_worker() -> None:
     assert c["name"] == "pytorch" and c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "256Gi"}
     assert c["resources"]["requests"]["cpu"] == "32"
-    assert c["command"][4:9] == ["torchrun", "--nproc-per-node=4", "--no-python", "python3", "-m"]
+    assert c["command"][4:11] == [
+        "python3",
+        "-m",
+        "dist_jobs.train.torchrun",
+        "--nproc-per-node=4",
+        "--no-python",
+        "python3",
+        "-m",
+    ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["DIST_JOBS_BACKEND"] == "k8s" and env["DIST_JOBS_CHECKPOINT_DIR"] == "/shared/checkpoints"
     assert env["DIST_JOBS_MAX_REQUEUES"] == "3"  # the pod entrypoint's restart cap

@@ -125,13 +125,13 @@ def test_a_rank_killed_on_a_node_whose_restarts_are_used_up_keeps_the_node_away(
     (tmp_path / "start").touch()
     run_dir = tmp_path / "run"
     # The first SIGKILL there is restarted (the recreated pod may land on n2 again): nothing patched.
-    pod_end.main(["--rc", "1", "--first", "137", "--since", str(tmp_path / "start")])
+    pod_end.main(["--rc", "137", "--since", str(tmp_path / "start")])
     out = capsys.readouterr()
     assert out.out.strip() == "200" and "restarted in place" in out.err
     assert active_quarantines(run_dir, "s1", 1e12 - 1) == []
     assert kept_off(templates(api)["Worker"]) == [] and not any(r.method == "PATCH" for r in api.requests)
     # The second is the node's: it is quarantined and the job's templates refuse it.
-    pod_end.main(["--rc", "1", "--first", "137", "--since", str(tmp_path / "start")])
+    pod_end.main(["--rc", "137", "--since", str(tmp_path / "start")])
     out = capsys.readouterr()
     assert out.out.strip() == "200"
     assert "the job's pods keep away from n2 (killed by SIGKILL (exit 137) on train-worker-0)" in out.err
@@ -153,7 +153,7 @@ def test_the_programs_own_error_and_a_job_that_does_not_avoid_nodes_patch_nothin
     pod_end.main(["--rc", "3", "--since", str(tmp_path / "start")])  # a bug: fails, no node is to blame
     assert capsys.readouterr().out.strip() == "3"
     monkeypatch.setattr(pod_end, "from_env", lambda: (InCluster(api.url, account), ""))  # avoid_failed_nodes off
-    pod_end.main(["--rc", "1", "--first", "137", "--since", str(tmp_path / "start")])
+    pod_end.main(["--rc", "137", "--since", str(tmp_path / "start")])
     assert capsys.readouterr().out.strip() == "200"
     assert not any(r.method == "PATCH" for r in api.requests)
     assert active_quarantines(tmp_path / "run", "s1", 1e12 - 1) == []
@@ -166,7 +166,7 @@ def test_without_a_service_account_the_node_is_quarantined_and_the_pod_says_it_c
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setattr(node_affinity, "SERVICE_ACCOUNT", tmp_path / "none")
     (tmp_path / "start").touch()
-    pod_end.main(["--rc", "1", "--first", "137", "--since", str(tmp_path / "start")])
+    pod_end.main(["--rc", "137", "--since", str(tmp_path / "start")])
     out = capsys.readouterr()
     assert out.out.strip() == "200" and "n2 is quarantined, but this pod has no service account token" in out.err
 

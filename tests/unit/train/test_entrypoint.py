@@ -278,8 +278,7 @@ def test_peer_lost_tells_a_vanished_peer_from_a_bug(error: BaseException, lost: 
 
 @pytest.mark.slow
 def test_a_lost_peer_in_rendezvous_exits_with_the_retryable_code(tmp_path: Path) -> None:
-    """Rank 1 of 2 whose rank 0 never comes: the TCPStore times out, exit 200 (not 1), and the code
-    is left for the pod entrypoint, as torchrun would otherwise report 1."""
+    """Rank 1 of 2 whose rank 0 never comes: the TCPStore times out, exit 200 (not 1)."""
     env = {
         **child_env(),
         "RANK": "1",
@@ -291,22 +290,11 @@ def test_a_lost_peer_in_rendezvous_exits_with_the_retryable_code(tmp_path: Path)
         "DIST_JOBS_ENV": "torchrun",
         "DIST_JOBS_BACKEND": "local",  # two "nodes" on this host, both on loopback
         "DIST_JOBS_RDZV_TIMEOUT": "3",
-        "DIST_JOBS_EXIT_NOTE": str(tmp_path / "note"),
     }
     argv = [PYTHON, "-m", "dist_jobs.train", "--device", "cpu", "--fake-samples", "8", "--epochs", "1"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path)
     assert proc.returncode == 200, proc.stderr[-2000:]
     assert "rank 1 lost a peer (" in proc.stderr and "exiting with 200" in proc.stderr
-    assert (tmp_path / "note").read_text() == "200\n"
-
-
-def test_the_first_failure_of_a_pod_is_the_noted_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dist_jobs.train.__main__ import note_exit
-
-    monkeypatch.setenv("DIST_JOBS_EXIT_NOTE", str(tmp_path / "note"))
-    note_exit(1)  # a bug in one rank...
-    note_exit(200)  # ...makes its neighbour lose a peer: the cause is kept
-    assert (tmp_path / "note").read_text() == "1\n"
 
 
 def test_the_language_model_reports_next_character_accuracy() -> None:

@@ -44,7 +44,7 @@ def test_requeues_used_up_reads_n_of_n_and_200_not_72() -> None:
     assert state is not None and (state.exit_code, state.attempts) == (72, 2)
     got = parse_batch_log(read("batchlog_requeues_used_up.txt"))
     assert (got.attempt, got.exit_code, got.requeues_used_up, got.first_failed) == (1, 200, 1, None)
-    assert got.ranks[0] == "preempted and checkpointed (exit 200) on n1"
+    assert got.ranks[0] == "exit 200 (asked to run again) on n1"
     assert got.summary == "preempted with the requeues used up (1 of 1)"
 
 

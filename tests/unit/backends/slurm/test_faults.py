@@ -163,7 +163,7 @@ def test_exit_200_reads_200_where_sacct_shows_72() -> None:
     state = sacct_job_state(parse_sacct(read("sacct_exit200.txt")), "3")
     assert state is not None and state.exit_code == 72  # sacct keeps 7 bits: `exit 200` reads 72:0
     told = finished_status(state, "fx-exit200", "").detail  # no batch log: sacct's value alone
-    assert told == "preempted and checkpointed (exit 200), or exit 72: sacct shows both as 72"
+    assert told == "exit 200 (asked to run again), or exit 72: sacct shows both as 72"
     assert sacct_exit(3, 0) == "exit 3" and sacct_exit(0, 9) == "killed by SIGKILL"
 
 
@@ -175,7 +175,7 @@ def test_the_batch_logs_exit_200_wins_over_sacct_after_a_node_failure() -> None:
     while_completing = read("batchlog_nodefail.txt").split("dist-jobs: batch start 2")[0]  # attempt 0 only
     got = parse_batch_log(while_completing)
     assert got.exit_code == 200 and got.cancelled_at is None  # "CANCELLED ... DUE TO JOB REQUEUE": no cancel
-    assert got.ranks[0] == "preempted and checkpointed (exit 200) on n1" and 2 not in got.ranks  # n2 said nothing
+    assert got.ranks[0] == "exit 200 (asked to run again) on n1" and 2 not in got.ranks  # n2 said nothing
     assert parse_batch_log(read("batchlog_nodefail.txt")).exit_code == 0  # the resumed attempt completed
 
 

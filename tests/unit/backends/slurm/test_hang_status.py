@@ -21,7 +21,7 @@ FIXTURES = TESTS / "fixtures" / "slurm"
 
 def test_describe_exit_names_the_hung_rank() -> None:
     assert describe_exit(200, hang=HangRecord(rank=1)) == "hang (rank 1) (exit 200)"  # an older record's
-    assert describe_exit(200) == "preempted and checkpointed (exit 200)"
+    assert describe_exit(200) == "exit 200 (asked to run again)"
     assert describe_exit(3, hang=HangRecord(rank=1)) == "exit 3"  # a record beside another exit is not its cause
 
 
@@ -36,10 +36,10 @@ def _local_job(tmp_path: Path) -> Path:
 
 def test_a_local_job_ended_by_the_watchdog_reads_hang_and_an_older_record_is_not_its_cause(tmp_path: Path) -> None:
     run_dir = _local_job(tmp_path)
-    assert LocalBackend().status(str(run_dir)).detail == "preempted and checkpointed (exit 200)"
+    assert LocalBackend().status(str(run_dir)).detail == "exit 200 (asked to run again)"
     started = (run_dir / "local" / "pid").stat().st_mtime
     write_hang(run_dir, HangRecord(rank=3, step=2, time=started - 3600))  # an earlier run's
-    assert LocalBackend().status(str(run_dir)).detail == "preempted and checkpointed (exit 200)"
+    assert LocalBackend().status(str(run_dir)).detail == "exit 200 (asked to run again)"
     os.unlink(run_dir / "HANG")
     write_hang(run_dir, HangRecord(rank=1, step=6, time=started + 1))
     status = LocalBackend().status(str(run_dir))
