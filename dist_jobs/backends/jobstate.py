@@ -6,12 +6,11 @@ scheduler's own word onto JobState, which the Python API and `dist-jobs status` 
 
 from __future__ import annotations
 
-import signal
 from enum import Enum
 
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HangRecord, describe_hang
-from dist_jobs.rundir.verdict import Failure
+from dist_jobs.rundir.verdict import Failure, signal_name
 
 
 class JobState(str, Enum):
@@ -78,16 +77,9 @@ def describe_exit(code: int | None, sig: int | None = None, *, hang: HangRecord 
     (dist_jobs.rundir.hang, the caller checked it is this attempt's) says a watchdog ended it.
     Why a 200 was asked for (a preemption, a lost peer, a killed rank) is the verdict's to say."""
     if sig:
-        return Failure(None, signal=_signal_name(sig)).told()
+        return Failure(None, signal=signal_name(sig)).told()
     if code is None:
         return "no exit code"
     if code == REQUEUE_EXIT_CODE and hang is not None:
         return f"{describe_hang(hang)} (exit {code})"
     return Failure(None, code=code).told()
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

@@ -46,7 +46,7 @@ def kept_off(pod_spec: Mapping[str, Any]) -> list[str]:
     found: list[str] = []
     for term in terms:
         for req in term.get("matchFields") or []:
-            if req.get("key") == NODE_FIELD and req.get("operator") == "NotIn":
+            if _refusal(req):
                 found += [str(v) for v in req.get("values") or []]
     return list(dict.fromkeys(found))
 

@@ -135,9 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _evidence(args: argparse.Namespace, run_dir: Path, member: str, stamp: str) -> Evidence:
-    """What this pod's program left (without a peer's late note: see _verdict)."""
-    since = _mtime(args.since)
+def _evidence(args: argparse.Namespace, run_dir: Path, member: str, stamp: str, since: float) -> Evidence:
+    """What this pod's program, started at `since`, left (without a peer's late note: see _verdict)."""
     hang = attempt_hang(run_dir, since, stamp)
     return Evidence(
         exit_code=args.rc,
@@ -153,11 +152,12 @@ def _evidence(args: argparse.Namespace, run_dir: Path, member: str, stamp: str) 
 
 def _verdict(args: argparse.Namespace, run_dir: Path, member: str, stamp: str, restarts: int) -> Verdict:
     """The verdict; a failure that reads as the program's own first waits for a peer's note."""
-    evidence = _evidence(args, run_dir, member, stamp)
+    since = _mtime(args.since)
+    evidence = _evidence(args, run_dir, member, stamp, since)
     verdict = decide(evidence, restarts_left=restarts)
     if verdict.ending is Ending.PROGRAM_ERROR and not args.leaving and peers_expected(os.environ):
         seconds = env_seconds("DIST_JOBS_PEER_WORD_SECONDS", PEER_WORD_SECONDS, floor=0.0)
-        left = await_peer(run_dir, member, _mtime(args.since), seconds)
+        left = await_peer(run_dir, member, since, seconds)
         if left:
             verdict = decide(replace(evidence, peer_left=left), restarts_left=restarts)
     return verdict

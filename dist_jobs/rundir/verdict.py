@@ -88,7 +88,7 @@ class Failure:
         if self.signal:
             what = f"killed by {self.signal}"
         elif self.code is not None and self.code in _SIGNAL_DEATHS:
-            what = f"killed by {_signal_name(self.code - 128)} (exit {self.code})"
+            what = f"killed by {signal_name(self.code - 128)} (exit {self.code})"
         elif self.code == REQUEUE_EXIT_CODE:
             what = f"exit {self.code} (asked to run again)"  # a checkpoint on a signal, or a lost peer
         else:
@@ -216,7 +216,8 @@ def _classify(ev: Evidence) -> Verdict:
     return Verdict(Ending.PROGRAM_ERROR, Action.FAIL, first.code or 1, cause, rank=rank, node=node)
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
+    """ "SIGKILL" for 9; "signal N" for a number with no name."""
     try:
         return signal.Signals(number).name
     except ValueError:
