@@ -73,6 +73,8 @@ class Action(str, Enum):
 
 # What a fault-free allocation retries in place; what only a new allocation can fix.
 _RESTARTABLE = (Ending.RANK_KILLED, Ending.PEER_LOST, Ending.HANG)
+# What a program's own error gets, as status says it on every backend.
+NOT_RETRIED = "failed at once: the program's own error is not retried"
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Verdict:
     time: float = 0.0
     extra: dict[str, str] = field(default_factory=dict, hash=False)
     stamp: str = ""  # the stamp of the lock the launcher held ("" for none: a pod that holds no token)
+    failure: str = ""  # the first failure's own end, told ("exit 3 on n1"), "" where none decided it
 
     @property
     def fault_in_place(self) -> bool:
@@ -154,6 +157,17 @@ class Verdict:
             return f"{self.cause}{then}"
         return f"{self.ending}{cause}{then}"
 
+    def in_status(self) -> str:
+        """The verdict as `status` tells an ended attempt: a failure by the process that failed
+        first (`rank 1 failed first: exit 3 on n1; failed at once: ...`), anything else by its
+        ending and the exit code its launcher ended with."""
+        if self.action is Action.DONE:
+            return f"exit {self.exit_code}"
+        if self.ending is Ending.PROGRAM_ERROR:
+            first = f"rank {self.rank} failed first: {self.failure}" if self.rank is not None else self.failure
+            return f"{first or self.cause}; {NOT_RETRIED}"
+        return f"{self.told()} (exit {self.exit_code})"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
@@ -166,6 +180,7 @@ class Verdict:
             cause=str(data.get("cause", "")),
             rank=None if data.get("rank") is None else int(data["rank"]),
             node=str(data.get("node", "")),
+            failure=str(data.get("failure", "")),
             attempt=str(data.get("attempt", "")),
             time=float(data.get("time", 0.0)),
             extra={str(k): str(v) for k, v in dict(data.get("extra") or {}).items()},
@@ -185,8 +200,6 @@ def decide(evidence: Evidence, *, restarts_left: int = 0) -> Verdict:
 def _classify(ev: Evidence) -> Verdict:
     # Without srun's or the launcher's word on a process, the step's own exit code is the failure.
     first = ev.failures[0] if ev.failures else (Failure(None, code=ev.exit_code) if ev.exit_code else None)
-    rank, node = (first.rank, first.node) if first else (None, "")
-    cause = "" if first is None else (f"rank {first.rank} " if first.rank is not None else "") + first.told()
     if ev.lock_lost:
         return Verdict(Ending.LOCK_LOST, Action.STOP, LOCK_LOST_EXIT_CODE, "another run took the run directory over")
     lost = ", ".join(ev.lost_nodes)
@@ -202,18 +215,34 @@ def _classify(ev: Evidence) -> Verdict:
         return Verdict(Ending.NODE_UNFIT, Action.REQUEUE, REQUEUE_EXIT_CODE, why, node=unfit)
     if first is None:
         return Verdict(Ending.COMPLETED, Action.DONE, 0)
+    ending, cause = _of_failure(ev, first)
+    if ending is Ending.PROGRAM_ERROR:
+        return _blamed(first, ending, Action.FAIL, first.code or 1, cause)
+    action = Action.REQUEUE if ending is Ending.PREEMPTED else Action.RESTART
+    return _blamed(first, ending, action, REQUEUE_EXIT_CODE, cause)
+
+
+def _of_failure(ev: Evidence, first: Failure) -> tuple[Ending, str]:
+    """What ended an attempt whose process `first` failed first, and the words for its cause."""
+    told = (f"rank {first.rank} " if first.rank is not None else "") + first.told()
     if ev.hang:
-        return Verdict(Ending.HANG, Action.RESTART, REQUEUE_EXIT_CODE, ev.hang, rank=rank, node=node)
+        return Ending.HANG, ev.hang
     if ev.preempted or ev.warned:
-        why = ev.said or ("the scheduler's warning reached the job" if ev.warned else "checkpointed on a signal")
-        return Verdict(Ending.PREEMPTED, Action.REQUEUE, REQUEUE_EXIT_CODE, why, rank=rank, node=node)
+        return Ending.PREEMPTED, ev.said or (
+            "the scheduler's warning reached the job" if ev.warned else "checkpointed on a signal"
+        )
     if ev.step_lost and not ev.failures:  # srun killed by its watcher: its exit is not a rank's
-        return Verdict(Ending.PEER_LOST, Action.RESTART, REQUEUE_EXIT_CODE, ev.step_lost, rank=rank, node=node)
+        return Ending.PEER_LOST, ev.step_lost
     if first.by_signal:
-        return Verdict(Ending.RANK_KILLED, Action.RESTART, REQUEUE_EXIT_CODE, cause, rank=rank, node=node)
+        return Ending.RANK_KILLED, told
     if ev.peer_left or first.code == REQUEUE_EXIT_CODE:  # the built-in trainer's exit on a lost peer
-        return Verdict(Ending.PEER_LOST, Action.RESTART, REQUEUE_EXIT_CODE, ev.peer_left or cause, rank=rank, node=node)
-    return Verdict(Ending.PROGRAM_ERROR, Action.FAIL, first.code or 1, cause, rank=rank, node=node)
+        return Ending.PEER_LOST, ev.peer_left or told
+    return Ending.PROGRAM_ERROR, told
+
+
+def _blamed(first: Failure, ending: Ending, action: Action, exit_code: int, cause: str) -> Verdict:
+    """A verdict on the process that failed first: its rank, node and own end recorded with it."""
+    return Verdict(ending, action, exit_code, cause, rank=first.rank, node=first.node, failure=first.told())
 
 
 def signal_name(number: int) -> str:

@@ -97,7 +97,9 @@ def test_a_rank_that_stops_stepping_is_dumped_requeued_and_the_rerun_resumes(tmp
     host = hang.stopped[0].host  # one node: the firing rank's too
     assert host and host == hang.host, hang
     said = f"hang: rank 1 on {host} stopped at step 6; the others wait in {hang.others}"
-    assert f"{said} (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
+    assert f"{said}; to resume from the latest checkpoint (exit {REQUEUE_EXIT_CODE})" in status.stdout, (
+        status.stdout + status.stderr
+    )
     assert "preempted" not in status.stdout
     progress = read_progress(run_dir)
     assert progress is not None and progress["step"] == 6 and progress["checkpoint_step"] == 4, progress
@@ -169,7 +171,9 @@ def test_a_sigstopped_rank_is_the_one_the_record_and_status_name_not_the_rank_wh
     )
     assert gone.host and gone.host == hang.host, hang  # one node: the firing rank's too
     said = f"hang: rank 1 on {gone.host} stopped at step {gone.step}; the others wait in {hang.others}"
-    assert f"{said} (exit {REQUEUE_EXIT_CODE})" in status.stdout, status.stdout + status.stderr
+    assert f"{said}; to resume from the latest checkpoint (exit {REQUEUE_EXIT_CODE})" in status.stdout, (
+        status.stdout + status.stderr
+    )
     assert not Path(f"/proc/{stalled}").exists() or "Z" in Path(f"/proc/{stalled}/stat").read_text().split(")")[-1][:3]
     assert_the_flight_recorder_trace_of_rank_0_alone(run_dir, text)
 

@@ -77,7 +77,8 @@ def test_cli_submit_wait_follow_exits_with_the_outcome_and_status_names_the_exit
     assert "failed (FAILED)  rank 1 failed first: exit 3" in proc.stderr
     assert "dist-jobs: exit code 3: the program failed: rank 1 exit 3; failed at once" in proc.stdout
     status = json.loads(dj("status", "-o", "json", handle, cwd=REPO).stdout)  # elsewhere: the handle is enough
-    assert (status["state"], status["detail"]) == ("failed", "rank 1 failed first: exit 3")
+    assert status["state"] == "failed"
+    assert status["detail"] == "rank 1 failed first: exit 3; failed at once: the program's own error is not retried"
     assert status["ranks"] == {"1": "exit 3"}
     assert dj("wait", handle, cwd=REPO).returncode == 1
     assert dj("logs", "--rank", "1", handle, cwd=REPO).stdout == "hello from 1\n"

@@ -31,7 +31,6 @@ from dist_jobs.backends.local.record import (
     CANCELLED,
     CODE,
     EXIT,
-    FIRST,
     FOLDER,
     LOG,
     PID,
@@ -47,12 +46,11 @@ from dist_jobs.backends.local.record import (
     write,
 )
 from dist_jobs.backends.snapshot import describe, plan, read, take
-from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.errors import BackendError, UsageError
-from dist_jobs.rundir.hang import HangRecord, attempt_hang
 from dist_jobs.rundir.ledger import ledger
 from dist_jobs.rundir.lock import LOCK_NAME, LockHeld, current, stale_seconds
 from dist_jobs.rundir.place import RunDir
+from dist_jobs.rundir.verdict import Action, Verdict, recorded
 
 # status, logs and cancel load neither the spec classes (msgspec, yaml) nor the renderer, as on
 # SLURM (tests/unit/test_imports.py): the launcher and the spec's serialisation are imported where used.
@@ -146,7 +144,7 @@ class LocalBackend(Backend):
 
         if code is not None:  # first: a refused one leaves the last job's record
             take(code)
-        for stale in (EXIT, CANCELLED, PID, FIRST, REFUSED, CODE):
+        for stale in (EXIT, CANCELLED, PID, REFUSED, CODE):
             (folder / stale).unlink(missing_ok=True)
         if spec.snapshot:  # its record (commit, uncommitted changes), for status
             write(folder / CODE, json.dumps(read(Path(spec.workdir or ""))))
@@ -214,13 +212,7 @@ class LocalBackend(Backend):
             code = read_int(folder / EXIT)
         if code is None:
             return JobStatus(job_id, name, "FAILED", f"the launcher died without an exit code; see {folder / LOG}")
-        if code == 0:
-            return JobStatus(job_id, name, "COMPLETED", "exit 0")
-        if (folder / CANCELLED).exists():
-            return JobStatus(job_id, name, "CANCELLED", describe_exit(code))
-        if code == REQUEUE_EXIT_CODE:
-            return JobStatus(job_id, name, "PREEMPTED", describe_exit(code, hang=_hang(folder)))
-        return _failed(job_id, name, code, folder)
+        return _ended(job_id, name, code, folder)
 
     def list(self) -> list[JobStatus]:
         """Every job submitted from this machine (backends.records) whose run directory still holds it."""
@@ -357,28 +349,37 @@ def _refuse_a_held_run_dir(run_dir: Path) -> None:
         raise LockHeld(run_dir / LOCK_NAME, holder, 0.0, stale_seconds())
 
 
-def _failed(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
-    """FAILED, naming why the launcher refused the run, or the process that failed first (the
-    launcher stopped the others)."""
+# What the local launcher's last verdict (dist_jobs.rundir.verdict) left the run as, in the words
+# SLURM uses for the same end; a verdict that would go on (a restart) ended the run only when
+# the launcher lost its lock meanwhile.
+_ENDED_AS = {Action.DONE: "COMPLETED", Action.REQUEUE: "PREEMPTED", Action.NONE: "CANCELLED"}
+
+
+def _ended(job_id: str, name: str, code: int, folder: Path) -> JobStatus:
+    """An ended run, as its launcher's verdict says; as the lock's refusal says when the launcher
+    refused to start it; by its exit code alone where no verdict is recorded (a launcher killed
+    outright, or one that lost its lock: that one writes nothing more into the run directory)."""
     with contextlib.suppress(OSError):
         return JobStatus(job_id, name, "FAILED", f"{(folder / REFUSED).read_text().strip()} ({describe_exit(code)})")
-    try:
-        label, first = (folder / FIRST).read_text().strip().split("\t")
-    except (OSError, ValueError):  # none recorded (a launcher killed outright, or an older run)
-        return JobStatus(job_id, name, "FAILED", describe_exit(code))
-    what = describe_exit(int(first)) if first.lstrip("-").isdigit() else first
-    unit, _, number = label.partition(" ")
-    ranks = {int(number): what} if unit == "rank" and number.isdigit() else {}
-    return JobStatus(job_id, name, "FAILED", f"{label} failed first: {what}", ranks=ranks)
+    verdict = _last_verdict(folder, code)
+    if (folder / CANCELLED).exists() and code != 0:
+        return JobStatus(job_id, name, "CANCELLED", verdict.in_status() if verdict else describe_exit(code))
+    if verdict is None:
+        return JobStatus(job_id, name, "COMPLETED" if code == 0 else "FAILED", describe_exit(code))
+    ranks = {verdict.rank: verdict.failure} if verdict.rank is not None and verdict.failure else {}
+    return JobStatus(job_id, name, _ENDED_AS.get(verdict.action, "FAILED"), verdict.in_status(), ranks=ranks)
 
 
-def _hang(folder: Path) -> HangRecord | None:
-    """The hang record of the watchdog that ended this run, if it is newer than the launcher."""
+def _last_verdict(folder: Path, code: int) -> Verdict | None:
+    """The verdict the launcher of this submission (its pid names them) ended with, exit `code`;
+    None if it left none (one that lost its lock records no more: its last verdict is not its end)."""
     try:
-        started = (folder / PID).stat().st_mtime
+        submitted = (folder / PID).stat().st_mtime
     except OSError:
         return None
-    return attempt_hang(folder.parent, started)
+    found = [v for v in recorded(folder.parent, str(launcher_pid(folder))) if v.time >= submitted]
+    last = max(found, key=lambda v: v.time, default=None)
+    return last if last is not None and last.exit_code == code else None
 
 
 def _submitted(run_dir: Path) -> records.Submitted:

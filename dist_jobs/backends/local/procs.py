@@ -126,7 +126,6 @@ class ProcessGroup:
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._labels: list[str] = []
-        self.first_failure: tuple[str, int] | None = None  # after run(): (label, code) of the first to fail
         self.restarts_left = 0  # restarts in place the launcher may still do: a fault's verdict is restart
         self.verdict: Verdict | None = None  # after run(): how it ended
 
@@ -273,9 +272,7 @@ class ProcessGroup:
             first = next((i for i, c in enumerate(codes) if c not in (None, 0, REQUEUE_EXIT_CODE)), None)
             code = codes[first] if first is not None else None
         if code is not None and first is not None:
-            label = self._labels[first]
-            self.first_failure = (label, code)
-            failures = (Failure(_rank_of(label), "", code),)
+            failures = (_failure(self._labels[first], code),)
         exit_code = code if code is not None else next((c for c in codes if c), 0)
         evidence = Evidence(
             exit_code=exit_code,
@@ -344,7 +341,10 @@ class _Outcome:
         return self
 
 
-def _rank_of(label: str) -> int | None:
-    """The global rank of a process label ("rank 3"); None for a node's torchrun ("node 1")."""
+def _failure(label: str, code: int) -> Failure:
+    """The failure of the process `label`: a rank ("rank 3"), or a node's torchrun ("node 1"),
+    which the verdict names as the node it failed on."""
     unit, _, number = label.partition(" ")
-    return int(number) if unit == "rank" and number.isdigit() else None
+    if unit == "rank" and number.isdigit():
+        return Failure(int(number), "", code)
+    return Failure(None, label, code)

@@ -1,7 +1,8 @@
 """The run's `local/` folder (`<run dir>/local/`): the record a launched run keeps, so that any
 shell that reads the run directory can ask about it. A detached run (`submit`) and a foreground
-one (`run`) keep the same record: the launcher's pid, the spec, every rank's output, the process
-that failed first, why a run was refused, and the exit code once it ended.
+one (`run`) keep the same record: the launcher's pid, the spec, every rank's output, why a run
+was refused, and the exit code once it ended. How it ended is the verdict's to say
+(dist_jobs.rundir.verdict, recorded in the run directory under the launcher's pid).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ FOLDER = "local"  # below the run directory
 PID, LOG, EXIT, CANCELLED, SPEC = "pid", "output.log", "exit_code", "cancelled", "spec.yaml"
 CODE = "code.json"  # the snapshot the job runs from (dist_jobs.backends.snapshot), if submitted with one
 CLAIM = "submitting"  # locked by the process submitting the run now (dist-jobs submit), its pid inside
-FIRST = "failed_first"  # "<label>\t<code>": the process that failed first ("rank 1", torchrun mode "node 0")
 REFUSED = "refused"  # why the launcher refused to start the run (the lock's refusal): its error's sentence
 
 
@@ -48,8 +48,6 @@ def run_recorded(spec: JobSpec, folder: Path, runner: LocalRunner) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if runner.first_failure:  # before EXIT: a status that sees the code sees this too
-            write(folder / FIRST, "\t".join(map(str, runner.first_failure)))
         write(folder / EXIT, str(code))
     return code
 

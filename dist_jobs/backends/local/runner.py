@@ -155,7 +155,6 @@ class LocalRunner:
         self.workdir = workdir or Path.cwd()
         self.missing = missing
         self.clock = clock
-        self.first_failure: tuple[str, int] | None = None  # after run(): which process failed first, its code
 
     @staticmethod
     def _gpu_mode(spec: JobSpec) -> tuple[bool, str]:
@@ -230,7 +229,6 @@ class LocalRunner:
                     file=self.out,
                     flush=True,
                 )
-        self.first_failure = group.first_failure
         return code
 
     def _code(self, spec: JobSpec) -> tuple[JobSpec, Path]:

@@ -25,7 +25,7 @@ from dist_jobs.backends.jobstate import describe_exit
 from dist_jobs.backends.slurm.squeue_sacct import SacctJobState, sacct_exit
 from dist_jobs.constants import REQUEUE_EXIT_CODE
 from dist_jobs.rundir.hang import HangRecord
-from dist_jobs.rundir.verdict import Action, Failure, Verdict
+from dist_jobs.rundir.verdict import NOT_RETRIED, Action, Failure, Verdict
 
 _ATTEMPT = re.compile(r"^dist-jobs: job \S+ attempt (\d+) on ", re.M)
 _TASK = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$", re.M)
@@ -184,5 +184,5 @@ def finished_status(
     if restarts:
         extra["restarts_in_place"] = str(restarts)
     if verdicts and verdicts[-1].action is Action.FAIL:
-        detail += "; failed at once: the program's own error is not retried"
+        detail += f"; {NOT_RETRIED}"
     return JobStatus(state.job_id, name, state.state, detail, extra, outcome.ranks if launcher != "torchrun" else {})

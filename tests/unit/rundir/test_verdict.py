@@ -55,6 +55,22 @@ def test_the_verdict_names_the_rank_and_node_that_failed_first() -> None:
     )
 
 
+def test_status_tells_a_failure_by_the_process_that_failed_first_and_any_other_end_by_its_exit() -> None:
+    """The words `status` shows for an ended attempt on every backend (verdict.in_status)."""
+    failed = decide(Evidence(143, (EXIT3, KILLED)))
+    assert failed.failure == "exit 3 on n1"
+    assert (
+        failed.in_status()
+        == "rank 1 failed first: exit 3 on n1; failed at once: the program's own error is not retried"
+    )
+    on_a_node = decide(Evidence(1, (Failure(None, "node 0", 1),)))  # a local torchrun: its node, no rank
+    assert on_a_node.in_status() == "exit 1 on node 0; failed at once: the program's own error is not retried"
+    assert decide(Evidence(143, (KILLED,)), restarts_left=0).in_status() == (
+        "rank killed: rank 3 killed by SIGKILL on n2; to resume from the latest checkpoint (exit 200)"
+    )
+    assert decide(Evidence(0)).in_status() == "exit 0"
+
+
 def test_a_cancel_blames_no_rank_the_ranks_exits_followed_it() -> None:
     """scancel or `scontrol requeue`: the trainer checkpoints and exits 200 on every rank, which is
     the cancel's doing, not a lost peer on whichever rank srun heard first."""

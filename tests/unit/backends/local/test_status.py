@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dist_jobs.backends.local import jobs
 from dist_jobs.backends.local.jobs import LocalBackend
-from dist_jobs.backends.local.record import Started
+from dist_jobs.backends.local.record import Started, launcher_pid
+from dist_jobs.rundir.verdict import Evidence, Failure, decide, record
 from support.lock_support import gone_launcher
 
 
@@ -61,3 +63,31 @@ def test_a_job_that_ends_while_its_status_is_read_reads_its_exit_code(
     monkeypatch.setattr(jobs, "alive", ended_meanwhile)
     status = LocalBackend().status(str(run_dir))
     assert (status.state, status.detail) == ("COMPLETED", "exit 0")
+
+
+def _ended(tmp_path: Path, code: int) -> tuple[Path, str, float]:
+    """A run whose launcher ended with `code`: its submission (the launcher's pid), and when it was submitted."""
+    run_dir = _started(tmp_path)
+    (run_dir / "local" / "exit_code").write_text(f"{code}\n")
+    return run_dir, str(launcher_pid(run_dir / "local")), (run_dir / "local" / "pid").stat().st_mtime
+
+
+def test_an_ended_run_reads_as_its_launchers_verdict_and_an_older_submissions_is_not_its_cause(tmp_path: Path) -> None:
+    """Status tells the verdict the launcher recorded under its pid: a hang gives the run up
+    (PREEMPTED, the hang's sentence), a bug fails it naming the rank; a verdict older than the
+    submission (an earlier launcher that had the same pid) or of another exit code is not its end."""
+    run_dir, pid, submitted = _ended(tmp_path, 200)
+    hang = "hang: rank 1 on n0 stopped at step 6; the others wait in backward"
+    older = decide(Evidence(3, (Failure(2, code=3),)))
+    record(run_dir, pid, replace(older, time=submitted - 3600))
+    status = LocalBackend().status(str(run_dir))
+    assert (status.state, status.detail) == ("FAILED", "exit 200 (asked to run again)")  # no verdict of its own
+    record(run_dir, pid, replace(decide(Evidence(200, (Failure(1, code=200),), hang=hang)), time=submitted + 1))
+    status = LocalBackend().status(str(run_dir))
+    assert (status.state, status.detail) == ("PREEMPTED", f"{hang}; to resume from the latest checkpoint (exit 200)")
+    (run_dir / "local" / "exit_code").write_text("3\n")  # the verdict of a 200 is not a 3's
+    assert LocalBackend().status(str(run_dir)).detail == "exit 3"
+    record(run_dir, pid, replace(older, time=submitted + 2))
+    status = LocalBackend().status(str(run_dir))
+    assert (status.state, status.ranks) == ("FAILED", {2: "exit 3"})
+    assert status.detail == "rank 2 failed first: exit 3; failed at once: the program's own error is not retried"

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from dist_jobs.backends.jobstate import describe_exit
-from dist_jobs.backends.local.jobs import LocalBackend
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.rundir.hang import HangRecord, StoppedRank, write_hang
 from support.paths import TESTS
@@ -23,33 +22,6 @@ def test_describe_exit_names_the_hung_rank() -> None:
     assert describe_exit(200, hang=HangRecord(rank=1)) == "hang (rank 1) (exit 200)"  # an older record's
     assert describe_exit(200) == "exit 200 (asked to run again)"
     assert describe_exit(3, hang=HangRecord(rank=1)) == "exit 3"  # a record beside another exit is not its cause
-
-
-def _local_job(tmp_path: Path) -> Path:
-    """A local job's run directory as `dist-jobs run --record` leaves it after exit 200."""
-    run_dir = tmp_path / "checkpoints" / "hang"
-    (run_dir / "local").mkdir(parents=True)
-    for name, text in (("pid", "1"), ("spec.yaml", "{}\n"), ("exit_code", "200")):
-        (run_dir / "local" / name).write_text(text)
-    return run_dir
-
-
-def test_a_local_job_ended_by_the_watchdog_reads_hang_and_an_older_record_is_not_its_cause(tmp_path: Path) -> None:
-    run_dir = _local_job(tmp_path)
-    assert LocalBackend().status(str(run_dir)).detail == "exit 200 (asked to run again)"
-    started = (run_dir / "local" / "pid").stat().st_mtime
-    write_hang(run_dir, HangRecord(rank=3, step=2, time=started - 3600))  # an earlier run's
-    assert LocalBackend().status(str(run_dir)).detail == "exit 200 (asked to run again)"
-    os.unlink(run_dir / "HANG")
-    write_hang(run_dir, HangRecord(rank=1, step=6, time=started + 1))
-    status = LocalBackend().status(str(run_dir))
-    assert (status.state, status.detail) == ("PREEMPTED", "hang (rank 1) (exit 200)")
-    os.unlink(run_dir / "HANG")  # a record that names the rank that stopped: its sentence
-    write_hang(
-        run_dir, HangRecord(0, 6, started + 1, stopped=(StoppedRank(1, "n0", 6),), others="backward", compared=2)
-    )
-    status = LocalBackend().status(str(run_dir))
-    assert status.detail == "hang: rank 1 on n0 stopped at step 6; the others wait in backward (exit 200)"
 
 
 class Sacct:
