@@ -261,10 +261,12 @@ def test_a_checkpoint_longer_than_the_watchdog_limit_is_not_a_hang(tmp_path: Pat
     assert len(committed_steps(tmp_path / "checkpoints" / name)) >= 2
 
 
-def past_step_8(tmp_path: Path, cleanup: list[str], name: str, *setup: str, **train: Any) -> tuple[str, Path, Timeline]:
+def past_step_8(
+    tmp_path: Path, cleanup: list[str], name: str, *setup: str, launcher: str = "srun", **train: Any
+) -> tuple[str, Path, Timeline]:
     """A 2 x 2 job of the built-in trainer (checkpoint every 4 steps, `setup` slowing it), once
     its checkpoint step-8 is committed: (job id, run directory, its timeline)."""
-    data = spec_data(tmp_path, name, train={**TRAIN, "checkpoint_every_steps": 4, **train})
+    data = spec_data(tmp_path, name, launcher=launcher, train={**TRAIN, "checkpoint_every_steps": 4, **train})
     data["setup"].extend(setup)
     job = submit(tmp_path, write_spec(tmp_path, data))
     cleanup.append(job)
@@ -289,27 +291,33 @@ def rank_pid(job_id: str, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_a_killed_rank_restarts_in_place_within_a_minute_and_the_job_is_never_requeued(
-    tmp_path: Path, cleanup: list[str]
+    tmp_path: Path, cleanup: list[str], launcher: str
 ) -> None:
     """Rank 3 of a 2 x 2 job is SIGKILLed after checkpoint step-8 (what the OOM killer does): srun
     stops the others, the verdict is "rank killed" and, both nodes answering, the batch script
     starts the step again in the same allocation from step-8: no requeue, no queue wait. The
-    first new step comes within 60 s of the kill; status counts the restart."""
-    name = "rankkill"
-    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, "export DJ_TEST_STEP_DELAY=0.3")
+    first new step comes within 60 s of the kill; status counts the restart. In torchrun mode the
+    node's torchrun exits as its killed worker did (137, not torchrun's own 1, which would read
+    as the program's error), and srun's task is that node's torchrun: the verdict names the node."""
+    name = f"rankkill-{launcher}"
+    job, run_dir, timeline = past_step_8(tmp_path, cleanup, name, "export DJ_TEST_STEP_DELAY=0.3", launcher=launcher)
     pid = eventually(lambda: rank_pid(job, 3), timeout=30, what="rank 3's process")
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
     status = wait_finished(tmp_path, name, job, timeout=240)
     timeline.look(job)
-    print(f"\n--- timeline (job {job}, rank 3 killed):\n{timeline}")
+    print(f"\n--- timeline (job {job}, {launcher} mode, rank 3 killed):\n{timeline}")
     assert status.state == "COMPLETED", batch_log(tmp_path, name, job)
     verdicts = recorded(run_dir, job)
     assert [(v.ending, v.action, v.rank, v.node) for v in verdicts] == [
-        (Ending.RANK_KILLED, Action.RESTART, 3, "n2"),
+        (Ending.RANK_KILLED, Action.RESTART, 3 if launcher == "srun" else None, "n2"),
         (Ending.COMPLETED, Action.DONE, None, ""),
     ], verdicts
+    assert verdicts[0].failure == (
+        "killed by SIGKILL on n2" if launcher == "srun" else "killed by SIGKILL (exit 137) on n2"
+    )
     assert final_sacct_state(job)[1] == 1  # one allocation: never requeued
     assert status.extra.get("restarts_in_place") == "1", status
     first_new = next(row for row in read_history(run_dir) if float(row["time"]) > verdicts[0].time)

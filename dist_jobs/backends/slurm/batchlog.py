@@ -95,10 +95,11 @@ def _what(text: str, cancelled: bool) -> tuple[str, bool]:
     return (f"killed by {name}" if name else text), True
 
 
-def srun_failures(text: str, cancelled: bool = False) -> tuple[Failure, ...]:
+def srun_failures(text: str, cancelled: bool = False, tasks_are_ranks: bool = True) -> tuple[Failure, ...]:
     """The tasks that failed by themselves, in the order srun reported them (the first is the
     cause), from srun's own `srun: error: NODE: task N: ...` lines; the tasks srun stopped after
-    them are left out."""
+    them are left out. `tasks_are_ranks`: False in torchrun mode, where a task is a node's
+    torchrun: its number is no rank, and its failure is told by its node alone."""
     found: list[Failure] = []
     for match in _TASK.finditer(text):
         what = match.group("what")
@@ -106,7 +107,8 @@ def srun_failures(text: str, cancelled: bool = False) -> tuple[Failure, ...]:
         if not exited and not _what(what, cancelled)[1]:
             continue
         code, sig = (int(exited.group(1)), None) if exited else (None, _SIGNALS.get(what, what))
-        found.extend(Failure(task, match.group("node"), code, sig) for task in _tasks(match.group("tasks")))
+        tasks = _tasks(match.group("tasks"))
+        found.extend(Failure(task if tasks_are_ranks else None, match.group("node"), code, sig) for task in tasks)
     return tuple(found)
 
 

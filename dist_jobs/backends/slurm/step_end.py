@@ -90,7 +90,7 @@ def evidence(args: argparse.Namespace) -> Evidence:
         lock_lost = True
     return Evidence(
         exit_code=args.rc,
-        failures=srun_failures(text, cancelled=args.cancelled),
+        failures=srun_failures(text, cancelled=args.cancelled, tasks_are_ranks=not args.tasks_are_nodes),
         warned=args.warned,
         cancelled=args.cancelled,
         preempted=preempted_since(args.run_dir, since, stamp),
@@ -268,6 +268,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", default="", help="the allocation's SLURM_JOB_NODELIST")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per node the job asks for (the node check lists them)")
     p.add_argument("--restarts-left", type=int, default=0)
+    p.add_argument("--tasks-are-nodes", action="store_true", help="torchrun mode: srun's task N is node N's torchrun")
     p.add_argument("--warned", action="store_true", help="the batch shell got the scheduler's warning")
     p.add_argument("--cancelled", action="store_true", help="the batch shell got SIGTERM (scancel, requeue)")
     return p

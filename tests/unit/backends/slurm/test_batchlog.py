@@ -9,7 +9,7 @@ from pathlib import Path
 from dist_jobs.backends.slurm.backend import SlurmBackend
 from dist_jobs.backends.slurm.batchlog import finished_status, parse_batch_log, srun_failures
 from dist_jobs.backends.slurm.squeue_sacct import parse_sacct, sacct_job_state
-from dist_jobs.rundir.verdict import Failure
+from dist_jobs.rundir.verdict import Evidence, Failure, decide
 from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "slurm"
@@ -133,3 +133,16 @@ def test_srun_failures_keep_the_tasks_that_failed_by_themselves_first_first() ->
     assert srun_failures(killed) == (Failure(1, "n1", signal="SIGKILL"),)
     both = "srun: error: n2: tasks 2-3: Exited with exit code 200\nsrun: error: n1: task 0: Segmentation fault\n"
     assert srun_failures(both) == (Failure(2, "n2", 200), Failure(3, "n2", 200), Failure(0, "n1", signal="SIGSEGV"))
+
+
+def test_in_torchrun_mode_a_failed_task_is_a_nodes_torchrun_told_by_its_node_not_as_a_rank() -> None:
+    """srun's task 1 in torchrun mode is the second node's torchrun, which exits as its first
+    failed worker did (dist_jobs.train.torchrun): a rank killed there, whichever rank it was."""
+    killed = "srun: error: n2: task 1: Exited with exit code 137\n"
+    (failure,) = srun_failures(killed, tasks_are_ranks=False)
+    assert failure == Failure(None, "n2", code=137)
+    verdict = decide(Evidence(137, (failure,)), restarts_left=1)
+    assert (
+        verdict.told()
+        == "rank killed: killed by SIGKILL (exit 137) on n2; restarted in place from the latest checkpoint"
+    )

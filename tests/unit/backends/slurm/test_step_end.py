@@ -27,7 +27,7 @@ def test_a_late_marker_and_hang_record_of_the_old_holder_do_not_make_the_step_pr
     args = argparse.Namespace(
         rc=1, errors=tmp_path / "srun.err", since=tmp_path / "start", run_dir=run_dir, token=lock.token
     )
-    args.warned = args.cancelled = False
+    args.warned = args.cancelled = args.tasks_are_nodes = False
     ev = evidence(args)
     assert (ev.preempted, ev.hang, ev.lock_lost) == (False, "", False)
     write_preempted(run_dir, "14", stamp_of(lock.token))  # this job's own

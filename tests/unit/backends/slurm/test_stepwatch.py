@@ -90,7 +90,7 @@ def test_the_verdict_of_a_step_whose_srun_was_ended_is_a_lost_peer_restarted_in_
     args = argparse.Namespace(
         rc=137, errors=errors, since=tmp_path / "start", run_dir=tmp_path / "run", token=lock.token
     )
-    args.warned = args.cancelled = False
+    args.warned = args.cancelled = args.tasks_are_nodes = False
     verdict = decide(evidence(args), restarts_left=1)
     assert (verdict.ending, verdict.action, verdict.exit_code) == (Ending.PEER_LOST, Action.RESTART, 200), verdict
     assert "srun (pid 18054) never heard its tasks end" in verdict.told()
