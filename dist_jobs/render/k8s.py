@@ -77,6 +77,15 @@ def service_account(spec: JobSpec) -> str | None:
     return _access_name(spec)
 
 
+# What to do when the apiserver forbids creating one of them (403).
+ACCESS_FORBIDDEN_HINT = (
+    "the job's pods need these to keep a failed node away (k8s.avoid_failed_nodes): ask for the "
+    "permission to create ServiceAccounts, Roles and RoleBindings in the namespace, or set "
+    "k8s.avoid_failed_nodes: false"
+)
+ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
+
+
 def access_objects(spec: JobSpec) -> list[dict[str, Any]]:
     """The ServiceAccount (unless the user names one), Role and RoleBinding that let the job's pods
     get and patch their own PyTorchJob, and nothing else; none for a TrainJob."""

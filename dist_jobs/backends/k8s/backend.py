@@ -122,21 +122,32 @@ class K8sBackend(Backend):
         return builtins.list(range(spec.nodes))
 
     @contextlib.contextmanager
-    def _translated(self, what: str, job: tuple[str, str, str] | None = None, method: str = "GET") -> Iterator[None]:
-        """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind, namespace, name)."""
+    def _translated(
+        self, what: str, job: tuple[str, str, str] | None = None, method: str = "GET", forbidden: str = ""
+    ) -> Iterator[None]:
+        """ApiException -> message and hint; a socket failure -> what went wrong. `job`: (kind,
+        namespace, name); `forbidden`: the hint for a 403 (errors.api_error)."""
         from urllib3.exceptions import HTTPError  # urllib3 comes with kubernetes, an optional dependency ([k8s])
 
         kind, namespace, name = job or (self.kind.name, "", "")
         try:
             yield
         except self.client.api_exception as exc:
-            raise api_error(exc, what, kind, namespace, name, self.client.host) from None
+            raise api_error(exc, what, kind, namespace, name, self.client.host, forbidden) from None
         except (HTTPError, OSError) as exc:
             job_id = handle(kind, namespace, name) if name else ""
             raise unreachable(self.client.host, exc, what, job_id, method) from None
 
-    def _call(self, what: str, method: str, path: str, job: tuple[str, str, str] | None = None, **kwargs: Any) -> Any:
-        with self._translated(what, job, method):
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        job: tuple[str, str, str] | None = None,
+        forbidden: str = "",
+        **kwargs: Any,
+    ) -> Any:
+        with self._translated(what, job, method, forbidden):
             return self.client.request(method, path, **kwargs)
 
     def _job(self, name: str) -> tuple[str, str, str]:
@@ -195,6 +206,7 @@ class K8sBackend(Backend):
         Role and RoleBinding), each owned by the `job` just created, so that deleting the job
         deletes them; if one cannot be made, the job goes too (its pods would wait for it forever)."""
         from dist_jobs.backends.k8s.code import companions, owned  # submit's alone (as above)
+        from dist_jobs.render.k8s import ACCESS_FORBIDDEN_HINT, ACCESS_KINDS
 
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
@@ -202,7 +214,8 @@ class K8sBackend(Backend):
             for obj in companions(prepared.payload)[1:]:
                 body = owned(obj, job)
                 what = f"create {obj['kind']} {namespace}/{body['metadata']['name']}"
-                self._call(what, "POST", owned_path(obj, namespace), query=query, body=body)
+                forbidden = ACCESS_FORBIDDEN_HINT if obj["kind"] in ACCESS_KINDS else ""
+                self._call(what, "POST", owned_path(obj, namespace), None, forbidden, query=query, body=body)
         except BackendError:
             if not dry_run:
                 with contextlib.suppress(BackendError):

@@ -38,10 +38,17 @@ def handle(kind: str, namespace: str, name: str) -> str:
 
 
 def api_error(
-    exc: Any, what: str, kind: str = "PyTorchJob", namespace: str = "", name: str = "", host: str = ""
+    exc: Any,
+    what: str,
+    kind: str = "PyTorchJob",
+    namespace: str = "",
+    name: str = "",
+    host: str = "",
+    forbidden: str = "",
 ) -> BackendError:
     """A BackendError for an ApiException raised while doing `what` to the `kind` object `name` in
-    `namespace` (the hints name it by its handle), asked of the server at `host`."""
+    `namespace` (the hints name it by its handle), asked of the server at `host`. `forbidden`:
+    the hint for a 403 the caller knows better than "ask for the permission" (what the object is for)."""
     code = int(getattr(exc, "status", 0) or 0)
     status = _status_body(getattr(exc, "body", None))
     if code == 0 and "SSL" in str(getattr(exc, "reason", "")):  # rest.py's wrapping of urllib3's SSLError
@@ -63,14 +70,8 @@ def api_error(
         hint = (
             "the training operator's admission webhook refused it; fix what it names in job.yaml"
             if "admission webhook" in message
-            else "your account lacks the permission: ask for it, or check with `kubectl auth can-i`"
+            else forbidden or "your account lacks the permission: ask for it, or check with `kubectl auth can-i`"
         )
-        if what.startswith(("create ServiceAccount", "create Role")):  # render.k8s.access_objects
-            hint = (
-                "the job's pods need these to keep a failed node away (k8s.avoid_failed_nodes): ask for the "
-                "permission to create ServiceAccounts, Roles and RoleBindings in the namespace, or set "
-                "k8s.avoid_failed_nodes: false"
-            )
         return BackendError(f"{what}: {message} (403 {reason or 'Forbidden'})", hint)
     if code == 404:
         return _not_found(what, message, status.get("details") or {}, kind)
