@@ -9,6 +9,8 @@
 # starts, and past preemption.max_requeues the pod refuses to start.
 python3 -m dist_jobs.rundir.attempts start || exit
 stamp=$(mktemp)
+# torchrun notes there which rank failed first (dist_jobs.rundir.first_failure): the verdict names it.
+export DIST_JOBS_FIRST_FAILURE="$stamp.first-failure"
 child=""
 leaving=""
 # Told to stop (the pod is deleted or preempted): say so in the run directory first (an empty
@@ -70,7 +72,7 @@ if ! code=$(python3 -m dist_jobs.rundir.pod_end --rc "$rc" --since "$stamp" ${lo
   fi
 fi
 [ "$code" -eq 0 ] && python3 -m dist_jobs.rundir.attempts "done"
-rm -f "$stamp"
+rm -f "$stamp" "$DIST_JOBS_FIRST_FAILURE"
 if [ -n "$lock" ] && [ -z "$lost" ]; then
   python3 -m dist_jobs.rundir.lockctl release "${DIST_JOBS_CHECKPOINT_DIR}/${DIST_JOBS_RUN}" "$lock"
 fi

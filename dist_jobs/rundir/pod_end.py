@@ -11,12 +11,13 @@ bug. Such a failure waits up to DIST_JOBS_PEER_WORD_SECONDS (default 10 s) for a
 before it is called the program's own.
 
 The evidence only a pod has: the program's exit code (torchrun's first failed worker's,
-dist_jobs.train.torchrun), the PREEMPTED marker and the HANG record newer than the program's
-start, whether its job still holds the run directory (only pod rank 0 takes the lock: the other
-pods learn a takeover here), and the notes of peer pods that went away while the program ran. A
-fault that blames the pod's node (a rank killed by a signal, once the node's restarts are used up)
-keeps the node away from the job's recreated pods (dist_jobs.rundir.node_affinity) before the pod
-exits. Not imported by the package: `python -m` runs it alone. Stdlib only: it runs in any image.
+dist_jobs.train.torchrun, and that worker's global rank: dist_jobs.rundir.first_failure), the
+PREEMPTED marker and the HANG record newer than the program's start, whether its job still holds
+the run directory (only pod rank 0 takes the lock: the other pods learn a takeover here), and the
+notes of peer pods that went away while the program ran. A fault that blames the pod's node (a
+rank killed by a signal, once the node's restarts are used up) keeps the node away from the
+job's recreated pods (dist_jobs.rundir.node_affinity) before the pod exits. Not imported by the
+package: `python -m` runs it alone. Stdlib only: it runs in any image.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from pathlib import Path
 
 from dist_jobs.envnum import env_number, env_seconds
 from dist_jobs.rundir.attempts import safe_name
+from dist_jobs.rundir.first_failure import ENV as FIRST_FAILURE
+from dist_jobs.rundir.first_failure import failure
 from dist_jobs.rundir.hang import attempt_hang, describe_hang, preempted_since
 from dist_jobs.rundir.holder import owner_from_env
 from dist_jobs.rundir.lock import LOCK_NAME, current, stamp_of
 from dist_jobs.rundir.node_affinity import ApiError, from_env, keep_nodes_off
 from dist_jobs.rundir.quarantine import active_quarantines, blamed_nodes, keep_away
-from dist_jobs.rundir.verdict import Action, Ending, Evidence, Failure, Verdict, decide, record, recorded
+from dist_jobs.rundir.verdict import Action, Ending, Evidence, Verdict, decide, record, recorded
 
 PEERS = "peers"  # folder of the run directory: a note per pod that went away (see above)
 PEER_WORD_SECONDS = 10.0  # how long a failed program waits for a peer's note; a bug costs this much
@@ -140,7 +143,7 @@ def _evidence(args: argparse.Namespace, run_dir: Path, member: str, stamp: str, 
     hang = attempt_hang(run_dir, since, stamp)
     return Evidence(
         exit_code=args.rc,
-        failures=(Failure(None, member, args.rc),) if args.rc else (),
+        failures=(failure(os.environ.get(FIRST_FAILURE, ""), args.rc, member),) if args.rc else (),
         preempted=args.rc != 0 and preempted_since(run_dir, since, stamp),
         hang=describe_hang(hang) if hang is not None else "",
         lock_lost=args.lock_lost or _taken_over(run_dir),
@@ -181,10 +184,10 @@ def _restarts_left(run_dir: Path, submission: str, node: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """For the pod entrypoint: reads DIST_JOBS_CHECKPOINT_DIR, DIST_JOBS_RUN, DIST_JOBS_SUBMISSION,
     DIST_JOBS_LOCK_TOKEN (pod rank 0's lock), HOSTNAME (the pod), DIST_JOBS_NODE (its node),
-    DIST_JOBS_MAX_RESTARTS and PET_NNODES from the environment, records the verdict, keeps a blamed
-    node away, leaves its peers a note when it goes away for a fault, tells both on stderr and
-    prints the exit code: 0, 200 (the operator's ExitCode policy recreates the pod), 6, or the
-    program's own code (1-127: permanent)."""
+    DIST_JOBS_MAX_RESTARTS, PET_NNODES and DIST_JOBS_FIRST_FAILURE from the environment, records
+    the verdict, keeps a blamed node away, leaves its peers a note when it goes away for a fault,
+    tells both on stderr and prints the exit code: 0, 200 (the operator's ExitCode policy
+    recreates the pod), 6, or the program's own code (1-127: permanent)."""
     run_dir = Path(os.environ.get("DIST_JOBS_CHECKPOINT_DIR", ".")) / os.environ.get("DIST_JOBS_RUN", "")
     member, node = os.environ.get("HOSTNAME", ""), os.environ.get("DIST_JOBS_NODE", "")
     submission = os.environ.get("DIST_JOBS_SUBMISSION", "")

@@ -19,6 +19,8 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
+from dist_jobs.rundir.first_failure import note
+
 
 def exit_code(failure: ProcessFailure) -> int:
     """The code a shell reports for the worker: its own, or 128+N when signal N ended it."""
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)  # torchrun's own table of the failures
         how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else "exited"
         print(f"dist-jobs: torchrun: rank {rank} failed first ({how}): exit {code}", file=sys.stderr, flush=True)
+        note(rank, code)  # for the pod's verdict, which sees the exit code only
         return code
     return 0
 

@@ -411,7 +411,9 @@ def test_a_rank_of_a_users_script_killed_on_a_node_keeps_the_jobs_recreated_pods
     eventually(lambda: (run_dir / "snapshot.pt").exists(), timeout=240, interval=0.5, what="the script's snapshot")
     (worker,) = [p for p in pods(core, job) if p.metadata.name.endswith("worker-0")]
     node = worker.spec.node_name
-    os.kill(script_rank(worker), signal.SIGKILL)
+    victim = script_rank(worker)
+    rank = int(dict(v.split(b"=", 1) for v in Path(f"/proc/{victim}/environ").read_bytes().split(b"\0") if v)[b"RANK"])
+    os.kill(victim, signal.SIGKILL)
     templates = lambda: custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)["spec"][
         "pytorchReplicaSpecs"
     ]
@@ -419,7 +421,7 @@ def test_a_rank_of_a_users_script_killed_on_a_node_keeps_the_jobs_recreated_pods
     eventually(lambda: refused() == [[node], [node]], timeout=120, interval=0.5, what=f"the job to refuse {node}")
     code, out, err = cli(capsys, "status", f"k8s://{NS}/PyTorchJob/{job}", "-o", "json")
     assert code == 0, err
-    kept = f"{node} (killed by SIGKILL (exit 137) on {job}-worker-0; until "
+    kept = f"{node} (rank {rank} killed by SIGKILL (exit 137) on {job}-worker-0; until "  # torchrun noted it
     assert json.loads(out)["extra"].get("kept_away", "").startswith(kept), out
     found = ended(custom, job, 360)
     assert state(found) == "Succeeded", found
@@ -434,9 +436,10 @@ def test_a_rank_of_a_users_script_killed_on_a_node_keeps_the_jobs_recreated_pods
         ("peer lost", f"{job}-worker-0 stopped while the program ran"),  # the master: not the script's bug
         ("rank killed", node),
     ], ends
+    assert [v["rank"] for v in ends if v["ending"] == "rank killed"] == [rank]  # as the worker's torchrun noted it
     said = (realpods_tier.state_dir() / "pod-logs" / f"{job}-worker-0.{worker.metadata.uid}.log").read_text()
     assert "dist-jobs: torchrun: rank " in said and "failed first (killed by SIGKILL): exit 137" in said, said[-3000:]
-    assert f"dist-jobs: the job's pods keep away from {node} (killed by SIGKILL" in said, said[-3000:]
+    assert f"dist-jobs: the job's pods keep away from {node} (rank {rank} killed by SIGKILL" in said, said[-3000:]
 
 
 @pytest.mark.timeout(480)

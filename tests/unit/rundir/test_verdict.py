@@ -115,6 +115,9 @@ def test_a_verdict_a_superseded_attempt_lands_late_is_not_read_back(tmp_path: Pa
 POD = {"name": "pods", "nodes": 2, "procs_per_node": 1, "image": "x/y:1", "k8s": {"namespace": "ml"}}
 
 
+NOTED = """echo '{{"rank": {rank}, "code": {code}}}' > "$DIST_JOBS_FIRST_FAILURE"; """
+
+
 def pod(tmp_path: Path, program: str, member: str = "pods-master-0") -> subprocess.CompletedProcess[str]:
     return run_pod_entrypoint(POD, program, tmp_path / "shared", {"HOSTNAME": member, "PET_NODE_RANK": "1"})
 
@@ -125,6 +128,10 @@ def pod(tmp_path: Path, program: str, member: str = "pods-master-0") -> subproce
         ("exit 0", 0, "completed"),
         ("exit 3", 3, "the program failed: exit 3 on pods-master-0; failed at once"),
         ("kill -KILL $$", 200, "rank killed: killed by SIGKILL (exit 137) on pods-master-0"),
+        # torchrun (dist_jobs.train.torchrun) notes its first failed worker's global rank where the
+        # entrypoint asks: the verdict names it; a note of another exit code is not this program's
+        (NOTED.format(rank=3, code=137) + "exit 137", 200, "rank killed: rank 3 killed by SIGKILL (exit 137) on pods"),
+        (NOTED.format(rank=3, code=137) + "exit 1", 1, "the program failed: exit 1 on pods-master-0"),
         ('touch "$DIST_JOBS_CHECKPOINT_DIR/$DIST_JOBS_RUN/PREEMPTED"; exit 200', 200, "preempted"),
     ],
 )

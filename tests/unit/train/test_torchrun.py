@@ -3,6 +3,7 @@ failed first did (torchrun itself exits 1 either way)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -25,9 +26,11 @@ time.sleep(60)
 
 
 def torchrun(tmp_path: Path, how: str) -> subprocess.CompletedProcess[str]:
+    """Asked (as the pod entrypoint asks) to note its first failure in tmp_path/first-failure."""
     argv = [PYTHON, "-m", "dist_jobs.train.torchrun", "--standalone", "--nproc-per-node=2", "--no-python"]
     argv += [PYTHON, "-c", WORKER, how]
-    return subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path)
+    env = {**child_env(), "DIST_JOBS_FIRST_FAILURE": str(tmp_path / "first-failure")}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HUNG_S, cwd=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,7 @@ def test_torchrun_exits_as_its_first_failed_worker(tmp_path: Path, how: str, cod
     assert proc.returncode == code, proc.stderr[-3000:]
     assert f"dist-jobs: torchrun: {said}" in proc.stderr
     assert "Root Cause (first observed failure)" in proc.stderr  # torchrun's own table is kept
+    assert json.loads((tmp_path / "first-failure").read_text()) == {"rank": 1, "code": code}  # for the verdict
 
 
 def test_torchrun_whose_workers_succeed_exits_0(tmp_path: Path) -> None:
