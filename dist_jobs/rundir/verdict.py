@@ -198,8 +198,7 @@ def decide(evidence: Evidence, *, restarts_left: int = 0) -> Verdict:
 
 
 def _classify(ev: Evidence) -> Verdict:
-    # Without srun's or the launcher's word on a process, the step's own exit code is the failure.
-    first = ev.failures[0] if ev.failures else (Failure(None, code=ev.exit_code) if ev.exit_code else None)
+    first = _first(ev)
     if ev.lock_lost:
         return Verdict(Ending.LOCK_LOST, Action.STOP, LOCK_LOST_EXIT_CODE, "another run took the run directory over")
     lost = ", ".join(ev.lost_nodes)
@@ -220,6 +219,17 @@ def _classify(ev: Evidence) -> Verdict:
         return _blamed(first, ending, Action.FAIL, first.code or 1, cause)
     action = Action.REQUEUE if ending is Ending.PREEMPTED else Action.RESTART
     return _blamed(first, ending, action, REQUEUE_EXIT_CODE, cause)
+
+
+def _first(ev: Evidence) -> Failure | None:
+    """The failure that caused the others. A process that asked to run again (exit 200: it lost a
+    peer, or checkpointed on a signal) did so because of something else: another failure, if any,
+    is that cause, whichever the launcher heard of first (a node's torchrun notices its killed
+    worker later than the other node's ranks notice the lost peer). Without srun's or the
+    launcher's word on a process, the step's own exit code is the failure."""
+    if not ev.failures:
+        return Failure(None, code=ev.exit_code) if ev.exit_code else None
+    return next((f for f in ev.failures if f.code != REQUEUE_EXIT_CODE), ev.failures[0])
 
 
 def _of_failure(ev: Evidence, first: Failure) -> tuple[Ending, str]:

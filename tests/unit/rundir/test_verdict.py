@@ -28,6 +28,10 @@ PEER = Failure(0, "n1", code=200)
         (Evidence(137, step_lost="step 973.0 ended", hang="rank 3 stopped"), Ending.HANG, Action.RESTART, 200),
         (Evidence(137, (EXIT3,), step_lost="step 973.0 ended"), Ending.PROGRAM_ERROR, Action.FAIL, 3),
         (Evidence(200, (PEER,)), Ending.PEER_LOST, Action.RESTART, 200),
+        # a peer's loss heard of before its cause (torchrun mode: the killed worker's node reports
+        # later): the cause decides, a bug as a rank killed
+        (Evidence(200, (PEER, KILLED)), Ending.RANK_KILLED, Action.RESTART, 200),
+        (Evidence(200, (PEER, EXIT3)), Ending.PROGRAM_ERROR, Action.FAIL, 3),
         (Evidence(1, (Failure(0, code=1),), peer_left="pod w-1 deleted"), Ending.PEER_LOST, Action.RESTART, 200),
         (Evidence(200, (PEER,), preempted=True), Ending.PREEMPTED, Action.REQUEUE, 200),
         (Evidence(1, (EXIT3,), warned=True), Ending.PREEMPTED, Action.REQUEUE, 200),
