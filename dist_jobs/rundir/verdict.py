@@ -164,8 +164,9 @@ class Verdict:
         if self.action is Action.DONE:
             return f"exit {self.exit_code}"
         if self.ending is Ending.PROGRAM_ERROR:
+            # a record written before verdicts kept the failure's own words has its cause alone
             first = f"rank {self.rank} failed first: {self.failure}" if self.rank is not None else self.failure
-            return f"{first or self.cause}; {NOT_RETRIED}"
+            return f"{first if self.failure else self.cause}; {NOT_RETRIED}"
         return f"{self.told()} (exit {self.exit_code})"
 
     def to_json(self) -> str:

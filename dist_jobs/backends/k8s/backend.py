@@ -215,7 +215,7 @@ class K8sBackend(Backend):
                 body = owned(obj, job)
                 what = f"create {obj['kind']} {namespace}/{body['metadata']['name']}"
                 forbidden = ACCESS_FORBIDDEN_HINT if obj["kind"] in ACCESS_KINDS else ""
-                self._call(what, "POST", owned_path(obj, namespace), None, forbidden, query=query, body=body)
+                self._call(what, "POST", owned_path(obj, namespace), forbidden=forbidden, query=query, body=body)
         except BackendError:
             if not dry_run:
                 with contextlib.suppress(BackendError):

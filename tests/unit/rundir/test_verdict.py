@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,8 @@ def test_status_tells_a_failure_by_the_process_that_failed_first_and_any_other_e
         "rank killed: rank 3 killed by SIGKILL on n2; to resume from the latest checkpoint (exit 200)"
     )
     assert decide(Evidence(0)).in_status() == "exit 0"
+    older = replace(failed, failure="")  # recorded before verdicts kept the failure's words: its cause
+    assert older.in_status() == "rank 1 exit 3 on n1; failed at once: the program's own error is not retried"
 
 
 def test_a_cancel_blames_no_rank_the_ranks_exits_followed_it() -> None:
